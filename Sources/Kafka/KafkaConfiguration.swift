@@ -1,0 +1,88 @@
+import CRdKafka
+
+/// librdkafka properties as strings, with typed conveniences for the common ones.
+///
+/// Any property librdkafka knows can be set (security, SASL, TLS...); an unknown property or an
+/// invalid value is reported as a ``KafkaError`` naming it when a client is created or when
+/// ``validate()`` is called.
+public struct KafkaConfiguration: Sendable, Equatable {
+    public private(set) var properties: [(key: String, value: String)]
+
+    public init(_ properties: [String: String] = [:]) {
+        self.properties = properties.sorted { $0.key < $1.key }.map { (key: $0.key, value: $0.value) }
+    }
+
+    public static func == (lhs: KafkaConfiguration, rhs: KafkaConfiguration) -> Bool {
+        lhs.properties.elementsEqual(rhs.properties) { $0.key == $1.key && $0.value == $1.value }
+    }
+
+    /// The value of a property, or `nil` when it was not set here.
+    public subscript(key: String) -> String? {
+        get { properties.last { $0.key == key }?.value }
+        set {
+            properties.removeAll { $0.key == key }
+            if let newValue { properties.append((key: key, value: newValue)) }
+        }
+    }
+
+    /// Sets `key` only when it has no value yet: defaults that a user's `-X` settings override.
+    public mutating func setDefault(_ key: String, _ value: String) {
+        if self[key] == nil { self[key] = value }
+    }
+
+    /// Merges `other` over `self`; properties in `other` win.
+    public func merging(_ other: KafkaConfiguration) -> KafkaConfiguration {
+        var merged = self
+        for (key, value) in other.properties { merged[key] = value }
+        return merged
+    }
+
+    /// `bootstrap.servers`: comma-separated `host:port` list.
+    public var bootstrapServers: String? {
+        get { self["bootstrap.servers"] }
+        set { self["bootstrap.servers"] = newValue }
+    }
+
+    /// `client.id`.
+    public var clientID: String? {
+        get { self["client.id"] }
+        set { self["client.id"] = newValue }
+    }
+
+    /// `group.id` of a consumer.
+    public var groupID: String? {
+        get { self["group.id"] }
+        set { self["group.id"] = newValue }
+    }
+
+    /// Parses one `key=value` assignment as given to `-X` on the command line.
+    public static func parseAssignment(_ text: String) throws(KafkaError) -> (key: String, value: String) {
+        guard let equals = text.firstIndex(of: "="), equals != text.startIndex else {
+            throw KafkaError(
+                code: .invalidConfiguration, message: "expected key=value for a librdkafka property, got '\(text)'")
+        }
+        return (String(text[..<equals]), String(text[text.index(after: equals)...]))
+    }
+
+    /// Checks every property against librdkafka without creating a client.
+    public func validate() throws(KafkaError) {
+        let conf = try makeNativeConfiguration()
+        rd_kafka_conf_destroy(conf)
+    }
+
+    /// Builds an `rd_kafka_conf_t`; the caller owns it.
+    func makeNativeConfiguration() throws(KafkaError) -> OpaquePointer {
+        let conf = rd_kafka_conf_new()!
+        var errorText = [CChar](repeating: 0, count: 512)
+        for (key, value) in properties {
+            let result = rd_kafka_conf_set(conf, key, value, &errorText, errorText.count)
+            guard result == RD_KAFKA_CONF_OK else {
+                rd_kafka_conf_destroy(conf)
+                let reason = String(cBuffer: errorText)
+                let what = result == RD_KAFKA_CONF_UNKNOWN ? "unknown property" : "invalid value for property"
+                throw KafkaError(code: .invalidConfiguration, message: "\(what) '\(key)' = '\(value)': \(reason)")
+            }
+        }
+        return conf
+    }
+}

@@ -1,0 +1,289 @@
+import CRdKafka
+import Foundation
+import Synchronization
+
+/// What a ``KafkaConsumer`` reports, in the order it happened.
+public enum KafkaConsumerEvent: Sendable {
+    case message(KafkaMessage)
+    /// Partitions this member now owns.
+    case partitionsAssigned([KafkaTopicPartition])
+    /// Partitions being taken away. The consumer waits (up to its drain timeout) until
+    /// ``KafkaRevocation/acknowledge()`` is called, commits the stored offsets, then lets them go.
+    case partitionsRevoked([KafkaTopicPartition], KafkaRevocation)
+    /// A consumer error librdkafka reported (fatal ones end the stream).
+    case error(KafkaError)
+}
+
+/// Lets the application say it has finished with revoked partitions.
+public final class KafkaRevocation: Sendable {
+    private let semaphore = DispatchSemaphore(value: 0)
+
+    init() {}
+
+    /// Every record of the revoked partitions is done and its offset stored: release them.
+    public func acknowledge() { semaphore.signal() }
+
+    func wait(timeout: Duration) -> Bool {
+        semaphore.wait(timeout: .now() + .milliseconds(timeout.milliseconds)) == .success
+    }
+}
+
+/// A consumer-group member that yields records and rebalance events as an `AsyncSequence`.
+///
+/// librdkafka is polled on a thread of the consumer's own. Offsets are stored explicitly with
+/// ``storeOffsets(_:)`` (`enable.auto.offset.store=false`) and committed by librdkafka's periodic
+/// auto-commit, on revocation, on close, or explicitly with ``commit()``.
+public final class KafkaConsumer: Sendable {
+    private let client: RDKafkaClient
+    private let poller: Mutex<RDKafkaPollThread?>
+    private let continuation: AsyncStream<KafkaConsumerEvent>.Continuation
+    private let closing: ClosingFlag
+    private let logger: Logger
+
+    /// Records and rebalance events; one reader.
+    public let events: AsyncStream<KafkaConsumerEvent>
+
+    /// Creates a consumer. `configuration` must name `bootstrap.servers` and `group.id`.
+    ///
+    /// - Parameter revocationTimeout: how long a revocation waits for ``KafkaRevocation/acknowledge()``
+    ///   before the partitions are released anyway.
+    public init(
+        configuration: KafkaConfiguration, revocationTimeout: Duration = .seconds(30),
+        logger: Logger = Logger(label: "kafka.consumer")
+    ) throws(KafkaError) {
+        guard configuration.groupID != nil else {
+            throw KafkaError(code: .invalidConfiguration, message: "a consumer needs 'group.id'")
+        }
+        var configuration = configuration
+        configuration.setDefault("enable.auto.offset.store", "false")
+        configuration.setDefault("enable.auto.commit", "true")
+        configuration.setDefault("auto.offset.reset", "earliest")
+        configuration.setDefault("enable.partition.eof", "false")
+        self.logger = logger
+        let (events, continuation) = AsyncStream<KafkaConsumerEvent>.makeStream()
+        self.events = events
+        self.continuation = continuation
+        let closing = ClosingFlag()
+        self.closing = closing
+        let callbacks = RDKafkaCallbacks(
+            logger: logger,
+            onError: { error in if error.isFatal { continuation.yield(.error(error)) } },
+            onRebalance: { handle, code, list in
+                KafkaConsumer.rebalance(
+                    handle: handle, code: code, list: list, continuation: continuation,
+                    waitForAcknowledgement: closing.isSet ? nil : revocationTimeout, logger: logger)
+            })
+        self.client = try RDKafkaClient.make(.consumer, configuration: configuration, callbacks: callbacks)
+        rd_kafka_poll_set_consumer(client.handle)
+        self.poller = Mutex(nil)
+    }
+
+    /// Joins the group and subscribes to `topics`; records start flowing into ``events``.
+    public func subscribe(topics: [String]) throws(KafkaError) {
+        let list = RDKafkaTopicPartitionList.make(topics.map { KafkaTopicPartition(topic: $0, partition: -1) })
+        defer { rd_kafka_topic_partition_list_destroy(list) }
+        let err = rd_kafka_subscribe(client.handle, list)
+        guard err == RD_KAFKA_RESP_ERR_NO_ERROR else {
+            throw KafkaError(err, context: "subscribe to \(topics.joined(separator: ","))")
+        }
+        startPolling()
+    }
+
+    private func startPolling() {
+        poller.withLock { poller in
+            guard poller == nil else { return }
+            let client = self.client
+            let continuation = self.continuation
+            poller = RDKafkaPollThread(name: "encore.kafka.consumer") {
+                guard let message = rd_kafka_consumer_poll(client.handle, 100) else { return }
+                defer { rd_kafka_message_destroy(message) }
+                if let event = KafkaConsumer.event(from: message, client: client) {
+                    continuation.yield(event)
+                }
+            }
+        }
+    }
+
+    private static func event(
+        from message: UnsafeMutablePointer<rd_kafka_message_t>, client: RDKafkaClient
+    ) -> KafkaConsumerEvent? {
+        let m = message.pointee
+        let topic = m.rkt.map { String(cString: rd_kafka_topic_name($0)) } ?? "?"
+        guard m.err == RD_KAFKA_RESP_ERR_NO_ERROR else {
+            if m.err == RD_KAFKA_RESP_ERR__PARTITION_EOF { return nil }
+            let error = KafkaError(m.err, context: "consume from \(topic)[\(m.partition)]", isFatal: m.err == RD_KAFKA_RESP_ERR__FATAL)
+            client.logger.warning("consumer error \(error)")
+            return .error(error)
+        }
+        let value = m.payload.map { Array(UnsafeRawBufferPointer(start: $0, count: m.len)) } ?? []
+        let key = m.key.map { Array(UnsafeRawBufferPointer(start: $0, count: m.key_len)) }
+        var headers: [KafkaHeader] = []
+        var native: OpaquePointer? = nil
+        if rd_kafka_message_headers(message, &native) == RD_KAFKA_RESP_ERR_NO_ERROR, let native {
+            var index = 0
+            var name: UnsafePointer<CChar>? = nil
+            var bytes: UnsafeRawPointer? = nil
+            var size = 0
+            while rd_kafka_header_get_all(native, index, &name, &bytes, &size) == RD_KAFKA_RESP_ERR_NO_ERROR {
+                let headerValue = bytes.map { Array(UnsafeRawBufferPointer(start: $0, count: size)) }
+                headers.append(KafkaHeader(key: name.map { String(cString: $0) } ?? "", value: headerValue))
+                index += 1
+            }
+        }
+        var timestampType = RD_KAFKA_TIMESTAMP_NOT_AVAILABLE
+        let timestamp = rd_kafka_message_timestamp(message, &timestampType)
+        return .message(
+            KafkaMessage(
+                topic: topic, partition: m.partition, offset: m.offset, key: key, value: value, headers: headers,
+                timestampMs: timestampType == RD_KAFKA_TIMESTAMP_NOT_AVAILABLE ? nil : timestamp))
+    }
+
+    private static func rebalance(
+        handle: OpaquePointer, code: rd_kafka_resp_err_t, list: UnsafeMutablePointer<rd_kafka_topic_partition_list_t>,
+        continuation: AsyncStream<KafkaConsumerEvent>.Continuation, waitForAcknowledgement: Duration?, logger: Logger
+    ) {
+        let cooperative = String(cString: rd_kafka_rebalance_protocol(handle)) == "COOPERATIVE"
+        let partitions = RDKafkaTopicPartitionList.entries(list).map(\.topicPartition)
+        switch code {
+        case RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS:
+            logger.info("assigned \(partitions.count) partitions: \(partitions.map(\.description).joined(separator: " "))")
+            if cooperative {
+                if let error = rd_kafka_incremental_assign(handle, list) {
+                    logger.error("\(KafkaError(consuming: error, context: "incremental assign"))")
+                }
+            } else {
+                rd_kafka_assign(handle, list)
+            }
+            continuation.yield(.partitionsAssigned(partitions))
+        default:
+            logger.info("revoking \(partitions.count) partitions")
+            let revocation = KafkaRevocation()
+            if case .enqueued = continuation.yield(.partitionsRevoked(partitions, revocation)),
+                let waitForAcknowledgement
+            {
+                if !revocation.wait(timeout: waitForAcknowledgement) {
+                    logger.warning("revocation not acknowledged within \(waitForAcknowledgement); releasing anyway")
+                }
+            }
+            let err = rd_kafka_commit(handle, nil, 0)
+            if err != RD_KAFKA_RESP_ERR_NO_ERROR && err != RD_KAFKA_RESP_ERR__NO_OFFSET {
+                logger.warning("commit on revocation failed: \(KafkaError(err, context: ""))")
+            }
+            if cooperative {
+                if let error = rd_kafka_incremental_unassign(handle, list) {
+                    logger.error("\(KafkaError(consuming: error, context: "incremental unassign"))")
+                }
+            } else {
+                rd_kafka_assign(handle, nil)
+            }
+        }
+    }
+
+    /// Stops fetching `partitions`; records already fetched may still arrive.
+    public func pause(_ partitions: [KafkaTopicPartition]) throws(KafkaError) {
+        try pauseOrResume(partitions, pause: true)
+    }
+
+    /// Restarts fetching `partitions` from the position they were paused at.
+    public func resume(_ partitions: [KafkaTopicPartition]) throws(KafkaError) {
+        try pauseOrResume(partitions, pause: false)
+    }
+
+    private func pauseOrResume(_ partitions: [KafkaTopicPartition], pause: Bool) throws(KafkaError) {
+        guard !partitions.isEmpty else { return }
+        let list = RDKafkaTopicPartitionList.make(partitions)
+        defer { rd_kafka_topic_partition_list_destroy(list) }
+        let what = pause ? "pause" : "resume"
+        let err = pause ? rd_kafka_pause_partitions(client.handle, list) : rd_kafka_resume_partitions(client.handle, list)
+        guard err == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(err, context: what) }
+        if let error = RDKafkaTopicPartitionList.firstError(list, context: what) { throw error }
+    }
+
+    /// Marks records before each offset as done: `offset` is the next record to read.
+    public func storeOffsets(_ offsets: [KafkaTopicPartitionOffset]) throws(KafkaError) {
+        guard !offsets.isEmpty else { return }
+        let list = RDKafkaTopicPartitionList.make(offsets)
+        defer { rd_kafka_topic_partition_list_destroy(list) }
+        let err = rd_kafka_offsets_store(client.handle, list)
+        // Offsets of partitions no longer assigned are refused per partition; that is expected after a revoke.
+        guard err == RD_KAFKA_RESP_ERR_NO_ERROR || err == RD_KAFKA_RESP_ERR__STATE else {
+            throw KafkaError(err, context: "store offsets")
+        }
+    }
+
+    /// Commits the stored offsets now and waits for the broker's answer.
+    public func commit() async throws(KafkaError) {
+        let client = self.client
+        try await RDKafkaBlocking.run { () throws(KafkaError) in
+            let err = rd_kafka_commit(client.handle, nil, 0)
+            guard err == RD_KAFKA_RESP_ERR_NO_ERROR || err == RD_KAFKA_RESP_ERR__NO_OFFSET else {
+                throw KafkaError(err, context: "commit")
+            }
+        }
+    }
+
+    /// Commits exactly `offsets` (next offsets to read) and waits for the broker's answer.
+    public func commit(_ offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError) {
+        let client = self.client
+        try await RDKafkaBlocking.run { () throws(KafkaError) in
+            let list = RDKafkaTopicPartitionList.make(offsets)
+            defer { rd_kafka_topic_partition_list_destroy(list) }
+            let err = rd_kafka_commit(client.handle, list, 0)
+            guard err == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(err, context: "commit") }
+            if let error = RDKafkaTopicPartitionList.firstError(list, context: "commit") { throw error }
+        }
+    }
+
+    /// The group's committed offsets of `partitions` (`-1001` where none is committed).
+    public func committed(
+        _ partitions: [KafkaTopicPartition], timeout: Duration = .seconds(10)
+    ) async throws(KafkaError) -> [KafkaTopicPartitionOffset] {
+        let client = self.client
+        return try await RDKafkaBlocking.run { () throws(KafkaError) in
+            let list = RDKafkaTopicPartitionList.make(partitions)
+            defer { rd_kafka_topic_partition_list_destroy(list) }
+            let err = rd_kafka_committed(client.handle, list, Int32(timeout.milliseconds))
+            guard err == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(err, context: "committed offsets") }
+            return RDKafkaTopicPartitionList.entries(list)
+        }
+    }
+
+    /// The partitions currently assigned to this member.
+    public func assignment() throws(KafkaError) -> [KafkaTopicPartition] {
+        var list: UnsafeMutablePointer<rd_kafka_topic_partition_list_t>? = nil
+        let err = rd_kafka_assignment(client.handle, &list)
+        guard err == RD_KAFKA_RESP_ERR_NO_ERROR, let list else { throw KafkaError(err, context: "assignment") }
+        defer { rd_kafka_topic_partition_list_destroy(list) }
+        return RDKafkaTopicPartitionList.entries(list).map(\.topicPartition)
+    }
+
+    /// The metadata a transactional producer needs to commit this group's offsets.
+    public func groupMetadata() -> KafkaConsumerGroupMetadata? {
+        rd_kafka_consumer_group_metadata(client.handle).map(KafkaConsumerGroupMetadata.init(pointer:))
+    }
+
+    /// Leaves the group (revoking and committing as in a rebalance) and ends ``events``.
+    public func close() async {
+        guard closing.set() else { return }
+        let poller = self.poller.withLock { $0 }
+        await poller?.stop()
+        let client = self.client
+        _ = try? await RDKafkaBlocking.run { () throws(KafkaError) in
+            let err = rd_kafka_consumer_close(client.handle)
+            if err != RD_KAFKA_RESP_ERR_NO_ERROR {
+                client.logger.warning("consumer close: \(KafkaError(err, context: ""))")
+            }
+        }
+        continuation.finish()
+    }
+}
+
+/// Set once when ``KafkaConsumer/close()`` starts, so the final revocation does not wait for a reader.
+private final class ClosingFlag: Sendable {
+    private let flag = Atomic<Bool>(false)
+
+    var isSet: Bool { flag.load(ordering: .acquiring) }
+
+    /// Sets the flag; `true` for the first caller only.
+    func set() -> Bool { !flag.exchange(true, ordering: .acquiringAndReleasing) }
+}

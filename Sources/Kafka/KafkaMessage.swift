@@ -1,0 +1,104 @@
+/// A record header: a key and an optional binary value.
+public struct KafkaHeader: Sendable, Hashable {
+    public var key: String
+    public var value: [UInt8]?
+
+    public init(key: String, value: [UInt8]?) {
+        self.key = key
+        self.value = value
+    }
+
+    public init(key: String, string: String) {
+        self.init(key: key, value: Array(string.utf8))
+    }
+
+    /// The value decoded as UTF-8, when it is valid UTF-8.
+    public var stringValue: String? {
+        value.flatMap { String(validating: $0, as: UTF8.self) }
+    }
+}
+
+/// A record read from Kafka, with its coordinates.
+public struct KafkaMessage: Sendable {
+    public var topic: String
+    public var partition: Int32
+    public var offset: Int64
+    public var key: [UInt8]?
+    public var value: [UInt8]
+    public var headers: [KafkaHeader]
+    /// Milliseconds since the epoch, when the broker reported a timestamp.
+    public var timestampMs: Int64?
+
+    public init(
+        topic: String, partition: Int32, offset: Int64, key: [UInt8]?, value: [UInt8], headers: [KafkaHeader] = [],
+        timestampMs: Int64? = nil
+    ) {
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.key = key
+        self.value = value
+        self.headers = headers
+        self.timestampMs = timestampMs
+    }
+
+    /// The first header named `key`, decoded as UTF-8.
+    public func header(_ key: String) -> String? {
+        headers.first { $0.key == key }?.stringValue
+    }
+}
+
+/// A record to produce. `partition == nil` lets the partitioner choose by key.
+public struct KafkaProducerRecord: Sendable {
+    public var topic: String
+    public var partition: Int32?
+    public var key: [UInt8]?
+    public var value: [UInt8]
+    public var headers: [KafkaHeader]
+
+    public init(topic: String, partition: Int32? = nil, key: [UInt8]?, value: [UInt8], headers: [KafkaHeader] = []) {
+        self.topic = topic
+        self.partition = partition
+        self.key = key
+        self.value = value
+        self.headers = headers
+    }
+}
+
+/// Where the broker stored a produced record.
+public struct KafkaDeliveryReport: Sendable, Hashable {
+    public var topic: String
+    public var partition: Int32
+    public var offset: Int64
+}
+
+/// A topic and partition.
+public struct KafkaTopicPartition: Sendable, Hashable, Comparable, CustomStringConvertible {
+    public var topic: String
+    public var partition: Int32
+
+    public init(topic: String, partition: Int32) {
+        self.topic = topic
+        self.partition = partition
+    }
+
+    public static func < (lhs: KafkaTopicPartition, rhs: KafkaTopicPartition) -> Bool {
+        (lhs.topic, lhs.partition) < (rhs.topic, rhs.partition)
+    }
+
+    public var description: String { "\(topic)[\(partition)]" }
+}
+
+/// A topic, partition and offset: for commits, the offset of the next record to read.
+public struct KafkaTopicPartitionOffset: Sendable, Hashable {
+    public var topicPartition: KafkaTopicPartition
+    public var offset: Int64
+
+    public init(topic: String, partition: Int32, offset: Int64) {
+        self.topicPartition = KafkaTopicPartition(topic: topic, partition: partition)
+        self.offset = offset
+    }
+
+    public var topic: String { topicPartition.topic }
+    public var partition: Int32 { topicPartition.partition }
+}

@@ -1,0 +1,235 @@
+import CRdKafka
+import Foundation
+import Synchronization
+
+/// Produces records and reports when the broker acknowledged them.
+///
+/// Idempotent with `acks=all` unless the configuration says otherwise. Delivery reports are served
+/// on a thread of the producer's own, never on the cooperative pool.
+public final class KafkaProducer: Sendable {
+    private let client: RDKafkaClient
+    private let poller: RDKafkaPollThread
+    private let logger: Logger
+
+    /// Creates a producer; `configuration` must name `bootstrap.servers`.
+    public init(configuration: KafkaConfiguration, logger: Logger = Logger(label: "kafka.producer")) throws(KafkaError) {
+        var configuration = configuration
+        configuration.setDefault("enable.idempotence", "true")
+        configuration.setDefault("acks", "all")
+        configuration.setDefault("linger.ms", "5")
+        self.logger = logger
+        self.client = try RDKafkaClient.make(
+            .producer, configuration: configuration, callbacks: RDKafkaCallbacks(logger: logger), deliveryReports: true)
+        let client = self.client
+        self.poller = RDKafkaPollThread(name: "encore.kafka.producer") { rd_kafka_poll(client.handle, 100) }
+    }
+
+    /// Enqueues `record` and calls `onDelivery` (on the producer's thread) once the broker
+    /// acknowledged it or delivery failed. Throws when the record cannot be enqueued.
+    public func produce(
+        _ record: KafkaProducerRecord,
+        onDelivery: @escaping @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void
+    ) throws(KafkaError) {
+        let delivery = Unmanaged.passRetained(RDKafkaDelivery(onDelivery)).toOpaque()
+        if let error = enqueue(record, opaque: delivery) {
+            Unmanaged<RDKafkaDelivery>.fromOpaque(delivery).release()
+            throw error
+        }
+    }
+
+    /// Produces `record` and returns once the broker acknowledged it; throws the delivery error.
+    ///
+    /// A full local queue is waited out rather than reported.
+    @discardableResult
+    public func send(_ record: KafkaProducerRecord) async throws -> KafkaDeliveryReport {
+        while true {
+            do {
+                return try await withCheckedThrowingContinuation { continuation in
+                    do {
+                        try produce(record) { continuation.resume(with: $0) }
+                    } catch {
+                        continuation.resume(throwing: error)
+                    }
+                }
+            } catch let error as KafkaError where error.code == .queueFull {
+                try await Task.sleep(for: .milliseconds(2))
+            }
+        }
+    }
+
+    /// Waits until every enqueued record was delivered or failed.
+    public func flush(timeout: Duration = .seconds(30)) async throws(KafkaError) {
+        let client = self.client
+        try await RDKafkaBlocking.run { () throws(KafkaError) in
+            let err = rd_kafka_flush(client.handle, Int32(timeout.milliseconds))
+            if err != RD_KAFKA_RESP_ERR_NO_ERROR {
+                throw KafkaError(err, context: "flush did not complete within \(timeout)")
+            }
+        }
+    }
+
+    /// Records not yet delivered (queued or in flight).
+    public var outstandingCount: Int { Int(rd_kafka_outq_len(client.handle)) }
+
+    /// Flushes (bounded by `timeout`) and stops the delivery thread.
+    public func close(timeout: Duration = .seconds(30)) async {
+        do {
+            try await flush(timeout: timeout)
+        } catch {
+            logger.warning("closing producer with undelivered records: \(error)")
+        }
+        await poller.stop()
+    }
+
+    // MARK: Transactions
+
+    /// Registers `transactional.id` with the coordinator; call once before the first transaction.
+    public func initTransactions(timeout: Duration = .seconds(30)) async throws(KafkaError) {
+        try await transactionCall("init transactions") { rd_kafka_init_transactions($0, Int32(timeout.milliseconds)) }
+    }
+
+    public func beginTransaction() throws(KafkaError) {
+        if let error = rd_kafka_begin_transaction(client.handle) {
+            throw KafkaError(consuming: error, context: "begin transaction")
+        }
+    }
+
+    /// Adds consumer offsets (next offsets to read) to the current transaction.
+    public func sendOffsetsToTransaction(
+        _ offsets: [KafkaTopicPartitionOffset], groupMetadata: KafkaConsumerGroupMetadata,
+        timeout: Duration = .seconds(30)
+    ) async throws(KafkaError) {
+        try await transactionCall("send offsets to transaction") { handle in
+            let list = RDKafkaTopicPartitionList.make(offsets)
+            defer { rd_kafka_topic_partition_list_destroy(list) }
+            return rd_kafka_send_offsets_to_transaction(
+                handle, list, groupMetadata.pointer, Int32(timeout.milliseconds))
+        }
+    }
+
+    public func commitTransaction(timeout: Duration = .seconds(30)) async throws(KafkaError) {
+        try await transactionCall("commit transaction") { rd_kafka_commit_transaction($0, Int32(timeout.milliseconds)) }
+    }
+
+    public func abortTransaction(timeout: Duration = .seconds(30)) async throws(KafkaError) {
+        try await transactionCall("abort transaction") { rd_kafka_abort_transaction($0, Int32(timeout.milliseconds)) }
+    }
+
+    private func transactionCall(
+        _ what: String, _ body: @escaping @Sendable (OpaquePointer) -> OpaquePointer?
+    ) async throws(KafkaError) {
+        let client = self.client
+        try await RDKafkaBlocking.run { () throws(KafkaError) in
+            if let error = body(client.handle) { throw KafkaError(consuming: error, context: what) }
+        }
+    }
+
+    // MARK: Enqueue
+
+    private func enqueue(_ record: KafkaProducerRecord, opaque: UnsafeMutableRawPointer) -> KafkaError? {
+        var headers: OpaquePointer? = nil
+        if !record.headers.isEmpty {
+            headers = rd_kafka_headers_new(record.headers.count)
+            for header in record.headers {
+                if let value = header.value {
+                    value.withUnsafeBytes { _ = rd_kafka_header_add(headers, header.key, -1, $0.baseAddress, $0.count) }
+                } else {
+                    _ = rd_kafka_header_add(headers, header.key, -1, nil, 0)
+                }
+            }
+        }
+        let error: OpaquePointer? = record.topic.withCString { topic in
+            record.value.withUnsafeBytes { value in
+                withOptionalBytes(record.key) { key in
+                    var fields = [rd_kafka_vu_t](repeating: rd_kafka_vu_t(), count: 7)
+                    fields[0].vtype = RD_KAFKA_VTYPE_TOPIC
+                    fields[0].u.cstr = topic
+                    fields[1].vtype = RD_KAFKA_VTYPE_VALUE
+                    fields[1].u.mem.ptr = UnsafeMutableRawPointer(mutating: value.baseAddress)
+                    fields[1].u.mem.size = value.count
+                    fields[2].vtype = RD_KAFKA_VTYPE_KEY
+                    fields[2].u.mem.ptr = UnsafeMutableRawPointer(mutating: key?.baseAddress)
+                    fields[2].u.mem.size = key?.count ?? 0
+                    fields[3].vtype = RD_KAFKA_VTYPE_MSGFLAGS
+                    fields[3].u.i = RD_KAFKA_MSG_F_COPY
+                    fields[4].vtype = RD_KAFKA_VTYPE_OPAQUE
+                    fields[4].u.ptr = opaque
+                    var count = 5
+                    if let partition = record.partition {
+                        fields[count].vtype = RD_KAFKA_VTYPE_PARTITION
+                        fields[count].u.i32 = partition
+                        count += 1
+                    }
+                    if let headers {
+                        fields[count].vtype = RD_KAFKA_VTYPE_HEADERS
+                        fields[count].u.headers = headers
+                        count += 1
+                    }
+                    return rd_kafka_produceva(client.handle, fields, count)
+                }
+            }
+        }
+        guard let error else { return nil }
+        if let headers { rd_kafka_headers_destroy(headers) }
+        return KafkaError(consuming: error, context: "produce to topic '\(record.topic)'")
+    }
+}
+
+private func withOptionalBytes<R>(_ bytes: [UInt8]?, _ body: (UnsafeRawBufferPointer?) -> R) -> R {
+    guard let bytes else { return body(nil) }
+    return bytes.withUnsafeBytes { body($0) }
+}
+
+/// The group metadata a transactional producer needs to commit consumer offsets.
+///
+/// `@unchecked Sendable`: wraps an immutable `rd_kafka_consumer_group_metadata_t`, destroyed only in `deinit`.
+public final class KafkaConsumerGroupMetadata: @unchecked Sendable {
+    let pointer: OpaquePointer
+
+    init(pointer: OpaquePointer) { self.pointer = pointer }
+
+    deinit { rd_kafka_consumer_group_metadata_destroy(pointer) }
+}
+
+/// A thread that calls `body` in a loop until stopped: librdkafka's blocking polls live here.
+final class RDKafkaPollThread: Sendable {
+    private let running = Atomic<Bool>(true)
+    private let finished = Mutex<(done: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
+
+    init(name: String, body: @escaping @Sendable () -> Void) {
+        let thread = Thread { [self] in
+            while running.load(ordering: .acquiring) { body() }
+            let waiters = finished.withLock { state in
+                state.done = true
+                defer { state.waiters = [] }
+                return state.waiters
+            }
+            for waiter in waiters { waiter.resume() }
+        }
+        thread.name = name
+        thread.start()
+    }
+
+    var isRunning: Bool { running.load(ordering: .acquiring) }
+
+    /// Asks the loop to end and waits until it has.
+    func stop() async {
+        running.store(false, ordering: .releasing)
+        await withCheckedContinuation { continuation in
+            let done = finished.withLock { state in
+                if !state.done { state.waiters.append(continuation) }
+                return state.done
+            }
+            if done { continuation.resume() }
+        }
+    }
+}
+
+extension Duration {
+    /// Whole milliseconds, saturated to `Int32` as librdkafka's timeouts expect.
+    var milliseconds: Int {
+        let (seconds, attoseconds) = components
+        let total = seconds * 1000 + attoseconds / 1_000_000_000_000_000
+        return Int(min(total, Int64(Int32.max)))
+    }
+}

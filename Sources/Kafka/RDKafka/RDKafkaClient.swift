@@ -1,0 +1,185 @@
+import CRdKafka
+import Foundation
+
+/// The Swift-side state librdkafka's C callbacks reach through the handle's opaque pointer.
+///
+/// Immutable after creation; the closures are `@Sendable` because librdkafka calls them from its
+/// own threads.
+final class RDKafkaCallbacks: Sendable {
+    let logger: Logger
+    let onError: (@Sendable (KafkaError) -> Void)?
+    let onRebalance:
+        (@Sendable (OpaquePointer, rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>) -> Void)?
+
+    init(
+        logger: Logger, onError: (@Sendable (KafkaError) -> Void)? = nil,
+        onRebalance: (
+            @Sendable (OpaquePointer, rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>) ->
+                Void
+        )? = nil
+    ) {
+        self.logger = logger
+        self.onError = onError
+        self.onRebalance = onRebalance
+    }
+
+    static func from(_ opaque: UnsafeMutableRawPointer?) -> RDKafkaCallbacks? {
+        opaque.map { Unmanaged<RDKafkaCallbacks>.fromOpaque($0).takeUnretainedValue() }
+    }
+}
+
+/// Completion of one produced record, carried through librdkafka as the message opaque.
+final class RDKafkaDelivery: Sendable {
+    let completion: @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void
+
+    init(_ completion: @escaping @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void) {
+        self.completion = completion
+    }
+}
+
+/// Owns one `rd_kafka_t` handle and the callback state it points to.
+///
+/// `@unchecked Sendable`: librdkafka documents its handle as thread-safe for every call made through
+/// this type; `handle` is immutable and destroyed only in `deinit`, after every user is gone.
+final class RDKafkaClient: @unchecked Sendable {
+    let handle: OpaquePointer
+    let callbacks: RDKafkaCallbacks
+    let logger: Logger
+
+    private init(handle: OpaquePointer, callbacks: RDKafkaCallbacks) {
+        self.handle = handle
+        self.callbacks = callbacks
+        self.logger = callbacks.logger
+    }
+
+    deinit {
+        rd_kafka_destroy(handle)
+    }
+
+    enum Kind {
+        case producer, consumer
+    }
+
+    static func make(
+        _ kind: Kind, configuration: KafkaConfiguration, callbacks: RDKafkaCallbacks, deliveryReports: Bool = false
+    ) throws(KafkaError) -> RDKafkaClient {
+        let conf = try configuration.makeNativeConfiguration()
+        rd_kafka_conf_set_opaque(conf, Unmanaged.passUnretained(callbacks).toOpaque())
+        rd_kafka_conf_set_log_cb(conf) { handle, level, facility, text in
+            guard let handle, let callbacks = RDKafkaCallbacks.from(rd_kafka_opaque(handle)) else { return }
+            let level = Logger.Level(syslog: level)
+            guard callbacks.logger.isEnabled(level) else { return }
+            let facility = facility.map { String(cString: $0) } ?? "-"
+            callbacks.logger.log(level, "librdkafka \(facility): \(text.map { String(cString: $0) } ?? "")")
+        }
+        rd_kafka_conf_set_error_cb(conf) { _, code, reason, opaque in
+            guard let callbacks = RDKafkaCallbacks.from(opaque) else { return }
+            let isFatal = code == RD_KAFKA_RESP_ERR__FATAL.rawValue
+            let error = KafkaError(
+                rd_kafka_resp_err_t(rawValue: code), context: reason.map { String(cString: $0) } ?? "",
+                isFatal: isFatal)
+            // Transport errors are routine (broker restarts); librdkafka recovers from them itself.
+            callbacks.logger.log(isFatal ? .error : .warning, "librdkafka error \(error)")
+            callbacks.onError?(error)
+        }
+        if deliveryReports {
+            rd_kafka_conf_set_dr_msg_cb(conf) { _, message, _ in
+                guard let message, let opaque = message.pointee._private else { return }
+                let delivery = Unmanaged<RDKafkaDelivery>.fromOpaque(opaque).takeRetainedValue()
+                let m = message.pointee
+                if m.err == RD_KAFKA_RESP_ERR_NO_ERROR {
+                    let topic = String(cString: rd_kafka_topic_name(m.rkt))
+                    delivery.completion(
+                        .success(KafkaDeliveryReport(topic: topic, partition: m.partition, offset: m.offset)))
+                } else {
+                    let topic = m.rkt.map { String(cString: rd_kafka_topic_name($0)) } ?? "?"
+                    delivery.completion(.failure(KafkaError(m.err, context: "delivery to topic '\(topic)' failed")))
+                }
+            }
+        }
+        if callbacks.onRebalance != nil {
+            rd_kafka_conf_set_rebalance_cb(conf) { handle, code, partitions, opaque in
+                guard let handle, let partitions, let callbacks = RDKafkaCallbacks.from(opaque) else { return }
+                callbacks.onRebalance?(handle, code, partitions)
+            }
+        }
+        var errorText = [CChar](repeating: 0, count: 512)
+        let type = kind == .producer ? RD_KAFKA_PRODUCER : RD_KAFKA_CONSUMER
+        guard let handle = rd_kafka_new(type, conf, &errorText, errorText.count) else {
+            rd_kafka_conf_destroy(conf)
+            throw KafkaError(
+                code: .invalidConfiguration, message: "cannot create Kafka client: \(String(cBuffer: errorText))")
+        }
+        return RDKafkaClient(handle: handle, callbacks: callbacks)
+    }
+
+    /// The fatal error of this instance, if one was raised.
+    func fatalError() -> KafkaError? {
+        var text = [CChar](repeating: 0, count: 512)
+        let code = rd_kafka_fatal_error(handle, &text, text.count)
+        guard code != RD_KAFKA_RESP_ERR_NO_ERROR else { return nil }
+        return KafkaError(code, context: String(cBuffer: text), isFatal: true)
+    }
+}
+
+/// Helpers for `rd_kafka_topic_partition_list_t`.
+enum RDKafkaTopicPartitionList {
+    static func make(_ entries: [KafkaTopicPartitionOffset]) -> UnsafeMutablePointer<rd_kafka_topic_partition_list_t> {
+        let list = rd_kafka_topic_partition_list_new(Int32(max(entries.count, 1)))!
+        for entry in entries {
+            let element = rd_kafka_topic_partition_list_add(list, entry.topic, entry.partition)!
+            element.pointee.offset = entry.offset
+        }
+        return list
+    }
+
+    static func make(_ partitions: [KafkaTopicPartition]) -> UnsafeMutablePointer<rd_kafka_topic_partition_list_t> {
+        make(partitions.map { KafkaTopicPartitionOffset(topic: $0.topic, partition: $0.partition, offset: -1001) })
+    }
+
+    static func entries(_ list: UnsafePointer<rd_kafka_topic_partition_list_t>) -> [KafkaTopicPartitionOffset] {
+        (0..<Int(list.pointee.cnt)).map { index in
+            let element = list.pointee.elems[index]
+            return KafkaTopicPartitionOffset(
+                topic: String(cString: element.topic), partition: element.partition, offset: element.offset)
+        }
+    }
+
+    /// The first per-partition error in `list`, if any.
+    static func firstError(_ list: UnsafePointer<rd_kafka_topic_partition_list_t>, context: String) -> KafkaError? {
+        for index in 0..<Int(list.pointee.cnt) {
+            let element = list.pointee.elems[index]
+            if element.err != RD_KAFKA_RESP_ERR_NO_ERROR {
+                return KafkaError(
+                    element.err, context: "\(context) \(String(cString: element.topic))[\(element.partition)]")
+            }
+        }
+        return nil
+    }
+}
+
+/// Runs blocking librdkafka calls off the cooperative thread pool.
+enum RDKafkaBlocking {
+    private static let queue = DispatchQueue(label: "encore.kafka.blocking", attributes: .concurrent)
+
+    static func run<T: Sendable>(_ body: @escaping @Sendable () throws(KafkaError) -> T) async throws(KafkaError) -> T {
+        let result: Result<T, KafkaError> = await withCheckedContinuation { continuation in
+            queue.async {
+                do throws(KafkaError) {
+                    continuation.resume(returning: .success(try body()))
+                } catch {
+                    continuation.resume(returning: .failure(error))
+                }
+            }
+        }
+        return try result.get()
+    }
+}
+
+extension String {
+    /// Decodes a NUL-terminated C string held in a fixed-size buffer.
+    init(cBuffer buffer: [CChar]) {
+        let bytes = buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }
+        self.init(decoding: bytes, as: UTF8.self)
+    }
+}

@@ -1,0 +1,174 @@
+import Foundation
+import Kafka
+import Testing
+
+@Suite("Kafka layer on the embedded broker")
+struct KafkaRoundTripTests {
+    @Test("records round-trip with keys, headers and coordinates")
+    func roundTrip() async throws {
+        let broker = try TestCluster(topics: ["t": 3])
+        let producer = try KafkaProducer(configuration: broker.producerConfiguration)
+        var reports: [KafkaDeliveryReport] = []
+        for index in 0..<30 {
+            let record = KafkaProducerRecord(
+                topic: "t", key: Array("user-\(index % 5)".utf8), value: Array("value-\(index)".utf8),
+                headers: [KafkaHeader(key: "ce_id", string: "id-\(index)"), KafkaHeader(key: "empty", value: nil)])
+            reports.append(try await producer.send(record))
+        }
+        #expect(Set(reports.map(\.topic)) == ["t"])
+        let probe = ConsumerProbe(consumer: try KafkaConsumer(configuration: broker.consumerConfiguration(group: "g")))
+        try probe.consumer.subscribe(topics: ["t"])
+        let messages = await probe.waitForMessages(30)
+        #expect(messages.count == 30)
+        for message in messages {
+            let index = Int(String(decoding: message.value, as: UTF8.self).dropFirst("value-".count))!
+            #expect(message.key == Array("user-\(index % 5)".utf8))
+            #expect(message.header("ce_id") == "id-\(index)")
+            #expect(message.headers.contains(KafkaHeader(key: "empty", value: nil)))
+            #expect(message.timestampMs != nil)
+            let report = reports[index]
+            #expect(report.partition == message.partition && report.offset == message.offset)
+        }
+        // One key always lands on one partition.
+        let partitionsByKey = Dictionary(grouping: messages, by: { $0.key! }).mapValues { Set($0.map(\.partition)) }
+        #expect(partitionsByKey.values.allSatisfy { $0.count == 1 })
+        await probe.close()
+        await producer.close()
+    }
+
+    @Test("a new member of the group resumes after the committed offset")
+    func commitAndResume() async throws {
+        let broker = try TestCluster(topics: ["orders": 1])
+        let producer = try KafkaProducer(configuration: broker.producerConfiguration)
+        for index in 0..<10 {
+            try await producer.send(KafkaProducerRecord(topic: "orders", key: nil, value: Array("\(index)".utf8)))
+        }
+        let first = ConsumerProbe(consumer: try KafkaConsumer(configuration: broker.consumerConfiguration(group: "g")))
+        try first.consumer.subscribe(topics: ["orders"])
+        let firstBatch = await first.waitForMessages(10)
+        #expect(firstBatch.count == 10)
+        // Processed only the first six: store and commit offset 6 (the next to read).
+        try first.consumer.storeOffsets([KafkaTopicPartitionOffset(topic: "orders", partition: 0, offset: 6)])
+        try await first.consumer.commit()
+        let committed = try await first.consumer.committed([KafkaTopicPartition(topic: "orders", partition: 0)])
+        #expect(committed.map(\.offset) == [6])
+        await first.close()
+
+        let second = ConsumerProbe(consumer: try KafkaConsumer(configuration: broker.consumerConfiguration(group: "g")))
+        try second.consumer.subscribe(topics: ["orders"])
+        let resumed = await second.waitForMessages(4)
+        #expect(resumed.map(\.offset) == [6, 7, 8, 9])
+        await second.close()
+        await producer.close()
+    }
+
+    @Test("two members of one group split the partitions")
+    func groupSplitsPartitions() async throws {
+        let broker = try TestCluster(topics: ["split": 4])
+        let configuration = broker.consumerConfiguration(group: "split-group")
+        let one = ConsumerProbe(consumer: try KafkaConsumer(configuration: configuration))
+        let two = ConsumerProbe(consumer: try KafkaConsumer(configuration: configuration))
+        try one.consumer.subscribe(topics: ["split"])
+        try two.consumer.subscribe(topics: ["split"])
+        let split = await eventually(timeout: .seconds(45)) {
+            one.assigned.count == 2 && two.assigned.count == 2
+        }
+        #expect(split, "assignments: \(one.assigned) / \(two.assigned)")
+        #expect(one.assigned.isDisjoint(with: two.assigned))
+        #expect(one.assigned.union(two.assigned).count == 4)
+        await one.close()
+        await two.close()
+    }
+
+    @Test("pause stops delivery and resume restarts it")
+    func pauseAndResume() async throws {
+        let broker = try TestCluster(topics: ["p": 1])
+        let producer = try KafkaProducer(configuration: broker.producerConfiguration)
+        let probe = ConsumerProbe(consumer: try KafkaConsumer(configuration: broker.consumerConfiguration(group: "pg")))
+        try probe.consumer.subscribe(topics: ["p"])
+        try await producer.send(KafkaProducerRecord(topic: "p", key: nil, value: Array("before".utf8)))
+        #expect(await probe.waitForMessages(1).count == 1)
+
+        let partition = KafkaTopicPartition(topic: "p", partition: 0)
+        try probe.consumer.pause([partition])
+        for index in 0..<5 {
+            try await producer.send(KafkaProducerRecord(topic: "p", key: nil, value: Array("paused-\(index)".utf8)))
+        }
+        // The records are on the broker (acknowledged above); a paused partition must not deliver them.
+        // Give the fetcher several fetch cycles to prove it stays quiet.
+        let leaked = await eventually(timeout: .seconds(2)) { probe.messages.count > 1 }
+        #expect(!leaked, "a paused partition delivered \(probe.messages.count - 1) records")
+
+        try probe.consumer.resume([partition])
+        let all = await probe.waitForMessages(6)
+        #expect(all.count == 6)
+        #expect(all.map(\.offset) == Array(0..<6))
+        await probe.close()
+        await producer.close()
+    }
+}
+
+@Suite("Kafka layer errors")
+struct KafkaErrorTests {
+    @Test("an unknown property or invalid value is an error that names it")
+    func invalidConfiguration() throws {
+        let unknown = #expect(throws: KafkaError.self) {
+            try KafkaConfiguration(["no.such.property": "1"]).validate()
+        }
+        #expect(unknown?.code == .invalidConfiguration)
+        #expect(unknown?.message.contains("no.such.property") == true)
+
+        let invalid = #expect(throws: KafkaError.self) {
+            try KafkaProducer(configuration: KafkaConfiguration(["acks": "sometimes"]))
+        }
+        #expect(invalid?.message.contains("acks") == true)
+        #expect(throws: KafkaError.self) { try KafkaConfiguration.parseAssignment("novalue") }
+        #expect(try KafkaConfiguration.parseAssignment("a.b=c=d") == ("a.b", "c=d"))
+    }
+
+    @Test("delivery to a missing topic throws instead of hanging")
+    func missingTopic() async throws {
+        let broker = try TestCluster(topics: [:])
+        var configuration = broker.producerConfiguration
+        configuration["message.timeout.ms"] = "2000"
+        // The mock cluster creates topics on first use; make it answer as a cluster without the topic.
+        broker.cluster.setTopicError("missing", .unknownTopicOrPartition)
+        let producer = try KafkaProducer(configuration: configuration)
+        let error = await #expect(throws: KafkaError.self) {
+            try await producer.send(KafkaProducerRecord(topic: "missing", key: nil, value: [1]))
+        }
+        #expect(error?.message.contains("missing") == true)
+        await producer.close(timeout: .seconds(1))
+    }
+
+    @Test("delivery while the only broker is down throws instead of hanging")
+    func brokerDown() async throws {
+        let broker = try TestCluster(topics: ["down": 1])
+        var configuration = broker.producerConfiguration
+        configuration["message.timeout.ms"] = "2000"
+        let producer = try KafkaProducer(configuration: configuration)
+        try await producer.send(KafkaProducerRecord(topic: "down", key: nil, value: [1]))
+        try broker.cluster.setBrokerDown(1)
+        let error = await #expect(throws: KafkaError.self) {
+            try await producer.send(KafkaProducerRecord(topic: "down", key: nil, value: [2]))
+        }
+        #expect(error?.isRetriable == true)
+        await producer.close(timeout: .seconds(1))
+    }
+
+    @Test("an injected produce error surfaces with librdkafka's code and name")
+    func injectedError() async throws {
+        let broker = try TestCluster(topics: ["inj": 1])
+        var configuration = broker.producerConfiguration
+        configuration["enable.idempotence"] = "false"
+        configuration["retries"] = "0"
+        let producer = try KafkaProducer(configuration: configuration)
+        try await producer.send(KafkaProducerRecord(topic: "inj", key: nil, value: [1]))
+        broker.cluster.pushRequestErrors(apiKey: 0, [KafkaError.Code(rawValue: 87)])  // INVALID_RECORD
+        let error = await #expect(throws: KafkaError.self) {
+            try await producer.send(KafkaProducerRecord(topic: "inj", key: nil, value: [2]))
+        }
+        #expect(error?.name == "INVALID_RECORD")
+        await producer.close(timeout: .seconds(1))
+    }
+}
