@@ -15,7 +15,8 @@ public final class EmbeddedKafkaCluster: Sendable {
     public init(brokers: Int = 1, logger: Logger = Logger(label: "kafka.embedded")) throws(KafkaError) {
         var configuration = KafkaConfiguration()
         configuration["client.id"] = "encore-embedded-broker"
-        client = try RDKafkaClient.make(.producer, configuration: configuration, callbacks: RDKafkaCallbacks(logger: logger))
+        client = try RDKafkaClient.make(
+            .producer, configuration: configuration, callbacks: RDKafkaCallbacks(logger: logger))
         guard let cluster = rd_kafka_mock_cluster_new(client.handle, Int32(brokers)) else {
             throw KafkaError(code: .invalidArgument, message: "cannot start an embedded cluster of \(brokers) brokers")
         }

@@ -21,7 +21,8 @@ public final class KafkaAdmin: Sendable {
     private let client: RDKafkaClient
 
     public init(configuration: KafkaConfiguration, logger: Logger = Logger(label: "kafka.admin")) throws(KafkaError) {
-        client = try RDKafkaClient.make(.producer, configuration: configuration, callbacks: RDKafkaCallbacks(logger: logger))
+        client = try RDKafkaClient.make(
+            .producer, configuration: configuration, callbacks: RDKafkaCallbacks(logger: logger))
     }
 
     /// Creates `topics`; ones that already exist are left as they are when `ignoreExisting`.
@@ -56,7 +57,8 @@ public final class KafkaAdmin: Sendable {
             defer { rd_kafka_AdminOptions_destroy(options) }
             _ = rd_kafka_AdminOptions_set_operation_timeout(
                 options, Int32(timeout.milliseconds), &errorText, errorText.count)
-            _ = rd_kafka_AdminOptions_set_request_timeout(options, Int32(timeout.milliseconds), &errorText, errorText.count)
+            _ = rd_kafka_AdminOptions_set_request_timeout(
+                options, Int32(timeout.milliseconds), &errorText, errorText.count)
             natives.withUnsafeMutableBufferPointer { buffer in
                 rd_kafka_CreateTopics(client.handle, buffer.baseAddress, buffer.count, options, queue)
             }
@@ -74,7 +76,9 @@ public final class KafkaAdmin: Sendable {
             for index in 0..<count {
                 let topicResult = results[index]
                 let err = rd_kafka_topic_result_error(topicResult)
-                if err == RD_KAFKA_RESP_ERR_NO_ERROR || (ignoreExisting && err == RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS) {
+                if err == RD_KAFKA_RESP_ERR_NO_ERROR
+                    || (ignoreExisting && err == RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS)
+                {
                     continue
                 }
                 let name = String(cString: rd_kafka_topic_result_name(topicResult))
@@ -116,7 +120,9 @@ public final class KafkaAdmin: Sendable {
             var high: Int64 = 0
             let err = rd_kafka_query_watermark_offsets(
                 client.handle, partition.topic, partition.partition, &low, &high, Int32(timeout.milliseconds))
-            guard err == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(err, context: "watermarks of \(partition)") }
+            guard err == RD_KAFKA_RESP_ERR_NO_ERROR else {
+                throw KafkaError(err, context: "watermarks of \(partition)")
+            }
             return (low, high)
         }
     }

@@ -111,7 +111,8 @@ public final class KafkaConsumer: Sendable {
         let topic = m.rkt.map { String(cString: rd_kafka_topic_name($0)) } ?? "?"
         guard m.err == RD_KAFKA_RESP_ERR_NO_ERROR else {
             if m.err == RD_KAFKA_RESP_ERR__PARTITION_EOF { return nil }
-            let error = KafkaError(m.err, context: "consume from \(topic)[\(m.partition)]", isFatal: m.err == RD_KAFKA_RESP_ERR__FATAL)
+            let error = KafkaError(
+                m.err, context: "consume from \(topic)[\(m.partition)]", isFatal: m.err == RD_KAFKA_RESP_ERR__FATAL)
             client.logger.warning("consumer error \(error)")
             return .error(error)
         }
@@ -146,7 +147,8 @@ public final class KafkaConsumer: Sendable {
         let partitions = RDKafkaTopicPartitionList.entries(list).map(\.topicPartition)
         switch code {
         case RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS:
-            logger.info("assigned \(partitions.count) partitions: \(partitions.map(\.description).joined(separator: " "))")
+            logger.info(
+                "assigned \(partitions.count) partitions: \(partitions.map(\.description).joined(separator: " "))")
             if cooperative {
                 if let error = rd_kafka_incremental_assign(handle, list) {
                     logger.error("\(KafkaError(consuming: error, context: "incremental assign"))")
@@ -194,7 +196,8 @@ public final class KafkaConsumer: Sendable {
         let list = RDKafkaTopicPartitionList.make(partitions)
         defer { rd_kafka_topic_partition_list_destroy(list) }
         let what = pause ? "pause" : "resume"
-        let err = pause ? rd_kafka_pause_partitions(client.handle, list) : rd_kafka_resume_partitions(client.handle, list)
+        let err =
+            pause ? rd_kafka_pause_partitions(client.handle, list) : rd_kafka_resume_partitions(client.handle, list)
         guard err == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(err, context: what) }
         if let error = RDKafkaTopicPartitionList.firstError(list, context: what) { throw error }
     }

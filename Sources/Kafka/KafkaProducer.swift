@@ -12,7 +12,8 @@ public final class KafkaProducer: Sendable {
     private let logger: Logger
 
     /// Creates a producer; `configuration` must name `bootstrap.servers`.
-    public init(configuration: KafkaConfiguration, logger: Logger = Logger(label: "kafka.producer")) throws(KafkaError) {
+    public init(configuration: KafkaConfiguration, logger: Logger = Logger(label: "kafka.producer")) throws(KafkaError)
+    {
         var configuration = configuration
         configuration.setDefault("enable.idempotence", "true")
         configuration.setDefault("acks", "all")

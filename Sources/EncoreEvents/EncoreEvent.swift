@@ -1,0 +1,49 @@
+/// An event of the wire contract (`schemas/`): UTF-8 JSON, snake_case fields, `*_at_ms` times.
+public protocol EncoreEvent: Sendable, Equatable {
+    /// The CloudEvents `ce_type` of this event.
+    static var eventType: EventType { get }
+
+    /// Decodes and validates a record value; the error names the field at fault.
+    init(jsonBytes: some Collection<UInt8>) throws(EventValidationError)
+
+    /// Encodes the record value: compact JSON, fields in schema order, absent optionals omitted.
+    func jsonBytes() -> [UInt8]
+}
+
+/// The `ce_type` of each event of the contract.
+public enum EventType: String, Sendable, CaseIterable {
+    case purchaseRequested = "com.encorekit.purchase.requested.v1"
+    case purchaseOutcome = "com.encorekit.purchase.outcome.v1"
+    case entitlementChanged = "com.encorekit.entitlement.changed.v1"
+    case deadLetter = "com.encorekit.deadletter.v1"
+}
+
+/// Size limits of the contract, mirrored by `maxLength`/`maxProperties` in `schemas/`.
+public enum EventLimits {
+    /// Identifiers: request, app, user, product, placement, offer, campaign ids.
+    public static let identifierLength = 256
+    public static let attributeCount = 64
+    public static let attributeKeyLength = 128
+    public static let attributeValueLength = 1024
+    public static let messageLength = 4096
+    /// Largest record value the processor accepts, in bytes.
+    public static let recordBytes = 64 * 1024
+}
+
+/// The user key of every record: `"{app_id}:{app_user_id}"`, so one user's records share a partition.
+public func userKey(appID: String, appUserID: String) -> String {
+    "\(appID):\(appUserID)"
+}
+
+extension EncoreEvent {
+    /// Parses `bytes` and hands the top-level object to `body`, rejecting oversized records first.
+    static func decode<T>(
+        _ bytes: some Collection<UInt8>, _ body: (JSONFieldReader) throws(EventValidationError) -> T
+    ) throws(EventValidationError) -> T {
+        guard bytes.count <= EventLimits.recordBytes else {
+            throw EventValidationError(
+                .tooLarge, field: "", "record is \(bytes.count) bytes, at most \(EventLimits.recordBytes) allowed")
+        }
+        return try body(JSONFieldReader(JSONValue.parse(bytes)))
+    }
+}

@@ -1,0 +1,153 @@
+/// Writes compact JSON into a byte buffer, fields in the order they are written.
+struct JSONWriter {
+    private(set) var bytes: [UInt8] = []
+    private var needsComma = false
+
+    init(capacity: Int = 384) {
+        bytes.reserveCapacity(capacity)
+    }
+
+    mutating func beginObject() {
+        separate()
+        bytes.append(UInt8(ascii: "{"))
+        needsComma = false
+    }
+
+    mutating func endObject() {
+        bytes.append(UInt8(ascii: "}"))
+        needsComma = true
+    }
+
+    mutating func beginArray() {
+        separate()
+        bytes.append(UInt8(ascii: "["))
+        needsComma = false
+    }
+
+    mutating func endArray() {
+        bytes.append(UInt8(ascii: "]"))
+        needsComma = true
+    }
+
+    /// Writes a field name; the next value written is its value.
+    mutating func key(_ name: StaticString) {
+        separate()
+        bytes.append(UInt8(ascii: "\""))
+        bytes.append(contentsOf: UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount))
+        bytes.append(contentsOf: [UInt8(ascii: "\""), UInt8(ascii: ":")])
+        needsComma = false
+    }
+
+    /// Writes a field name that is not known at compile time (map keys).
+    mutating func key(dynamic name: String) {
+        string(name)
+        bytes.append(UInt8(ascii: ":"))
+        needsComma = false
+    }
+
+    mutating func string(_ value: String) {
+        separate()
+        bytes.append(UInt8(ascii: "\""))
+        for byte in value.utf8 {
+            switch byte {
+            case UInt8(ascii: "\""): bytes.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "\"")])
+            case UInt8(ascii: "\\"): bytes.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "\\")])
+            case 0x0A: bytes.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "n")])
+            case 0x0D: bytes.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "r")])
+            case 0x09: bytes.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "t")])
+            case 0..<0x20:
+                let hex: [UInt8] = Array("0123456789abcdef".utf8)
+                bytes.append(contentsOf: [
+                    UInt8(ascii: "\\"), UInt8(ascii: "u"), UInt8(ascii: "0"), UInt8(ascii: "0"), hex[Int(byte >> 4)],
+                    hex[Int(byte & 0xF)],
+                ])
+            default: bytes.append(byte)
+            }
+        }
+        bytes.append(UInt8(ascii: "\""))
+        needsComma = true
+    }
+
+    mutating func integer(_ value: Int64) {
+        separate()
+        if value == 0 {
+            bytes.append(UInt8(ascii: "0"))
+        } else {
+            var magnitude = value.magnitude
+            var digits:
+                (
+                    UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
+                    UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8
+                ) =
+                    (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+            var count = 0
+            withUnsafeMutableBytes(of: &digits) { buffer in
+                while magnitude > 0 {
+                    buffer[count] = UInt8(ascii: "0") + UInt8(magnitude % 10)
+                    magnitude /= 10
+                    count += 1
+                }
+                if value < 0 { bytes.append(UInt8(ascii: "-")) }
+                for position in stride(from: count - 1, through: 0, by: -1) { bytes.append(buffer[position]) }
+            }
+        }
+        needsComma = true
+    }
+
+    mutating func number(_ value: Double) {
+        if value.rounded() == value, abs(value) < 1e15 {
+            integer(Int64(value))
+        } else {
+            separate()
+            bytes.append(contentsOf: Array("\(value)".utf8))
+            needsComma = true
+        }
+    }
+
+    mutating func bool(_ value: Bool) {
+        separate()
+        bytes.append(contentsOf: value ? Array("true".utf8) : Array("false".utf8))
+        needsComma = true
+    }
+
+    private mutating func separate() {
+        if needsComma { bytes.append(UInt8(ascii: ",")) }
+    }
+
+    // Optional conveniences: absent values are omitted, never written as null.
+
+    mutating func field(_ name: StaticString, _ value: String) {
+        key(name)
+        string(value)
+    }
+
+    mutating func field(_ name: StaticString, _ value: String?) {
+        if let value { field(name, value) }
+    }
+
+    mutating func field(_ name: StaticString, _ value: Int64) {
+        key(name)
+        integer(value)
+    }
+
+    mutating func field(_ name: StaticString, _ value: Int64?) {
+        if let value { field(name, value) }
+    }
+
+    mutating func field(_ name: StaticString, _ value: Int) {
+        field(name, Int64(value))
+    }
+
+    mutating func field(_ name: StaticString, _ value: Bool) {
+        key(name)
+        bool(value)
+    }
+
+    mutating func field<E: RawRepresentable<String>>(_ name: StaticString, _ value: E) {
+        field(name, value.rawValue)
+    }
+
+    mutating func field<E: RawRepresentable<String>>(_ name: StaticString, _ value: E?) {
+        if let value { field(name, value.rawValue) }
+    }
+}

@@ -1,0 +1,80 @@
+/// The store a purchase goes through.
+public enum Store: String, Sendable, CaseIterable {
+    case appStore = "APP_STORE"
+    case playStore = "PLAY_STORE"
+    case stripe = "STRIPE"
+    case other = "OTHER"
+}
+
+/// Production or sandbox purchases.
+public enum PurchaseEnvironment: String, Sendable, CaseIterable {
+    case production = "PRODUCTION"
+    case sandbox = "SANDBOX"
+}
+
+/// The outcome of one purchase request: the controller's answer, or why it was not attempted.
+public enum OutcomeResult: String, Sendable, CaseIterable {
+    case purchased
+    case cancelled
+    case pending
+    case failed
+    case notAttempted = "not_attempted"
+}
+
+/// Encore's grant kinds, in Encore's spelling.
+public enum EntitlementType: String, Sendable, CaseIterable {
+    case freeTrial
+    case discount
+    case credit
+}
+
+/// Units of a grant's value, in Encore's spelling.
+public enum EntitlementUnit: String, Sendable, CaseIterable {
+    case months
+    case days
+    case percent
+    case dollars
+}
+
+/// `provisional` grants come from pending purchases; `verified` ones from completed purchases.
+public enum EntitlementStatus: String, Sendable, CaseIterable {
+    case provisional
+    case verified
+}
+
+/// What happened to an entitlement.
+public enum EntitlementChangeKind: String, Sendable, CaseIterable {
+    case granted
+    case verified
+    case expired
+    case revoked
+}
+
+/// An offer's grant: `{type, value, unit}`, e.g. a 7-day free trial.
+public struct Entitlement: Sendable, Hashable {
+    public var type: EntitlementType
+    public var value: Double
+    public var unit: EntitlementUnit
+
+    public init(type: EntitlementType, value: Double, unit: EntitlementUnit) {
+        self.type = type
+        self.value = value
+        self.unit = unit
+    }
+
+    init(_ reader: JSONFieldReader) throws(EventValidationError) {
+        type = try reader.enumeration("type")
+        value = try reader.double("value", minimum: 0, maximum: 1_000_000)
+        unit = try reader.enumeration("unit")
+    }
+
+    func write(_ name: StaticString, to writer: inout JSONWriter) {
+        writer.key(name)
+        writer.beginObject()
+        writer.field("type", type)
+        writer.key("value")
+        writer.number(value)
+        writer.field("unit", unit)
+        writer.endObject()
+    }
+}
