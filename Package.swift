@@ -8,6 +8,7 @@ let package = Package(
         .library(name: "Kafka", targets: ["Kafka"]),
         .library(name: "EncoreEvents", targets: ["EncoreEvents"]),
         .library(name: "EncoreProcessor", targets: ["EncoreProcessor"]),
+        .library(name: "EncoreTools", targets: ["EncoreTools"]),
         .executable(name: "encore-processor", targets: ["encore-processor"]),
     ],
     targets: [
@@ -19,9 +20,14 @@ let package = Package(
         .target(name: "Kafka", dependencies: ["CRdKafka"]),
         .target(name: "EncoreEvents"),
         .target(name: "EncoreProcessor", dependencies: ["Kafka", "EncoreEvents"]),
-        .executableTarget(name: "encore-processor", dependencies: ["EncoreProcessor", "Kafka", "EncoreEvents"]),
+        .target(name: "EncoreTools", dependencies: ["EncoreProcessor", "Kafka", "EncoreEvents"]),
+        .executableTarget(
+            name: "encore-processor", dependencies: ["EncoreTools", "EncoreProcessor", "Kafka", "EncoreEvents"]),
         .testTarget(name: "KafkaTests", dependencies: ["Kafka"]),
         .testTarget(name: "EncoreEventsTests", dependencies: ["EncoreEvents"]),
+        .testTarget(name: "EncoreProcessorTests", dependencies: ["EncoreProcessor", "EncoreTools", "Kafka", "EncoreEvents"]),
+        .testTarget(
+            name: "ProcessorIntegrationTests", dependencies: ["EncoreProcessor", "EncoreTools", "Kafka", "EncoreEvents"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -1,1 +1,50 @@
-print("placeholder")
+import Foundation
+import Kafka
+
+let commands: [(definition: CommandDefinition, execute: (ParsedOptions) async throws -> Int32)] = [
+    (RunCommand.definition, RunCommand.execute),
+    (DemoCommand.definition, DemoCommand.execute),
+    (GenerateCommand.definition, GenerateCommand.execute),
+    (TopicsCommand.definition, TopicsCommand.execute),
+    (BrokerCommand.definition, BrokerCommand.execute),
+]
+
+@MainActor func overview() -> String {
+    var lines = [
+        "encore-processor: Encore's purchase controller on Kafka.", "",
+        "Usage: encore-processor <command> [options]", "", "Commands:",
+    ]
+    for (definition, _) in commands {
+        lines.append("  " + definition.name.padding(toLength: 10, withPad: " ", startingAt: 0) + definition.summary)
+    }
+    lines += ["", "Run 'encore-processor <command> --help' for a command's options."]
+    return lines.joined(separator: "\n")
+}
+
+func fail(_ message: String, usage: Int32 = 2) -> Never {
+    FileHandle.standardError.write(Data("encore-processor: \(message)\n".utf8))
+    exit(usage)
+}
+
+let arguments = Array(CommandLine.arguments.dropFirst())
+guard let name = arguments.first else { fail("missing command\n\n" + overview()) }
+if name == "-h" || name == "--help" || name == "help" {
+    print(overview())
+    exit(0)
+}
+guard let command = commands.first(where: { $0.definition.name == name }) else {
+    fail("unknown command '\(name)'\n\n" + overview())
+}
+let status: Int32
+do {
+    guard let options = try command.definition.parse(Array(arguments.dropFirst())) else {
+        print(command.definition.helpText())
+        exit(0)
+    }
+    status = try await command.execute(options)
+} catch let error as UsageError {
+    fail("\(name): \(error.message)\nRun 'encore-processor \(name) --help' for usage.")
+} catch {
+    fail("\(name): \(error)", usage: 1)
+}
+exit(status)

@@ -1,0 +1,108 @@
+import Foundation
+
+/// A stand-in store for demos and load tests: answers after a jittered latency with outcomes drawn
+/// from configured shares, deterministically for a given seed and request id.
+public struct SimulatedController: PurchaseController {
+    /// What the simulated store can answer, with relative weights.
+    public enum Answer: String, Sendable, CaseIterable {
+        case purchased, cancelled, pending
+        /// Throws a retryable ``PurchaseControllerError`` (a store outage).
+        case retryableError = "retryable-error"
+        /// Throws a final ``PurchaseControllerError``.
+        case error
+    }
+
+    public let meanLatency: Duration
+    public let weights: [(answer: Answer, weight: Double)]
+    public let seed: UInt64
+
+    /// - Parameters:
+    ///   - meanLatency: mean of a latency drawn uniformly from 0.5× to 1.5× of it; zero answers at once.
+    ///   - weights: relative shares of each answer; at least one positive.
+    public init(meanLatency: Duration = .zero, weights: [(answer: Answer, weight: Double)], seed: UInt64 = 1) {
+        self.meanLatency = meanLatency
+        self.weights = weights.filter { $0.weight > 0 }
+        self.seed = seed
+        precondition(!self.weights.isEmpty, "a simulated controller needs at least one positive weight")
+    }
+
+    /// Parses `purchased=0.8,cancelled=0.15,pending=0.05` (also `retryable-error=`, `error=`).
+    public static func parseWeights(_ text: String) -> Result<[(answer: Answer, weight: Double)], ParseError> {
+        var weights: [(answer: Answer, weight: Double)] = []
+        for part in text.split(separator: ",") {
+            let pieces = part.split(separator: "=", maxSplits: 1)
+            guard pieces.count == 2, let answer = Answer(rawValue: pieces[0].trimmingCharacters(in: .whitespaces))
+            else {
+                let names = Answer.allCases.map(\.rawValue).joined(separator: ", ")
+                return .failure(ParseError(message: "'\(part)' is not NAME=WEIGHT with NAME one of \(names)"))
+            }
+            guard let weight = Double(pieces[1].trimmingCharacters(in: .whitespaces)), weight >= 0, weight.isFinite
+            else {
+                return .failure(ParseError(message: "weight of '\(answer.rawValue)' must be a non-negative number"))
+            }
+            weights.append((answer, weight))
+        }
+        guard weights.contains(where: { $0.weight > 0 }) else {
+            return .failure(ParseError(message: "at least one weight must be positive"))
+        }
+        return .success(weights)
+    }
+
+    public struct ParseError: Error, Sendable {
+        public let message: String
+    }
+
+    public func purchase(_ request: PurchaseRequest) async throws -> PurchaseResult {
+        var generator = SplitMix64(seed: seed ^ fnv1a(request.requestId) ^ UInt64(request.attempt) &* 0x9E37_79B9)
+        let latencyUnit = generator.nextUnit()
+        let answerUnit = generator.nextUnit()
+        if meanLatency > .zero {
+            try await Task.sleep(for: meanLatency * (0.5 + latencyUnit))
+        }
+        let total = weights.reduce(0) { $0 + $1.weight }
+        var threshold = answerUnit * total
+        var answer = weights[weights.count - 1].answer
+        for entry in weights {
+            if threshold < entry.weight {
+                answer = entry.answer
+                break
+            }
+            threshold -= entry.weight
+        }
+        switch answer {
+        case .purchased: return .purchased
+        case .cancelled: return .cancelled
+        case .pending: return .pending
+        case .retryableError: throw PurchaseControllerError.retryable("store_unavailable", "simulated store outage")
+        case .error: throw PurchaseControllerError.final("store_declined", "simulated store declined the purchase")
+        }
+    }
+}
+
+/// A small, fast, seedable generator (Steele et al.'s SplitMix64).
+public struct SplitMix64: RandomNumberGenerator, Sendable {
+    private var state: UInt64
+
+    public init(seed: UInt64) { state = seed }
+
+    public mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+
+    /// A uniform value in [0, 1).
+    public mutating func nextUnit() -> Double { Double(next() >> 11) * 0x1.0p-53 }
+}
+
+/// FNV-1a of a string's UTF-8 bytes: a stable hash (Swift's `Hasher` is seeded per process).
+public func fnv1a(_ text: String) -> UInt64 {
+    var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+    for byte in text.utf8 {
+        hash ^= UInt64(byte)
+        hash &*= 0x100_0000_01b3
+    }
+    return hash
+}

@@ -1,0 +1,78 @@
+import Kafka
+
+/// Everything the processor needs to run, with the defaults of the `run` command.
+public struct ProcessorConfiguration: Sendable {
+    /// Connection and any librdkafka property (security, SASL, TLS...); applies to every client.
+    public var kafka: KafkaConfiguration
+    public var groupID = "encore-processor"
+    public var requestsTopic = "encore.purchase-requests"
+    public var outcomesTopic = "encore.purchase-outcomes"
+    public var entitlementsTopic = "encore.entitlement-changes"
+    public var deadLetterTopic = "encore.dead-letters"
+    /// Controller calls running at once, across users.
+    public var maxInFlight = 256
+    /// Records held between the consumer and the broker's acknowledgement of their outputs;
+    /// reaching it pauses the partitions.
+    public var bufferCapacity = 10_000
+    /// One controller call longer than this ends the request as `failed` with error `timeout`.
+    public var callTimeout: Duration = .seconds(300)
+    public var retry = RetryPolicy()
+    /// How many recent request ids are remembered to skip duplicates.
+    public var duplicateWindow = 1_000_000
+    /// How long a revocation or shutdown waits for running calls and their outputs.
+    public var drainTimeout: Duration = .seconds(30)
+    /// `ce_source` of produced records.
+    public var source = "/encore-processor"
+
+    public init(kafka: KafkaConfiguration) {
+        self.kafka = kafka
+    }
+
+    /// Checks values that librdkafka does not (sizes, timeouts) and the librdkafka properties.
+    public func validate() throws(ProcessorError) {
+        func require(_ condition: Bool, _ option: String, _ message: String) throws(ProcessorError) {
+            if !condition { throw ProcessorError(.invalidConfiguration, "\(option): \(message)") }
+        }
+        try require(maxInFlight >= 1, "max-in-flight", "must be at least 1, got \(maxInFlight)")
+        try require(bufferCapacity >= 1, "buffer-size", "must be at least 1, got \(bufferCapacity)")
+        try require(callTimeout > .zero, "call-timeout", "must be positive")
+        try require(duplicateWindow >= 1, "duplicate-window", "must be at least 1")
+        for (name, topic) in [
+            ("requests-topic", requestsTopic), ("outcomes-topic", outcomesTopic),
+            ("entitlements-topic", entitlementsTopic), ("dead-letter-topic", deadLetterTopic),
+        ] {
+            try require(
+                !topic.isEmpty && topic.count <= 249
+                    && topic.allSatisfy { $0.isASCII && ($0.isLetter || $0.isNumber || "._-".contains($0)) },
+                name, "'\(topic)' is not a valid Kafka topic name")
+        }
+        try require(
+            requestsTopic != outcomesTopic && requestsTopic != deadLetterTopic, "requests-topic",
+            "must differ from the outcomes and dead-letter topics")
+        do {
+            try kafka.validate()
+        } catch {
+            throw ProcessorError(.invalidConfiguration, "-X: \(error.message)")
+        }
+    }
+}
+
+/// An error of the processor layer.
+public struct ProcessorError: Error, Sendable, CustomStringConvertible {
+    public struct Code: Hashable, Sendable {
+        public let name: String
+        public static let invalidConfiguration = Code(name: "invalid_configuration")
+        public static let kafka = Code(name: "kafka")
+        public static let outputLost = Code(name: "output_lost")
+    }
+
+    public var code: Code
+    public var message: String
+
+    public init(_ code: Code, _ message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    public var description: String { message }
+}

@@ -1,0 +1,494 @@
+import EncoreEvents
+import Kafka
+
+/// The processor's state and its reaction to each input. Owned by the task running
+/// ``PurchaseProcessor/run()``; never shared.
+final class ProcessorLoop {
+    private struct ActiveCall {
+        var item: WorkItem
+        var controllerName: String
+        var controller: any PurchaseController
+        var attempt = 1
+        var task: Task<Void, Never>? = nil
+        var isBackingOff = false
+    }
+
+    private struct PendingRevocation {
+        var partitions: Set<KafkaTopicPartition>
+        var revocation: KafkaRevocation
+        var deadline: ContinuousClock.Instant
+    }
+
+    private enum Timer {
+        case retry(call: Int)
+        case redeliver(RecordRef, Output, KafkaProducerRecord)
+    }
+
+    private let processor: PurchaseProcessor
+    private let configuration: ProcessorConfiguration
+    private let consumer: KafkaConsumer
+    private let producer: KafkaProducer
+    private let input: AsyncStream<ProcessorInput>.Continuation
+    private let logger: Logger
+    private let clock = ContinuousClock()
+    private var random = SystemRandomNumberGenerator()
+
+    private var scheduler: LaneScheduler<WorkItem>
+    private var tracker = OffsetTracker()
+    private var recent: RecentRequests
+    private var backpressure: Backpressure
+    private var assigned = Set<KafkaTopicPartition>()
+    private var generations: [KafkaTopicPartition: Int] = [:]
+    /// Records being worked on (in a call, or outputs not yet acknowledged), per partition.
+    private var busy: [KafkaTopicPartition: Int] = [:]
+    /// Outputs not yet acknowledged, per record.
+    private var pendingOutputs: [RecordRef: Int] = [:]
+    private var calls: [Int: ActiveCall] = [:]
+    private var nextCallID = 0
+    private var callDeadlines = FIFO<(deadline: ContinuousClock.Instant, call: Int, attempt: Int)>()
+    private var timers = TimerQueue<Timer>()
+    private var revocations: [PendingRevocation] = []
+    private var drainDeadline: ContinuousClock.Instant? = nil
+
+    private(set) var isFinished = false
+    private(set) var failure: ProcessorError? = nil
+
+    init(
+        processor: PurchaseProcessor, consumer: KafkaConsumer, producer: KafkaProducer,
+        input: AsyncStream<ProcessorInput>.Continuation
+    ) {
+        self.processor = processor
+        self.configuration = processor.configuration
+        self.consumer = consumer
+        self.producer = producer
+        self.input = input
+        self.logger = processor.logger
+        scheduler = LaneScheduler(maxInFlight: configuration.maxInFlight)
+        recent = RecentRequests(capacity: configuration.duplicateWindow)
+        backpressure = Backpressure(capacity: configuration.bufferCapacity)
+    }
+
+    private var isDraining: Bool { drainDeadline != nil }
+
+    func handle(_ event: ProcessorInput) {
+        switch event {
+        case .consumer(.message(let message)): receive(message)
+        case .consumer(.partitionsAssigned(let partitions)): assign(partitions)
+        case .consumer(.partitionsRevoked(let partitions, let revocation)): revoke(partitions, revocation)
+        case .consumer(.error(let error)):
+            if error.isFatal { fail(ProcessorError(.kafka, "consumer failed: \(error)")) }
+        case .consumerEnded:
+            if !isDraining { beginDrain() }
+        case .attemptFinished(let call, let attempt, let result): attemptFinished(call, attempt, result)
+        case .delivered(let ref, let output, let result, let record): delivered(ref, output, result, record)
+        case .tick: tick()
+        case .shutdown:
+            if !isDraining {
+                logger.info("shutting down: draining \(calls.count) running calls")
+                beginDrain()
+            }
+        }
+        if isDraining { checkDrained() }
+    }
+
+    // MARK: Intake
+
+    private func receive(_ message: KafkaMessage) {
+        let partition = KafkaTopicPartition(topic: message.topic, partition: message.partition)
+        // After a revoke or during shutdown, records are left for the next owner (offsets not stored).
+        guard !isDraining, assigned.contains(partition), let generation = generations[partition] else { return }
+        let ref = RecordRef(partition: partition, offset: message.offset, generation: generation)
+        tracker.received(partition, offset: message.offset)
+        processor.recorder.update { statistics in
+            statistics.received += 1
+            if statistics.firstReceivedAtMs == nil { statistics.firstReceivedAtMs = currentTimeMs() }
+        }
+        do {
+            let request = try PurchaseRequestEvent(jsonBytes: message.value)
+            let item = WorkItem(ref: ref, request: request, message: message)
+            if let ready = scheduler.enqueue(item, lane: request.key) { start(ready) }
+        } catch {
+            beginWork(ref)
+            processor.recorder.update { $0.invalid += 1 }
+            publishDeadLetter(
+                for: message, ref: ref, failure: DeadLetterEvent.Failure(error), attempts: 0,
+                requestID: requestIDHint(message.value))
+        }
+        applyBackpressure()
+    }
+
+    private func start(_ first: WorkItem) {
+        var ready = [first]
+        while let item = ready.popLast() {
+            if recent.contains(item.request.requestID) {
+                processor.recorder.update { $0.duplicates += 1 }
+                finish(item.ref)
+                ready += scheduler.finish(lane: item.request.key)
+                continue
+            }
+            beginWork(item.ref)
+            let now = currentTimeMs()
+            if let deadline = item.request.deadlineAtMs, now > deadline {
+                let error = PurchaseOutcomeEvent.Failure(
+                    type: "deadline_exceeded", message: "deadline_at_ms \(deadline) passed before the purchase started",
+                    retryable: false)
+                publishOutcome(item, result: .notAttempted, attempts: 0, controller: nil, error: error)
+                ready += scheduler.finish(lane: item.request.key)
+                continue
+            }
+            guard let route = processor.router.controller(for: item.request.productID) else {
+                publishOutcome(item, result: .notAttempted, attempts: 0, controller: nil, error: nil)
+                ready += scheduler.finish(lane: item.request.key)
+                continue
+            }
+            let id = nextCallID
+            nextCallID += 1
+            calls[id] = ActiveCall(item: item, controllerName: route.name, controller: route.controller)
+            launch(id)
+        }
+        let inFlight = scheduler.inFlight
+        processor.recorder.update { $0.peakInFlight = max($0.peakInFlight, inFlight) }
+    }
+
+    private func launch(_ id: Int) {
+        guard var call = calls[id] else { return }
+        let request = PurchaseRequest(event: call.item.request, attempt: call.attempt)
+        let controller = call.controller
+        let attempt = call.attempt
+        let input = self.input
+        call.task = Task {
+            let result: Result<PurchaseResult, any Error>
+            do {
+                result = .success(try await controller.purchase(request))
+            } catch {
+                result = .failure(error)
+            }
+            input.yield(.attemptFinished(call: id, attempt: attempt, result))
+        }
+        call.isBackingOff = false
+        calls[id] = call
+        callDeadlines.append((clock.now.advanced(by: configuration.callTimeout), id, attempt))
+        processor.recorder.update { $0.controllerCalls += 1 }
+    }
+
+    // MARK: Controller results
+
+    private func attemptFinished(_ id: Int, _ attempt: Int, _ result: Result<PurchaseResult, any Error>) {
+        // A call that timed out or was interrupted has already been settled.
+        guard var call = calls[id], call.attempt == attempt, !call.isBackingOff else { return }
+        switch result {
+        case .success(let answer):
+            settle(id, result: answer.outcome, error: nil)
+        case .failure(let error as PurchaseControllerError):
+            if error.isRetryable, configuration.retry.allowsRetry(after: attempt), !isDraining {
+                call.isBackingOff = true
+                call.task = nil
+                calls[id] = call
+                let unit = Double.random(in: 0..<1, using: &random)
+                timers.schedule(
+                    .retry(call: id),
+                    at: clock.now.advanced(by: configuration.retry.backoff(after: attempt, unit: unit)))
+            } else if error.isRetryable && isDraining {
+                interrupt(id)
+            } else {
+                settle(
+                    id, result: .failed,
+                    error: .init(type: error.type, message: error.message, retryable: error.isRetryable))
+            }
+        case .failure(let error):
+            if error is CancellationError && isDraining {
+                interrupt(id)
+            } else {
+                let type = String(describing: Swift.type(of: error))
+                settle(id, result: .failed, error: .init(type: type, message: "\(error)", retryable: false))
+            }
+        }
+    }
+
+    /// Ends a call with an outcome and frees its lane.
+    private func settle(_ id: Int, result: OutcomeResult, error: PurchaseOutcomeEvent.Failure?) {
+        guard let call = calls.removeValue(forKey: id) else { return }
+        publishOutcome(call.item, result: result, attempts: call.attempt, controller: call.controllerName, error: error)
+        if result == .failed, let error {
+            publishDeadLetter(
+                for: call.item.message, ref: call.item.ref,
+                failure: .init(
+                    stage: .controller, errorClass: error.type, message: error.message, retryable: error.retryable),
+                attempts: call.attempt, requestID: call.item.request.requestID)
+        }
+        release(call.item)
+    }
+
+    /// Ends a call without an outcome (shutdown or revoke): the record is read again by the next owner.
+    private func interrupt(_ id: Int) {
+        guard let call = calls.removeValue(forKey: id) else { return }
+        call.task?.cancel()
+        endWork(call.item.ref)
+        release(call.item)
+    }
+
+    private func release(_ item: WorkItem) {
+        let next = scheduler.finish(lane: item.request.key)
+        // While draining, nothing new starts: what is left is read again after restart.
+        if isDraining || next.isEmpty {
+            if !next.isEmpty { dropStarted(next) }
+            return
+        }
+        for item in next { start(item) }
+    }
+
+    private func dropStarted(_ items: [WorkItem]) {
+        for item in items { _ = scheduler.finish(lane: item.request.key) }
+    }
+
+    // MARK: Outputs
+
+    private func publishOutcome(
+        _ item: WorkItem, result: OutcomeResult, attempts: Int, controller: String?,
+        error: PurchaseOutcomeEvent.Failure?
+    ) {
+        let completedAt = currentTimeMs()
+        let outcome = PurchaseOutcomeEvent(
+            request: item.request, result: result, attempts: attempts, completedAtMs: completedAt,
+            controller: controller, error: error)
+        recent.insert(item.request.requestID)
+        let record = KafkaProducerRecord(
+            topic: configuration.outcomesTopic, key: Array(outcome.key.utf8), value: outcome.jsonBytes(),
+            headers: headers(id: "outcome:\(item.request.requestID)", type: .purchaseOutcome, timeMs: completedAt))
+        send(record, for: item.ref, output: .outcome(result, requestedAtMs: item.request.requestedAtMs))
+    }
+
+    private func publishDeadLetter(
+        for message: KafkaMessage, ref: RecordRef, failure: DeadLetterEvent.Failure, attempts: Int, requestID: String?
+    ) {
+        let failedAt = currentTimeMs()
+        let letter = DeadLetterEvent(
+            topic: message.topic, partition: message.partition, offset: message.offset, key: message.key,
+            value: message.value, headers: message.headers.map { ($0.key, $0.value) }, error: failure,
+            attempts: attempts, failedAtMs: failedAt, requestID: requestID)
+        let record = KafkaProducerRecord(
+            topic: configuration.deadLetterTopic, key: message.key, value: letter.jsonBytes(),
+            headers: headers(
+                id: "deadletter:\(message.topic)/\(message.partition)/\(message.offset)", type: .deadLetter,
+                timeMs: failedAt))
+        send(record, for: ref, output: .deadLetter)
+    }
+
+    private func headers(id: String, type: EventType, timeMs: Int64) -> [KafkaHeader] {
+        CloudEventHeaders(id: id, source: configuration.source, type: type, timeMs: timeMs).headers.map {
+            KafkaHeader(key: $0.key, string: $0.value)
+        }
+    }
+
+    private func send(_ record: KafkaProducerRecord, for ref: RecordRef, output: Output, counted: Bool = true) {
+        if counted { pendingOutputs[ref, default: 0] += 1 }
+        let input = self.input
+        do {
+            try producer.produce(record) { result in input.yield(.delivered(ref, output, result, record)) }
+        } catch {
+            logger.warning("cannot enqueue output for \(ref.partition)@\(ref.offset): \(error); retrying")
+            timers.schedule(.redeliver(ref, output, record), at: clock.now.advanced(by: .milliseconds(200)))
+        }
+    }
+
+    private func delivered(
+        _ ref: RecordRef, _ output: Output, _ result: Result<KafkaDeliveryReport, KafkaError>,
+        _ record: KafkaProducerRecord
+    ) {
+        switch result {
+        case .success:
+            processor.recorder.update { statistics in
+                switch output {
+                case .outcome(let result, let requestedAtMs):
+                    statistics.outcomes[result, default: 0] += 1
+                    statistics.latency.record(UInt64(max(0, currentTimeMs() - requestedAtMs)) * 1000)
+                case .deadLetter:
+                    statistics.deadLetters += 1
+                }
+            }
+            let remaining = (pendingOutputs[ref] ?? 1) - 1
+            if remaining > 0 {
+                pendingOutputs[ref] = remaining
+            } else {
+                pendingOutputs[ref] = nil
+                endWork(ref)
+                finish(ref)
+            }
+        case .failure(let error) where error.isRetriable && !error.isFatal:
+            logger.warning("delivery to \(record.topic) failed (\(error)); producing again")
+            timers.schedule(.redeliver(ref, output, record), at: clock.now.advanced(by: .milliseconds(500)))
+        case .failure(let error):
+            // Committing past this record would lose its output; stop instead and let a restart redo it.
+            fail(ProcessorError(.outputLost, "cannot deliver to '\(record.topic)': \(error)"))
+        }
+    }
+
+    // MARK: Offsets and partitions
+
+    private func beginWork(_ ref: RecordRef) {
+        busy[ref.partition, default: 0] += 1
+    }
+
+    private func endWork(_ ref: RecordRef) {
+        let count = (busy[ref.partition] ?? 1) - 1
+        busy[ref.partition] = count > 0 ? count : nil
+        if !revocations.isEmpty { checkRevocations() }
+    }
+
+    /// The record's work is complete: advance the committable offset of its partition.
+    private func finish(_ ref: RecordRef) {
+        processor.recorder.update { statistics in
+            statistics.finished += 1
+            statistics.lastFinishedAtMs = currentTimeMs()
+        }
+        guard generations[ref.partition] == ref.generation,
+            assigned.contains(ref.partition) || isRevoking(ref.partition)
+        else { return }
+        if let next = tracker.finished(ref.partition, offset: ref.offset) {
+            do {
+                try consumer.storeOffsets([
+                    KafkaTopicPartitionOffset(
+                        topic: ref.partition.topic, partition: ref.partition.partition, offset: next)
+                ])
+            } catch {
+                logger.warning("cannot store offset \(next) of \(ref.partition): \(error)")
+            }
+        }
+        applyBackpressure()
+    }
+
+    private func isRevoking(_ partition: KafkaTopicPartition) -> Bool {
+        revocations.contains { $0.partitions.contains(partition) }
+    }
+
+    private func applyBackpressure() {
+        switch backpressure.update(held: tracker.pendingCount) {
+        case .pause?:
+            logger.debug("buffer full (\(tracker.pendingCount) records): pausing \(assigned.count) partitions")
+            pauseOrResume(Array(assigned), pause: true)
+        case .resume?:
+            logger.debug("buffer drained: resuming \(assigned.count) partitions")
+            pauseOrResume(Array(assigned), pause: false)
+        case nil:
+            break
+        }
+    }
+
+    private func pauseOrResume(_ partitions: [KafkaTopicPartition], pause: Bool) {
+        do {
+            if pause { try consumer.pause(partitions) } else { try consumer.resume(partitions) }
+        } catch {
+            logger.warning("cannot \(pause ? "pause" : "resume") partitions: \(error)")
+        }
+    }
+
+    private func assign(_ partitions: [KafkaTopicPartition]) {
+        for partition in partitions {
+            assigned.insert(partition)
+            generations[partition, default: 0] += 1
+            tracker.remove(partition)
+        }
+        if backpressure.isPaused || isDraining { pauseOrResume(partitions, pause: true) }
+    }
+
+    private func revoke(_ partitions: [KafkaTopicPartition], _ revocation: KafkaRevocation) {
+        let revoked = Set(partitions)
+        assigned.subtract(revoked)
+        // Work not started stays unprocessed: the next owner reads it again.
+        let dropped = scheduler.removeWaiting { revoked.contains($0.ref.partition) }
+        if !dropped.isEmpty { logger.info("revoked: \(dropped.count) queued requests left to the next owner") }
+        for (id, call) in calls where call.isBackingOff && revoked.contains(call.item.ref.partition) {
+            interrupt(id)
+        }
+        revocations.append(
+            PendingRevocation(
+                partitions: revoked, revocation: revocation,
+                deadline: clock.now.advanced(by: configuration.drainTimeout)))
+        checkRevocations()
+    }
+
+    private func checkRevocations() {
+        let now = clock.now
+        revocations.removeAll { pending in
+            let idle = pending.partitions.allSatisfy { busy[$0] == nil }
+            guard idle || now >= pending.deadline else { return false }
+            if !idle { logger.warning("revocation drain timed out; releasing partitions with work still running") }
+            for partition in pending.partitions {
+                tracker.remove(partition)
+                generations[partition, default: 0] += 1
+            }
+            pending.revocation.acknowledge()
+            return true
+        }
+        applyBackpressure()
+    }
+
+    // MARK: Time
+
+    private func tick() {
+        let now = clock.now
+        while let first = callDeadlines.first, first.deadline <= now {
+            _ = callDeadlines.popFirst()
+            guard let call = calls[first.call], call.attempt == first.attempt, !call.isBackingOff else { continue }
+            call.task?.cancel()
+            settle(
+                first.call, result: .failed,
+                error: .init(
+                    type: "timeout", message: "the controller did not answer within \(configuration.callTimeout)",
+                    retryable: false))
+        }
+        for timer in timers.popDue(now: now) {
+            switch timer {
+            case .retry(let id):
+                guard var call = calls[id], call.isBackingOff else { continue }
+                call.attempt += 1
+                calls[id] = call
+                launch(id)
+            case .redeliver(let ref, let output, let record):
+                send(record, for: ref, output: output, counted: false)
+            }
+        }
+        if !revocations.isEmpty { checkRevocations() }
+    }
+
+    // MARK: Shutdown
+
+    private func beginDrain() {
+        drainDeadline = clock.now.advanced(by: configuration.drainTimeout)
+        pauseOrResume(Array(assigned), pause: true)
+        _ = scheduler.removeWaiting { _ in true }
+        for (id, call) in calls where call.isBackingOff { interrupt(id) }
+    }
+
+    private func checkDrained() {
+        guard let deadline = drainDeadline else { return }
+        if calls.isEmpty && pendingOutputs.isEmpty {
+            isFinished = true
+        } else if clock.now >= deadline {
+            logger.warning(
+                "drain timed out with \(calls.count) calls running and \(pendingOutputs.count) records undelivered; they will be processed again"
+            )
+            isFinished = true
+        }
+    }
+
+    private func fail(_ error: ProcessorError) {
+        logger.error("\(error)")
+        if failure == nil { failure = error }
+        if !isDraining { beginDrain() }
+    }
+
+    /// Cancels calls still running after the loop ended (drain timeout).
+    func cancelRemainingCalls() {
+        for call in calls.values { call.task?.cancel() }
+        calls.removeAll()
+    }
+}
+
+/// The `request_id` of a record that failed validation, when one can be read, for its dead letter.
+func requestIDHint(_ bytes: [UInt8]) -> String? {
+    guard bytes.count <= EventLimits.recordBytes, case .object(let fields)? = try? JSONValue.parse(bytes),
+        case .string(let id)? = fields["request_id"], !id.isEmpty, id.count <= EventLimits.identifierLength
+    else { return nil }
+    return id
+}

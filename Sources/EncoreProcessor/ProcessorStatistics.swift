@@ -1,0 +1,46 @@
+import EncoreEvents
+import Synchronization
+
+/// Counters of a running processor, readable from any thread.
+public struct ProcessorStatistics: Sendable {
+    /// Records read from the requests topic.
+    public var received = 0
+    /// Outcomes delivered, by result.
+    public var outcomes: [OutcomeResult: Int] = [:]
+    /// Dead letters delivered (invalid input and failed requests).
+    public var deadLetters = 0
+    /// Invalid records (a subset of dead letters).
+    public var invalid = 0
+    /// Requests skipped because their id already had an outcome.
+    public var duplicates = 0
+    /// Controller calls made, retries included.
+    public var controllerCalls = 0
+    /// Requests whose offsets are committable (outcome delivered, duplicate skipped, or dead-lettered).
+    public var finished = 0
+    /// Request time → outcome delivered, in microseconds.
+    public var latency = LatencyHistogram()
+    /// Highest number of controller calls seen running at once.
+    public var peakInFlight = 0
+    /// Wall-clock milliseconds of the first record received and of the last record finished.
+    public var firstReceivedAtMs: Int64? = nil
+    public var lastFinishedAtMs: Int64? = nil
+
+    /// Finished records per second between the first receipt and the last finish.
+    public var throughput: Double {
+        guard let first = firstReceivedAtMs, let last = lastFinishedAtMs, last > first else { return 0 }
+        return Double(finished) / (Double(last - first) / 1000)
+    }
+
+    public var outcomeCount: Int { outcomes.values.reduce(0, +) }
+}
+
+/// The processor's live statistics; the processor writes, anyone reads a snapshot.
+final class StatisticsRecorder: Sendable {
+    private let state = Mutex(ProcessorStatistics())
+
+    func update(_ body: (inout ProcessorStatistics) -> Void) {
+        state.withLock { body(&$0) }
+    }
+
+    var snapshot: ProcessorStatistics { state.withLock { $0 } }
+}

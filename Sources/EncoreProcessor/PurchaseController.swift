@@ -1,0 +1,91 @@
+import EncoreEvents
+
+/// What a controller answers, as in Encore's `EncorePurchaseResult`.
+public enum PurchaseResult: Sendable, Hashable {
+    case purchased
+    case cancelled
+    /// Deferred (Ask to Buy, SCA); may complete later.
+    case pending
+
+    var outcome: OutcomeResult {
+        switch self {
+        case .purchased: .purchased
+        case .cancelled: .cancelled
+        case .pending: .pending
+        }
+    }
+}
+
+/// A purchase the processor asks a controller to perform: Encore's `PurchaseRequest` plus what a
+/// server needs to perform it safely.
+public struct PurchaseRequest: Sendable, Hashable {
+    /// The product to purchase, e.g. `com.app.monthly_premium`.
+    public var productId: String { event.productID }
+    /// The placement that triggered the purchase, if any.
+    public var placementId: String? { event.placementID }
+    /// The Encore promotional offer, if any.
+    public var promoOfferId: String? { event.promoOfferID }
+    /// Idempotency key: pass it to billing APIs that accept one.
+    public var requestId: String { event.requestID }
+    public var appId: String { event.appID }
+    public var appUserId: String { event.appUserID }
+    /// The whole request event (store, environment, offer, entitlement, attributes...).
+    public let event: PurchaseRequestEvent
+    /// 1 for the first call, 2 for the first retry, and so on.
+    public let attempt: Int
+
+    public init(event: PurchaseRequestEvent, attempt: Int = 1) {
+        self.event = event
+        self.attempt = attempt
+    }
+}
+
+/// The app's purchase logic, registered with the processor: Encore's `EncorePurchaseController`
+/// on the server.
+///
+/// Return `.purchased`, `.cancelled` or `.pending`; throw for real failures. A thrown error is
+/// final unless it is a ``PurchaseControllerError`` with `isRetryable`, so a purchase is never
+/// repeated unless the controller says it is safe.
+public protocol PurchaseController: Sendable {
+    func purchase(_ request: PurchaseRequest) async throws -> PurchaseResult
+}
+
+/// An error a controller throws to say what went wrong and whether trying again is safe.
+public struct PurchaseControllerError: Error, Sendable, Hashable, CustomStringConvertible {
+    /// A short stable class, e.g. `http_503`, `billing_unavailable`, `not_found`.
+    public var type: String
+    public var message: String
+    /// Trying again cannot charge twice and may succeed.
+    public var isRetryable: Bool
+
+    public init(type: String, message: String, isRetryable: Bool) {
+        self.type = type
+        self.message = message
+        self.isRetryable = isRetryable
+    }
+
+    /// A failure that may be retried (transient: unavailable, rate-limited, connection lost).
+    public static func retryable(_ type: String, _ message: String) -> Self {
+        Self(type: type, message: message, isRetryable: true)
+    }
+
+    /// A failure that must not be retried.
+    public static func final(_ type: String, _ message: String) -> Self {
+        Self(type: type, message: message, isRetryable: false)
+    }
+
+    public var description: String { "\(type): \(message)" }
+}
+
+/// A controller made from a closure.
+public struct ClosureController: PurchaseController {
+    private let body: @Sendable (PurchaseRequest) async throws -> PurchaseResult
+
+    public init(_ body: @escaping @Sendable (PurchaseRequest) async throws -> PurchaseResult) {
+        self.body = body
+    }
+
+    public func purchase(_ request: PurchaseRequest) async throws -> PurchaseResult {
+        try await body(request)
+    }
+}

@@ -1,0 +1,130 @@
+import EncoreEvents
+import Foundation
+import Kafka
+import Synchronization
+
+/// Produces generated requests to a topic, optionally at a steady rate (token bucket).
+public struct LoadGenerator: Sendable {
+    /// Counters of a generation run.
+    public struct Progress: Sendable {
+        public var sent = 0
+        public var acknowledged = 0
+        public var errors = 0
+        public var elapsed: Duration = .zero
+        public var duplicates = 0
+        public var invalid = 0
+
+        /// Acknowledged records per second so far.
+        public var rate: Double {
+            let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+            return seconds > 0 ? Double(acknowledged) / seconds : 0
+        }
+    }
+
+    public let producer: KafkaProducer
+    public let topic: String
+    /// Records per second; 0 produces as fast as the producer takes them.
+    public let rate: Double
+    public let source: String
+
+    public init(producer: KafkaProducer, topic: String, rate: Double = 0, source: String = "/encore-processor/generate")
+    {
+        self.producer = producer
+        self.topic = topic
+        self.rate = rate
+        self.source = source
+    }
+
+    /// Produces until `count` records were sent or `duration` passed, then waits for every
+    /// acknowledgement. `report` is called about every `interval` and once at the end.
+    public func run(
+        generator: inout RequestGenerator, count: Int?, duration: Duration?, interval: Duration = .seconds(1),
+        report: (Progress) -> Void = { _ in }
+    ) async throws -> Progress {
+        let counters = DeliveryCounters()
+        let clock = ContinuousClock()
+        let start = clock.now
+        var progress = Progress()
+        var nextReport = start.advanced(by: interval)
+        func snapshot() -> Progress {
+            var current = progress
+            (current.acknowledged, current.errors) = counters.values
+            current.elapsed = clock.now - start
+            return current
+        }
+        while count.map({ progress.sent < $0 }) ?? true {
+            let now = clock.now
+            if let duration, now - start >= duration { break }
+            if now >= nextReport {
+                report(snapshot())
+                nextReport = now.advanced(by: interval)
+            }
+            if rate > 0 {
+                let elapsed = now - start
+                let allowed =
+                    Int(rate * (Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)) + 1
+                if progress.sent >= allowed {
+                    try await Task.sleep(for: .microseconds(max(200, Int(1_000_000 / rate / 2))))
+                    continue
+                }
+            }
+            let record = generator.next(nowMs: wallClockMs())
+            switch record.kind {
+            case .duplicate: progress.duplicates += 1
+            case .invalid: progress.invalid += 1
+            case .valid: break
+            }
+            let headers = CloudEventHeaders(
+                id: record.requestID ?? "invalid-\(progress.sent)", source: source, type: .purchaseRequested,
+                timeMs: wallClockMs()
+            ).headers.map { KafkaHeader(key: $0.key, string: $0.value) }
+            let producerRecord = KafkaProducerRecord(
+                topic: topic, key: record.key, value: record.value, headers: headers)
+            while !enqueue(producerRecord, counters: counters) {
+                try await Task.sleep(for: .milliseconds(1))
+            }
+            progress.sent += 1
+            if progress.sent % 1024 == 0 { await Task.yield() }
+        }
+        try await producer.flush(timeout: .seconds(120))
+        let final = snapshot()
+        report(final)
+        return final
+    }
+}
+
+extension LoadGenerator {
+    /// Enqueues `record`; `false` when the local queue is full. Other errors count as failed deliveries.
+    fileprivate func enqueue(_ record: KafkaProducerRecord, counters: DeliveryCounters) -> Bool {
+        do {
+            try producer.produce(record) { counters.record($0) }
+            return true
+        } catch {
+            if error.code == .queueFull { return false }
+            counters.record(.failure(error))
+            return true
+        }
+    }
+}
+
+private final class DeliveryCounters: Sendable {
+    private let counts = Mutex<(acknowledged: Int, errors: Int)>((0, 0))
+
+    func record(_ result: Result<KafkaDeliveryReport, KafkaError>) {
+        counts.withLock { counts in
+            switch result {
+            case .success: counts.acknowledged += 1
+            case .failure: counts.errors += 1
+            }
+        }
+    }
+
+    var values: (Int, Int) { counts.withLock { ($0.acknowledged, $0.errors) } }
+}
+
+/// Milliseconds since the epoch.
+public func wallClockMs() -> Int64 {
+    var now = timespec()
+    clock_gettime(CLOCK_REALTIME, &now)
+    return Int64(now.tv_sec) * 1000 + Int64(now.tv_nsec) / 1_000_000
+}

@@ -1,0 +1,200 @@
+import Foundation
+
+/// A command-line option: a flag, or an option taking a value (`--name VALUE` or `--name=VALUE`).
+struct OptionDefinition {
+    let name: String
+    let short: Character?
+    let valueName: String?
+    let help: String
+    let environment: String?
+    let repeatable: Bool
+    let defaultValue: String?
+
+    static func option(
+        _ name: String, short: Character? = nil, value: String = "VALUE", default defaultValue: String? = nil,
+        environment: String? = nil, repeatable: Bool = false, _ help: String
+    ) -> OptionDefinition {
+        OptionDefinition(
+            name: name, short: short, valueName: value, help: help, environment: environment, repeatable: repeatable,
+            defaultValue: defaultValue)
+    }
+
+    static func flag(_ name: String, _ help: String) -> OptionDefinition {
+        OptionDefinition(
+            name: name, short: nil, valueName: nil, help: help, environment: nil, repeatable: false, defaultValue: nil)
+    }
+
+    var isFlag: Bool { valueName == nil }
+
+    var spelling: String { short.map { "-\($0)" } ?? "--\(name)" }
+}
+
+/// A bad command line: printed with the command's name and a pointer to `--help`.
+struct UsageError: Error {
+    let message: String
+    init(_ message: String) { self.message = message }
+}
+
+/// A subcommand's definition: its options and help text.
+struct CommandDefinition {
+    let name: String
+    let summary: String
+    let usage: String
+    let options: [OptionDefinition]
+    var discussion: String = ""
+
+    func helpText() -> String {
+        var lines = ["\(summary)", "", "Usage: encore-processor \(usage)", "", "Options:"]
+        let rendered =
+            options.map { option -> (String, String) in
+                var left = option.short.map { "-\($0) " } ?? "--\(option.name)"
+                if let value = option.valueName { left += option.short == nil ? " \(value)" : value }
+                var help = option.help
+                if let value = option.defaultValue { help += " (default: \(value))" }
+                if let environment = option.environment { help += " [env: \(environment)]" }
+                if option.repeatable { help += " (repeatable)" }
+                return (left, help)
+            } + [("-h, --help", "Show this help.")]
+        let width = min(34, (rendered.map(\.0.count).max() ?? 0) + 2)
+        for (left, help) in rendered {
+            let padded =
+                left.count >= width
+                ? left + "\n" + String(repeating: " ", count: width + 2)
+                : left.padding(toLength: width, withPad: " ", startingAt: 0)
+            lines.append("  \(padded)\(help)")
+        }
+        if !discussion.isEmpty { lines += ["", discussion] }
+        return lines.joined(separator: "\n")
+    }
+
+    /// Parses `arguments` (after the subcommand name). Returns `nil` when help was asked for.
+    func parse(_ arguments: [String], environment: [String: String] = ProcessInfo.processInfo.environment)
+        throws(UsageError)
+        -> ParsedOptions?
+    {
+        var values: [String: [String]] = [:]
+        var flags = Set<String>()
+        var positionals: [String] = []
+        var index = 0
+        func lookup(_ token: String) throws(UsageError) -> OptionDefinition {
+            let found: OptionDefinition?
+            if token.hasPrefix("--") {
+                found = options.first { $0.name == String(token.dropFirst(2)) }
+            } else {
+                found = options.first { $0.short.map { "-\($0)" } == token }
+            }
+            guard let found else { throw UsageError("unknown option '\(token)'") }
+            return found
+        }
+        while index < arguments.count {
+            let argument = arguments[index]
+            index += 1
+            if argument == "-h" || argument == "--help" { return nil }
+            if argument == "--" {
+                positionals += arguments[index...]
+                break
+            }
+            guard argument.hasPrefix("-"), argument.count > 1 else {
+                positionals.append(argument)
+                continue
+            }
+            var token = argument
+            var inline: String? = nil
+            if argument.hasPrefix("--"), let equals = argument.firstIndex(of: "=") {
+                token = String(argument[..<equals])
+                inline = String(argument[argument.index(after: equals)...])
+            } else if !argument.hasPrefix("--"), argument.count > 2 {
+                // -Xkey=value, as kcat accepts.
+                token = String(argument.prefix(2))
+                inline = String(argument.dropFirst(2))
+            }
+            let option = try lookup(token)
+            if option.isFlag {
+                guard inline == nil else { throw UsageError("\(option.spelling) takes no value") }
+                flags.insert(option.name)
+                continue
+            }
+            let value: String
+            if let inline {
+                value = inline
+            } else {
+                guard index < arguments.count else {
+                    throw UsageError("\(option.spelling) needs a value (\(option.valueName ?? "VALUE"))")
+                }
+                value = arguments[index]
+                index += 1
+            }
+            if !option.repeatable && values[option.name] != nil {
+                throw UsageError("\(option.spelling) given more than once")
+            }
+            values[option.name, default: []].append(value)
+        }
+        for option in options where values[option.name] == nil {
+            if let variable = option.environment, let value = environment[variable], !value.isEmpty {
+                values[option.name] = [value]
+            }
+        }
+        return ParsedOptions(definition: self, values: values, flags: flags, positionals: positionals)
+    }
+}
+
+/// The parsed options of one command, with typed accessors whose errors name the option.
+struct ParsedOptions {
+    let definition: CommandDefinition
+    let values: [String: [String]]
+    let flags: Set<String>
+    let positionals: [String]
+
+    private func spelling(_ name: String) -> String {
+        definition.options.first { $0.name == name }?.spelling ?? "--\(name)"
+    }
+
+    func string(_ name: String) -> String? {
+        values[name]?.last ?? definition.options.first { $0.name == name }?.defaultValue
+    }
+
+    func strings(_ name: String) -> [String] { values[name] ?? [] }
+
+    func flag(_ name: String) -> Bool { flags.contains(name) }
+
+    func isSet(_ name: String) -> Bool { values[name] != nil || flags.contains(name) }
+
+    func integer(_ name: String, range: ClosedRange<Int> = Int.min...Int.max) throws(UsageError) -> Int {
+        guard let text = string(name) else { throw UsageError("\(spelling(name)) is required") }
+        guard let value = Int(text.replacingOccurrences(of: "_", with: "")), range.contains(value) else {
+            throw UsageError("\(spelling(name)): expected an integer in \(describe(range)), got '\(text)'")
+        }
+        return value
+    }
+
+    func number(_ name: String, range: ClosedRange<Double>) throws(UsageError) -> Double {
+        guard let text = string(name) else { throw UsageError("\(spelling(name)) is required") }
+        guard let value = Double(text), value.isFinite, range.contains(value) else {
+            throw UsageError(
+                "\(spelling(name)): expected a number in \(range.lowerBound)...\(range.upperBound), got '\(text)'")
+        }
+        return value
+    }
+
+    /// A duration in milliseconds.
+    func milliseconds(_ name: String, minimum: Int = 0) throws(UsageError) -> Duration {
+        .milliseconds(try integer(name, range: minimum...Int(Int32.max)))
+    }
+
+    func choice(_ name: String, _ allowed: [String]) throws(UsageError) -> String {
+        guard let value = string(name) else { throw UsageError("\(spelling(name)) is required") }
+        guard allowed.contains(value) else {
+            throw UsageError("\(spelling(name)): '\(value)' is not one of \(allowed.joined(separator: ", "))")
+        }
+        return value
+    }
+
+    func noPositionals() throws(UsageError) {
+        if let first = positionals.first { throw UsageError("unexpected argument '\(first)'") }
+    }
+
+    private func describe(_ range: ClosedRange<Int>) -> String {
+        if range.upperBound == Int.max { return "\(range.lowerBound)..." }
+        return "\(range.lowerBound)...\(range.upperBound)"
+    }
+}

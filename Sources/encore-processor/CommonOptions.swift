@@ -1,0 +1,106 @@
+import EncoreProcessor
+import Foundation
+import Kafka
+
+/// Options every command that talks to Kafka shares.
+enum CommonOptions {
+    static let kafka: [OptionDefinition] = [
+        .option(
+            "bootstrap-servers", value: "HOST:PORT,...", environment: "ENCORE_BOOTSTRAP_SERVERS",
+            "Kafka brokers; without it an embedded broker is started in this process."),
+        .option(
+            "X", short: "X", value: "KEY=VALUE", repeatable: true,
+            "Any librdkafka property (security.protocol, sasl.*, ssl.*...), applied to every client."),
+        .option(
+            "log-level", value: "LEVEL", default: "info", environment: "ENCORE_LOG_LEVEL",
+            "debug, info, warning or error."),
+    ]
+
+    static let topics: [OptionDefinition] = [
+        .option("requests-topic", value: "TOPIC", default: "encore.purchase-requests", "Topic of purchase requests."),
+        .option("outcomes-topic", value: "TOPIC", default: "encore.purchase-outcomes", "Topic of purchase outcomes."),
+        .option(
+            "entitlements-topic", value: "TOPIC", default: "encore.entitlement-changes", "Topic of entitlement changes."
+        ),
+        .option("dead-letter-topic", value: "TOPIC", default: "encore.dead-letters", "Topic of dead letters."),
+    ]
+
+    static let partitions = OptionDefinition.option(
+        "partitions", value: "N", default: "8", "Partitions per topic when this command creates the topics.")
+
+    /// Applies `--log-level` and builds the Kafka configuration from `--bootstrap-servers` and `-X`.
+    static func kafkaConfiguration(_ options: ParsedOptions) throws(UsageError) -> KafkaConfiguration {
+        if let level = options.string("log-level") {
+            guard let parsed = Logger.Level(name: level) else {
+                throw UsageError("--log-level: '\(level)' is not one of debug, info, warning, error")
+            }
+            Logger.threshold = parsed
+        }
+        var configuration = KafkaConfiguration()
+        for assignment in options.strings("X") {
+            do {
+                let (key, value) = try KafkaConfiguration.parseAssignment(assignment)
+                configuration[key] = value
+            } catch {
+                throw UsageError("-X: \(error.message)")
+            }
+        }
+        do {
+            try configuration.validate()
+        } catch {
+            throw UsageError("-X: \(error.message)")
+        }
+        if let servers = options.string("bootstrap-servers") { configuration.bootstrapServers = servers }
+        return configuration
+    }
+
+    /// The four topic names, in the order requests, outcomes, entitlements, dead letters.
+    static func topicNames(_ options: ParsedOptions) -> [String] {
+        ["requests-topic", "outcomes-topic", "entitlements-topic", "dead-letter-topic"].map { options.string($0)! }
+    }
+
+    /// Starts an embedded broker with `topics` when no bootstrap servers are configured.
+    static func embeddedBrokerIfNeeded(
+        _ configuration: inout KafkaConfiguration, topics: [String], partitions: Int
+    ) throws -> EmbeddedKafkaCluster? {
+        guard configuration.bootstrapServers == nil else { return nil }
+        let cluster = try EmbeddedKafkaCluster(brokers: 1)
+        for topic in topics { try cluster.createTopic(topic, partitions: partitions) }
+        configuration.bootstrapServers = cluster.bootstrapServers
+        Logger(label: "encore").info("embedded broker listening on \(cluster.bootstrapServers)")
+        return cluster
+    }
+}
+
+/// Calls `onSignal` on the first SIGTERM or SIGINT; a second one exits at once.
+final class SignalHandler {
+    private let sources: [any DispatchSourceSignal]
+
+    init(onSignal: @escaping @Sendable (Int32) -> Void) {
+        let received = SignalCount()
+        sources = [SIGTERM, SIGINT].map { number in
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler {
+                if received.increment() > 1 {
+                    FileHandle.standardError.write(Data("second signal: exiting at once\n".utf8))
+                    exit(130)
+                }
+                onSignal(number)
+            }
+            source.resume()
+            return source
+        }
+    }
+
+    func cancel() {
+        for source in sources { source.cancel() }
+    }
+}
+
+import Synchronization
+
+private final class SignalCount: Sendable {
+    private let count = Atomic<Int>(0)
+    func increment() -> Int { count.add(1, ordering: .relaxed).newValue }
+}

@@ -1,0 +1,150 @@
+import EncoreProcessor
+import Foundation
+import Kafka
+
+/// `encore-processor run`: the long-running service.
+enum RunCommand {
+    static let definition = CommandDefinition(
+        name: "run",
+        summary: "Process purchase requests from Kafka until SIGTERM/SIGINT.",
+        usage: "run [options]",
+        options: CommonOptions.kafka + CommonOptions.topics + controllerOptions + [
+            .option("group-id", value: "ID", default: "encore-processor", "Consumer group."),
+            CommonOptions.partitions,
+            .flag("check", "Validate the arguments and exit (0 when they are valid)."),
+        ],
+        discussion: """
+            Routes: --route rc_=revenuecat sends products starting with rc_ to the controller named
+            revenuecat; --route =com.app.pro=billing matches one exact id; --route '*=billing' matches
+            everything. First match wins; a product no route matches gets outcome not_attempted.
+            Without --route, every product goes to the one configured controller.
+            """)
+
+    static let controllerOptions: [OptionDefinition] = [
+        .option("controller", value: "KIND", default: "simulated", "simulated or http."),
+        .option(
+            "controller-url", value: "[NAME=]URL", repeatable: true,
+            "Endpoint of an http controller (named NAME, default 'http')."),
+        .option("route", value: "PREFIX=NAME", repeatable: true, "Route products to a named controller."),
+        .option("max-in-flight", value: "N", default: "256", "Controller calls running at once, across users."),
+        .option("buffer-size", value: "N", default: "10000", "Records held before partitions are paused."),
+        .option("call-timeout-ms", value: "MS", default: "300000", "Timeout of one controller call."),
+        .option("max-attempts", value: "N", default: "5", "Calls per request when errors are retryable."),
+        .option("retry-backoff-ms", value: "MS", default: "100", "First retry backoff (doubles, jittered, max 10 s)."),
+        .option("drain-timeout-ms", value: "MS", default: "30000", "Wait for running calls on revoke and shutdown."),
+        .option(
+            "duplicate-window", value: "N", default: "1000000", "Recent request ids remembered to skip duplicates."),
+        .option("simulated-latency-ms", value: "MS", default: "20", "Mean latency of the simulated controller."),
+        .option(
+            "simulated-outcomes", value: "WEIGHTS", default: "purchased=0.8,cancelled=0.15,pending=0.05",
+            "Answer shares of the simulated controller (also retryable-error=, error=)."),
+        .option("seed", value: "N", default: "1", "Seed of the simulated controller."),
+    ]
+
+    /// Builds the processor configuration and router from parsed options (no I/O).
+    static func processorSetup(
+        _ options: ParsedOptions, kafka: KafkaConfiguration
+    ) throws(UsageError) -> (ProcessorConfiguration, PurchaseRouter) {
+        var configuration = ProcessorConfiguration(kafka: kafka)
+        let topics = CommonOptions.topicNames(options)
+        configuration.requestsTopic = topics[0]
+        configuration.outcomesTopic = topics[1]
+        configuration.entitlementsTopic = topics[2]
+        configuration.deadLetterTopic = topics[3]
+        configuration.groupID = options.string("group-id") ?? configuration.groupID
+        configuration.maxInFlight = try options.integer("max-in-flight", range: 1...1_000_000)
+        configuration.bufferCapacity = try options.integer("buffer-size", range: 1...10_000_000)
+        configuration.callTimeout = try options.milliseconds("call-timeout-ms", minimum: 1)
+        configuration.drainTimeout = try options.milliseconds("drain-timeout-ms", minimum: 0)
+        configuration.duplicateWindow = try options.integer("duplicate-window", range: 1...100_000_000)
+        configuration.retry = RetryPolicy(
+            maxAttempts: try options.integer("max-attempts", range: 1...100),
+            initialBackoff: try options.milliseconds("retry-backoff-ms", minimum: 1))
+        let router = try makeRouter(options, callTimeout: configuration.callTimeout)
+        do {
+            try configuration.validate()
+        } catch {
+            throw UsageError(error.message.hasPrefix("-X") ? error.message : "--\(error.message)")
+        }
+        return (configuration, router)
+    }
+
+    static func makeRouter(_ options: ParsedOptions, callTimeout: Duration) throws(UsageError) -> PurchaseRouter {
+        var router = PurchaseRouter()
+        var names: [String] = []
+        switch try options.choice("controller", ["simulated", "http"]) {
+        case "simulated":
+            guard options.strings("controller-url").isEmpty else {
+                throw UsageError("--controller-url needs --controller http")
+            }
+            let weights: [(answer: SimulatedController.Answer, weight: Double)]
+            switch SimulatedController.parseWeights(options.string("simulated-outcomes")!) {
+            case .success(let parsed): weights = parsed
+            case .failure(let error): throw UsageError("--simulated-outcomes: \(error.message)")
+            }
+            let controller = SimulatedController(
+                meanLatency: try options.milliseconds("simulated-latency-ms"), weights: weights,
+                seed: UInt64(try options.integer("seed", range: 0...Int.max)))
+            router.register("simulated", controller)
+            names = ["simulated"]
+        default:
+            let urls = options.strings("controller-url")
+            guard !urls.isEmpty else { throw UsageError("--controller http needs --controller-url") }
+            for entry in urls {
+                var name = "http"
+                var text = entry
+                if let equals = entry.firstIndex(of: "="), !entry[..<equals].contains(":") {
+                    name = String(entry[..<equals])
+                    text = String(entry[entry.index(after: equals)...])
+                }
+                guard let url = URL(string: text), let scheme = url.scheme, ["http", "https"].contains(scheme),
+                    url.host != nil
+                else {
+                    throw UsageError("--controller-url: '\(text)' is not an http(s) URL")
+                }
+                guard !names.contains(name) else { throw UsageError("--controller-url: name '\(name)' given twice") }
+                router.register(name, HTTPController(url: url, timeout: callTimeout))
+                names.append(name)
+            }
+        }
+        let routes = options.strings("route")
+        if routes.isEmpty {
+            guard names.count == 1 else {
+                throw UsageError("--route is required with several controllers (\(names.joined(separator: ", ")))")
+            }
+            router.route(.any, to: names[0])
+        }
+        for text in routes {
+            guard let rule = PurchaseRouter.parseRoute(text) else {
+                throw UsageError("--route: '\(text)' is not PREFIX=NAME, =EXACT_ID=NAME or *=NAME")
+            }
+            guard names.contains(rule.controllerName) else {
+                throw UsageError(
+                    "--route: no controller named '\(rule.controllerName)' (configured: \(names.joined(separator: ", ")))"
+                )
+            }
+            router.route(rule.match, to: rule.controllerName)
+        }
+        return router
+    }
+
+    static func execute(_ options: ParsedOptions) async throws -> Int32 {
+        try options.noPositionals()
+        var kafka = try CommonOptions.kafkaConfiguration(options)
+        let partitions = try options.integer("partitions", range: 1...10_000)
+        var (configuration, router) = try processorSetup(options, kafka: kafka)
+        if options.flag("check") {
+            print("configuration OK")
+            return 0
+        }
+        let cluster = try CommonOptions.embeddedBrokerIfNeeded(
+            &kafka, topics: CommonOptions.topicNames(options), partitions: partitions)
+        configuration.kafka = kafka
+        let processor = try PurchaseProcessor(configuration: configuration, router: router)
+        let signals = SignalHandler { _ in processor.shutdown() }
+        defer { signals.cancel() }
+        try await processor.run()
+        withExtendedLifetime(cluster) {}
+        return 0
+    }
+}
