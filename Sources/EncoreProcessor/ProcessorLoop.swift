@@ -24,10 +24,11 @@ final class ProcessorLoop {
         case redeliver(RecordRef, Output, KafkaProducerRecord)
     }
 
-    private let processor: PurchaseProcessor
     private let configuration: ProcessorConfiguration
-    private let consumer: KafkaConsumer
-    private let producer: KafkaProducer
+    private let router: PurchaseRouter
+    private let recorder: StatisticsRecorder
+    private let consumer: any ConsumerControl
+    private let producer: any OutputProducer
     private let input: AsyncStream<ProcessorInput>.Continuation
     private let logger: Logger
     private let clock = ContinuousClock()
@@ -54,15 +55,17 @@ final class ProcessorLoop {
     private(set) var failure: ProcessorError? = nil
 
     init(
-        processor: PurchaseProcessor, consumer: KafkaConsumer, producer: KafkaProducer,
-        input: AsyncStream<ProcessorInput>.Continuation
+        configuration: ProcessorConfiguration, router: PurchaseRouter, recorder: StatisticsRecorder,
+        consumer: any ConsumerControl, producer: any OutputProducer, input: AsyncStream<ProcessorInput>.Continuation,
+        logger: Logger
     ) {
-        self.processor = processor
-        self.configuration = processor.configuration
+        self.configuration = configuration
+        self.router = router
+        self.recorder = recorder
         self.consumer = consumer
         self.producer = producer
         self.input = input
-        self.logger = processor.logger
+        self.logger = logger
         scheduler = LaneScheduler(maxInFlight: configuration.maxInFlight)
         recent = RecentRequests(capacity: configuration.duplicateWindow)
         backpressure = Backpressure(capacity: configuration.bufferCapacity)
@@ -99,7 +102,7 @@ final class ProcessorLoop {
         guard !isDraining, assigned.contains(partition), let generation = generations[partition] else { return }
         let ref = RecordRef(partition: partition, offset: message.offset, generation: generation)
         tracker.received(partition, offset: message.offset)
-        processor.recorder.update { statistics in
+        recorder.update { statistics in
             statistics.received += 1
             if statistics.firstReceivedAtMs == nil { statistics.firstReceivedAtMs = currentTimeMs() }
         }
@@ -109,7 +112,7 @@ final class ProcessorLoop {
             if let ready = scheduler.enqueue(item, lane: request.key) { start(ready) }
         } catch {
             beginWork(ref)
-            processor.recorder.update { $0.invalid += 1 }
+            recorder.update { $0.invalid += 1 }
             publishDeadLetter(
                 for: message, ref: ref, failure: DeadLetterEvent.Failure(error), attempts: 0,
                 requestID: requestIDHint(message.value))
@@ -121,7 +124,7 @@ final class ProcessorLoop {
         var ready = [first]
         while let item = ready.popLast() {
             if recent.contains(item.request.requestID) {
-                processor.recorder.update { $0.duplicates += 1 }
+                recorder.update { $0.duplicates += 1 }
                 finish(item.ref)
                 ready += scheduler.finish(lane: item.request.key)
                 continue
@@ -136,7 +139,7 @@ final class ProcessorLoop {
                 ready += scheduler.finish(lane: item.request.key)
                 continue
             }
-            guard let route = processor.router.controller(for: item.request.productID) else {
+            guard let route = router.controller(for: item.request.productID) else {
                 publishOutcome(item, result: .notAttempted, attempts: 0, controller: nil, error: nil)
                 ready += scheduler.finish(lane: item.request.key)
                 continue
@@ -147,7 +150,7 @@ final class ProcessorLoop {
             launch(id)
         }
         let inFlight = scheduler.inFlight
-        processor.recorder.update { $0.peakInFlight = max($0.peakInFlight, inFlight) }
+        recorder.update { $0.peakInFlight = max($0.peakInFlight, inFlight) }
     }
 
     private func launch(_ id: Int) {
@@ -168,7 +171,7 @@ final class ProcessorLoop {
         call.isBackingOff = false
         calls[id] = call
         callDeadlines.append((clock.now.advanced(by: configuration.callTimeout), id, attempt))
-        processor.recorder.update { $0.controllerCalls += 1 }
+        recorder.update { $0.controllerCalls += 1 }
     }
 
     // MARK: Controller results
@@ -297,7 +300,7 @@ final class ProcessorLoop {
     ) {
         switch result {
         case .success:
-            processor.recorder.update { statistics in
+            recorder.update { statistics in
                 switch output {
                 case .outcome(let result, let requestedAtMs):
                     statistics.outcomes[result, default: 0] += 1
@@ -337,7 +340,7 @@ final class ProcessorLoop {
 
     /// The record's work is complete: advance the committable offset of its partition.
     private func finish(_ ref: RecordRef) {
-        processor.recorder.update { statistics in
+        recorder.update { statistics in
             statistics.finished += 1
             statistics.lastFinishedAtMs = currentTimeMs()
         }
@@ -492,3 +495,20 @@ func requestIDHint(_ bytes: [UInt8]) -> String? {
     else { return nil }
     return id
 }
+
+/// What the loop needs of the consumer: flow control and offsets. ``KafkaConsumer`` provides it.
+protocol ConsumerControl: Sendable {
+    func pause(_ partitions: [KafkaTopicPartition]) throws(KafkaError)
+    func resume(_ partitions: [KafkaTopicPartition]) throws(KafkaError)
+    func storeOffsets(_ offsets: [KafkaTopicPartitionOffset]) throws(KafkaError)
+}
+
+/// What the loop needs of the producer. ``KafkaProducer`` provides it.
+protocol OutputProducer: Sendable {
+    func produce(
+        _ record: KafkaProducerRecord, onDelivery: @escaping @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void
+    ) throws(KafkaError)
+}
+
+extension KafkaConsumer: ConsumerControl {}
+extension KafkaProducer: OutputProducer {}

@@ -77,7 +77,9 @@ public final class PurchaseProcessor: Sendable {
             }
         }
         let cancellation = input
-        let loop = ProcessorLoop(processor: self, consumer: clients.consumer, producer: clients.producer, input: input)
+        let loop = ProcessorLoop(
+            configuration: configuration, router: router, recorder: recorder, consumer: clients.consumer,
+            producer: clients.producer, input: input, logger: logger)
         let failure: ProcessorError? = await withTaskCancellationHandler {
             for await event in inputs {
                 loop.handle(event)

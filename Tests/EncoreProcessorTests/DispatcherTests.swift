@@ -1,0 +1,277 @@
+import EncoreEvents
+import Kafka
+import Testing
+
+@testable import EncoreProcessor
+
+@Suite("Dispatcher: lanes, bounds, backpressure and offsets (no Kafka)")
+struct DispatcherTests {
+    @Test("requests of one user run one at a time, in offset order, under heavy concurrency")
+    func perUserOrder() async throws {
+        let controller = RecordingController(latency: { request in
+            .microseconds(Int(fnv1a(request.requestId) % 2000))
+        })
+        let harness = LoopHarness(configure: { $0.maxInFlight = 32 }, router: router(controller))
+        harness.assign(partitions: 4)
+        var expected: [String: [String]] = [:]
+        for index in 0..<2000 {
+            let user = "user-\(index % 50)"
+            let event = request(index, user: user)
+            expected[user, default: []].append(event.requestID)
+            // One user's records share a partition, as their key does in Kafka.
+            harness.feed(event, partition: Int32(index % 50 % 4))
+        }
+        #expect(await harness.waitForFinished(2000, timeout: .seconds(60)))
+        let state = controller.snapshot
+        #expect(state.overlaps.isEmpty, "users with overlapping calls: \(Set(state.overlaps))")
+        #expect(state.callsByUser == expected)
+        #expect(state.maxRunning <= 32)
+        // The outcomes topic sees each user's outcomes in request order too.
+        var outcomesByUser: [String: [String]] = [:]
+        for outcome in harness.producer.outcomes() { outcomesByUser[outcome.appUserID, default: []].append(outcome.requestID) }
+        #expect(outcomesByUser == expected)
+        await harness.stop()
+    }
+
+    @Test("concurrent calls never exceed max-in-flight and reach it under load")
+    func globalBound() async throws {
+        let controller = RecordingController(latency: { _ in .milliseconds(20) })
+        let harness = LoopHarness(configure: { $0.maxInFlight = 16 }, router: router(controller))
+        harness.assign(partitions: 1)
+        for index in 0..<400 { harness.feed(request(index, user: "user-\(index)")) }
+        #expect(await harness.waitForFinished(400, timeout: .seconds(60)))
+        #expect(controller.snapshot.maxRunning == 16)
+        #expect(harness.statistics.peakInFlight == 16)
+        await harness.stop()
+    }
+
+    @Test("a slow user does not block other users")
+    func slowUser() async throws {
+        let gate = Gate { $0.appUserId == "slow" }
+        let controller = RecordingController(gate: gate)
+        let harness = LoopHarness(configure: { $0.maxInFlight = 8 }, router: router(controller))
+        harness.assign(partitions: 1)
+        harness.feed(request(0, user: "slow"))
+        harness.feed(request(1, user: "slow"))
+        for index in 2..<202 { harness.feed(request(index, user: "user-\(index % 20)")) }
+        // Everyone else finishes while the slow user's first call is still held.
+        #expect(await eventually { harness.producer.outcomes().count == 200 })
+        #expect(gate.waiting == 1)
+        #expect(controller.snapshot.callsByUser["slow"] == ["req-0"])
+        // Its records hold back the partition's committable offset: nothing past offset 0.
+        #expect(harness.consumer.snapshot.stored.isEmpty)
+        gate.open()
+        #expect(await harness.waitForFinished(202))
+        #expect(controller.snapshot.callsByUser["slow"] == ["req-0", "req-1"])
+        #expect(await eventually { harness.consumer.snapshot.stored.values.first == 202 })
+        await harness.stop()
+    }
+
+    @Test("a full buffer pauses the partitions; draining resumes them")
+    func backpressure() async throws {
+        let gate = Gate()
+        let controller = RecordingController(gate: gate)
+        let harness = LoopHarness(configure: { $0.bufferCapacity = 50 }, router: router(controller))
+        harness.assign(partitions: 2)
+        for index in 0..<200 { harness.feed(request(index, user: "user-\(index)"), partition: Int32(index % 2)) }
+        #expect(await eventually { harness.consumer.snapshot.pauseCount == 1 })
+        #expect(harness.consumer.snapshot.paused.count == 2)
+        #expect(harness.consumer.snapshot.resumeCount == 0)
+        gate.open()
+        #expect(await harness.waitForFinished(200))
+        #expect(await eventually { harness.consumer.snapshot.resumeCount >= 1 && harness.consumer.snapshot.paused.isEmpty })
+        await harness.stop()
+    }
+
+    @Test("only the contiguous finished prefix is stored, whatever order records finish in")
+    func contiguousOffsets() async throws {
+        let gate = Gate { $0.requestId == "req-3" }
+        let controller = RecordingController(gate: gate)
+        let harness = LoopHarness(router: router(controller))
+        harness.assign(partitions: 1)
+        for index in 0..<10 { harness.feed(request(index, user: "user-\(index)")) }
+        #expect(await eventually { harness.statistics.finished == 9 })
+        #expect(harness.consumer.snapshot.stored.values.first == 3)
+        gate.open()
+        #expect(await eventually { harness.consumer.snapshot.stored.values.first == 10 })
+        #expect(harness.consumer.snapshot.storedHistory == harness.consumer.snapshot.storedHistory.sorted())
+        await harness.stop()
+    }
+}
+
+@Suite("Dispatcher: outcomes, errors, duplicates and dead letters (no Kafka)")
+struct DispatcherOutcomeTests {
+    @Test("retryable errors are retried with backoff, then fail with a dead letter")
+    func retriesThenFails() async throws {
+        let controller = RecordingController(answer: { _ in throw PurchaseControllerError.retryable("http_503", "busy") })
+        let harness = LoopHarness(router: router(controller))
+        harness.assign(partitions: 1)
+        harness.feed(request(0, user: "u"))
+        #expect(await harness.waitForFinished(1))
+        #expect(controller.snapshot.calls == 3)
+        let outcome = try #require(harness.producer.outcomes().first)
+        #expect(outcome.result == .failed && outcome.attempts == 3)
+        #expect(outcome.error == .init(type: "http_503", message: "busy", retryable: true))
+        let letter = try #require(harness.producer.deadLetters().first)
+        #expect(letter.error.stage == .controller && letter.error.errorClass == "http_503" && letter.attempts == 3)
+        #expect(letter.requestID == "req-0")
+        #expect(letter.originalValue.bytes == request(0, user: "u").jsonBytes())
+        #expect(letter.originalHeaders?.first?.key == "trace")
+        await harness.stop()
+    }
+
+    @Test("a retryable error that then succeeds is one purchased outcome")
+    func retryThenSucceed() async throws {
+        let controller = RecordingController(answer: { request in
+            if request.attempt < 2 { throw PurchaseControllerError.retryable("timeout", "slow") }
+            return .purchased
+        })
+        let harness = LoopHarness(router: router(controller))
+        harness.assign(partitions: 1)
+        harness.feed(request(0, user: "u"))
+        #expect(await harness.waitForFinished(1))
+        #expect(harness.producer.outcomes().map(\.result) == [.purchased])
+        #expect(harness.producer.outcomes().first?.attempts == 2)
+        #expect(harness.producer.deadLetters().isEmpty)
+        await harness.stop()
+    }
+
+    @Test("any other error is final: one call, failed at once")
+    func finalError() async throws {
+        struct Declined: Error {}
+        let controller = RecordingController(answer: { _ in throw Declined() })
+        let harness = LoopHarness(router: router(controller))
+        harness.assign(partitions: 1)
+        harness.feed(request(0, user: "u"))
+        #expect(await harness.waitForFinished(1))
+        #expect(controller.snapshot.calls == 1)
+        let outcome = try #require(harness.producer.outcomes().first)
+        #expect(outcome.result == .failed && outcome.attempts == 1 && outcome.error?.retryable == false)
+        #expect(outcome.error?.type == "Declined")
+        await harness.stop()
+    }
+
+    @Test("a call past the timeout fails with error type timeout and is not retried")
+    func timeout() async throws {
+        let gate = Gate()
+        let controller = RecordingController(gate: gate)
+        let harness = LoopHarness(configure: { $0.callTimeout = .milliseconds(100) }, router: router(controller))
+        harness.assign(partitions: 1)
+        harness.feed(request(0, user: "u"))
+        harness.feed(request(1, user: "u"))
+        #expect(await harness.waitForFinished(1))
+        let outcome = try #require(harness.producer.outcomes().first)
+        #expect(outcome.requestID == "req-0" && outcome.result == .failed && outcome.error?.type == "timeout")
+        #expect(outcome.error?.retryable == false)
+        // The user's next request is not blocked by the abandoned call.
+        #expect(await eventually { gate.waiting == 2 })
+        gate.open()
+        #expect(await harness.waitForFinished(2))
+        #expect(controller.snapshot.callsByUser["u"] == ["req-0", "req-1"])
+        #expect(harness.producer.outcomes().count == 2)
+        await harness.stop()
+    }
+
+    @Test("a duplicate request id is neither called nor answered again")
+    func duplicates() async throws {
+        let controller = RecordingController()
+        let harness = LoopHarness(router: router(controller))
+        harness.assign(partitions: 1)
+        harness.feed(request(0, user: "u"))
+        harness.feed(request(1, user: "u"))
+        harness.feed(request(0, user: "u"))
+        #expect(await harness.waitForFinished(3))
+        #expect(controller.snapshot.calls == 2)
+        #expect(harness.producer.outcomes().map(\.requestID) == ["req-0", "req-1"])
+        #expect(harness.statistics.duplicates == 1)
+        #expect(await eventually { harness.consumer.snapshot.stored.values.first == 3 })
+        await harness.stop()
+    }
+
+    @Test("a product no route matches is not attempted and nothing is called")
+    func noRoute() async throws {
+        let controller = RecordingController()
+        let harness = LoopHarness(router: router(controller, routes: [.prefix("rc_")]))
+        harness.assign(partitions: 1)
+        harness.feed(request(0, user: "u", product: "sk_lifetime"))
+        harness.feed(request(1, user: "u", product: "rc_pro"))
+        #expect(await harness.waitForFinished(2))
+        #expect(controller.snapshot.calls == 1)
+        let outcomes = harness.producer.outcomes()
+        #expect(outcomes.map(\.result) == [.notAttempted, .purchased])
+        #expect(outcomes[0].attempts == 0 && outcomes[0].controller == nil)
+        await harness.stop()
+    }
+
+    @Test("invalid records become dead letters with the reason; processing goes on")
+    func invalidInput() async throws {
+        let controller = RecordingController()
+        let harness = LoopHarness(router: router(controller))
+        harness.assign(partitions: 1)
+        harness.feed(Array("{not json".utf8), key: "k")
+        harness.feed([0xFF, 0xFE], key: "k")
+        var missing = String(decoding: request(5, user: "u").jsonBytes(), as: UTF8.self)
+        missing = missing.replacingOccurrences(of: "\"product_id\"", with: "\"product\"")
+        harness.feed(Array(missing.utf8), key: "app:u")
+        harness.feed(request(9, user: "u"))
+        #expect(await harness.waitForFinished(4))
+        let letters = harness.producer.deadLetters()
+        #expect(letters.map(\.error.errorClass) == ["not_json", "not_utf8", "missing_field"])
+        #expect(letters.map(\.error.stage) == [.decode, .decode, .validate])
+        #expect(letters[2].error.field == "product_id" && letters[2].requestID == "req-5")
+        #expect(letters.map(\.originalOffset) == [0, 1, 2])
+        #expect(letters[1].originalValue.encoding == .base64 && letters[1].originalValue.bytes == [0xFF, 0xFE])
+        #expect(harness.producer.outcomes().map(\.requestID) == ["req-9"])
+        #expect(await eventually { harness.consumer.snapshot.stored.values.first == 4 })
+        await harness.stop()
+    }
+
+    @Test("a past deadline is not attempted")
+    func deadline() async throws {
+        let controller = RecordingController()
+        let harness = LoopHarness(router: router(controller))
+        harness.assign(partitions: 1)
+        var event = request(0, user: "u")
+        event.deadlineAtMs = 1000
+        harness.feed(event)
+        #expect(await harness.waitForFinished(1))
+        #expect(controller.snapshot.calls == 0)
+        #expect(harness.producer.outcomes().first?.result == .notAttempted)
+        #expect(harness.producer.outcomes().first?.error?.type == "deadline_exceeded")
+        await harness.stop()
+    }
+
+    @Test("a failed delivery is produced again; the offset waits for it")
+    func redelivery() async throws {
+        let controller = RecordingController()
+        let harness = LoopHarness(router: router(controller))
+        harness.producer.failNext([KafkaError(code: .messageTimedOut, message: "broker away", isRetriable: true)])
+        harness.assign(partitions: 1)
+        harness.feed(request(0, user: "u"))
+        #expect(await harness.waitForFinished(1))
+        #expect(harness.producer.outcomes().map(\.requestID) == ["req-0"])
+        #expect(controller.snapshot.calls == 1)
+        #expect(harness.consumer.snapshot.stored.values.first == 1)
+        await harness.stop()
+    }
+
+    @Test("outcomes carry the request's fields and CloudEvents headers")
+    func outcomeRecord() async throws {
+        let controller = RecordingController(answer: { _ in .pending })
+        let harness = LoopHarness(router: router(controller))
+        harness.assign(partitions: 1)
+        var event = request(0, user: "u")
+        event.placementID = "paywall"
+        harness.feed(event)
+        #expect(await harness.waitForFinished(1))
+        let record = try #require(harness.producer.produced.first)
+        #expect(record.key == Array("app:u".utf8))
+        let headers = CloudEventHeaders(headers: record.headers.map { ($0.key, $0.stringValue) })
+        #expect(headers?.eventType == .purchaseOutcome)
+        #expect(headers?.id == "outcome:req-0")
+        let outcome = try PurchaseOutcomeEvent(jsonBytes: record.value)
+        #expect(outcome.result == .pending && outcome.placementID == "paywall" && outcome.controller == "recording")
+        #expect(outcome.requestedAtMs == event.requestedAtMs && outcome.completedAtMs >= event.requestedAtMs)
+        await harness.stop()
+    }
+}

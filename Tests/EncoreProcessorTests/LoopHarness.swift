@@ -1,0 +1,260 @@
+import EncoreEvents
+import Foundation
+import Kafka
+import Synchronization
+import Testing
+
+@testable import EncoreProcessor
+
+/// Polls `condition` until it holds or `timeout` passes.
+func eventually(timeout: Duration = .seconds(20), _ condition: () -> Bool) async -> Bool {
+    let clock = ContinuousClock()
+    let deadline = clock.now.advanced(by: timeout)
+    while clock.now < deadline {
+        if condition() { return true }
+        try? await Task.sleep(for: .milliseconds(5))
+    }
+    return condition()
+}
+
+/// Records what the loop asks of the consumer.
+final class FakeConsumer: ConsumerControl {
+    struct State {
+        var paused = Set<KafkaTopicPartition>()
+        var pauseCount = 0
+        var resumeCount = 0
+        var stored: [KafkaTopicPartition: Int64] = [:]
+        var storedHistory: [Int64] = []
+    }
+    let state = Mutex(State())
+
+    func pause(_ partitions: [KafkaTopicPartition]) throws(KafkaError) {
+        state.withLock {
+            $0.paused.formUnion(partitions)
+            $0.pauseCount += 1
+        }
+    }
+
+    func resume(_ partitions: [KafkaTopicPartition]) throws(KafkaError) {
+        state.withLock {
+            $0.paused.subtract(partitions)
+            $0.resumeCount += 1
+        }
+    }
+
+    func storeOffsets(_ offsets: [KafkaTopicPartitionOffset]) throws(KafkaError) {
+        state.withLock { state in
+            for offset in offsets {
+                state.stored[offset.topicPartition] = offset.offset
+                state.storedHistory.append(offset.offset)
+            }
+        }
+    }
+
+    var snapshot: State { state.withLock { $0 } }
+}
+
+/// Acknowledges produced records asynchronously, or fails the first ones when told to.
+final class FakeProducer: OutputProducer {
+    private let records = Mutex<[KafkaProducerRecord]>([])
+    private let failures = Mutex<[KafkaError]>([])
+    private let queue = DispatchQueue(label: "fake.producer")
+
+    func failNext(_ errors: [KafkaError]) { failures.withLock { $0 += errors } }
+
+    func produce(
+        _ record: KafkaProducerRecord, onDelivery: @escaping @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void
+    ) throws(KafkaError) {
+        let failure = failures.withLock { $0.isEmpty ? nil : $0.removeFirst() }
+        queue.async { [self] in
+            if let failure {
+                onDelivery(.failure(failure))
+                return
+            }
+            let offset = records.withLock { records in
+                records.append(record)
+                return Int64(records.count - 1)
+            }
+            onDelivery(.success(KafkaDeliveryReport(topic: record.topic, partition: 0, offset: offset)))
+        }
+    }
+
+    var produced: [KafkaProducerRecord] { records.withLock { $0 } }
+
+    func outcomes(topic: String = "encore.purchase-outcomes") -> [PurchaseOutcomeEvent] {
+        produced.filter { $0.topic == topic }.map { try! PurchaseOutcomeEvent(jsonBytes: $0.value) }
+    }
+
+    func deadLetters(topic: String = "encore.dead-letters") -> [DeadLetterEvent] {
+        produced.filter { $0.topic == topic }.map { try! DeadLetterEvent(jsonBytes: $0.value) }
+    }
+}
+
+/// Runs a ``ProcessorLoop`` against fakes: the dispatcher without Kafka.
+final class LoopHarness: Sendable {
+    static let topic = "encore.purchase-requests"
+    let consumer = FakeConsumer()
+    let producer = FakeProducer()
+    let recorder = StatisticsRecorder()
+    let input: AsyncStream<ProcessorInput>.Continuation
+    private let pump: Task<Void, Never>
+    private let offsets = Mutex<[Int32: Int64]>([:])
+
+    init(configure: (inout ProcessorConfiguration) -> Void = { _ in }, router: PurchaseRouter) {
+        var configuration = ProcessorConfiguration(kafka: KafkaConfiguration())
+        configuration.retry = RetryPolicy(maxAttempts: 3, initialBackoff: .milliseconds(5), maxBackoff: .milliseconds(20))
+        configure(&configuration)
+        let (inputs, input) = AsyncStream<ProcessorInput>.makeStream()
+        self.input = input
+        let (consumer, producer, recorder) = (self.consumer, self.producer, self.recorder)
+        pump = Task { [configuration] in
+            let loop = ProcessorLoop(
+                configuration: configuration, router: router, recorder: recorder, consumer: consumer,
+                producer: producer, input: input, logger: Logger(label: "test.loop"))
+            for await event in inputs {
+                loop.handle(event)
+                if loop.isFinished { break }
+            }
+            loop.cancelRemainingCalls()
+        }
+        ticker = Task {
+            while !Task.isCancelled {
+                try? await Task.sleep(for: .milliseconds(5))
+                input.yield(.tick)
+            }
+        }
+    }
+
+    private let ticker: Task<Void, Never>
+
+    func assign(partitions: Int32) {
+        input.yield(
+            .consumer(.partitionsAssigned((0..<partitions).map { KafkaTopicPartition(topic: Self.topic, partition: $0) })))
+    }
+
+    /// Feeds one record to `partition` at the next offset of that partition.
+    func feed(_ value: [UInt8], key: String, partition: Int32 = 0) {
+        let offset = offsets.withLock { offsets in
+            defer { offsets[partition, default: 0] += 1 }
+            return offsets[partition, default: 0]
+        }
+        input.yield(
+            .consumer(
+                .message(
+                    KafkaMessage(
+                        topic: Self.topic, partition: partition, offset: offset, key: Array(key.utf8), value: value,
+                        headers: [KafkaHeader(key: "trace", string: "t-\(offset)")]))))
+    }
+
+    func feed(_ request: PurchaseRequestEvent, partition: Int32 = 0) {
+        feed(request.jsonBytes(), key: request.key, partition: partition)
+    }
+
+    var statistics: ProcessorStatistics { recorder.snapshot }
+
+    func waitForFinished(_ count: Int, timeout: Duration = .seconds(20)) async -> Bool {
+        await eventually(timeout: timeout) { self.statistics.finished >= count }
+    }
+
+    func stop() async {
+        input.yield(.shutdown)
+        await pump.value
+        ticker.cancel()
+        await ticker.value
+    }
+}
+
+func request(_ index: Int, user: String, product: String = "rc_pro_monthly", app: String = "app") -> PurchaseRequestEvent {
+    PurchaseRequestEvent(
+        requestID: "req-\(index)", appID: app, appUserID: user, productID: product, store: .appStore,
+        environment: .production, requestedAtMs: 1_764_475_643_000 + Int64(index))
+}
+
+/// A controller that records concurrency and per-user order, with a latency per request and an
+/// optional gate that holds calls until opened.
+final class RecordingController: PurchaseController {
+    struct State {
+        var running = 0
+        var maxRunning = 0
+        var runningUsers = Set<String>()
+        var overlaps: [String] = []
+        var callsByUser: [String: [String]] = [:]
+        var calls = 0
+    }
+    let state = Mutex(State())
+    let latency: @Sendable (PurchaseRequest) -> Duration
+    let gate: Gate?
+    let answer: @Sendable (PurchaseRequest) throws -> PurchaseResult
+
+    init(
+        latency: @escaping @Sendable (PurchaseRequest) -> Duration = { _ in .zero }, gate: Gate? = nil,
+        answer: @escaping @Sendable (PurchaseRequest) throws -> PurchaseResult = { _ in .purchased }
+    ) {
+        self.latency = latency
+        self.gate = gate
+        self.answer = answer
+    }
+
+    func purchase(_ request: PurchaseRequest) async throws -> PurchaseResult {
+        let user = request.appUserId
+        state.withLock { state in
+            state.calls += 1
+            state.running += 1
+            state.maxRunning = max(state.maxRunning, state.running)
+            if !state.runningUsers.insert(user).inserted { state.overlaps.append(user) }
+            state.callsByUser[user, default: []].append(request.requestId)
+        }
+        defer {
+            state.withLock { state in
+                state.running -= 1
+                state.runningUsers.remove(user)
+            }
+        }
+        if let gate { await gate.wait(request) }
+        let delay = latency(request)
+        if delay > .zero { try await Task.sleep(for: delay) }
+        return try answer(request)
+    }
+
+    var snapshot: State { state.withLock { $0 } }
+}
+
+/// Holds calls for which `holds` is true until ``open()``.
+final class Gate: Sendable {
+    private let state = Mutex<(open: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
+    let holds: @Sendable (PurchaseRequest) -> Bool
+
+    init(holds: @escaping @Sendable (PurchaseRequest) -> Bool = { _ in true }) {
+        self.holds = holds
+    }
+
+    func wait(_ request: PurchaseRequest) async {
+        guard holds(request) else { return }
+        await withCheckedContinuation { continuation in
+            let resumeNow = state.withLock { state in
+                if state.open { return true }
+                state.waiters.append(continuation)
+                return false
+            }
+            if resumeNow { continuation.resume() }
+        }
+    }
+
+    var waiting: Int { state.withLock { $0.waiters.count } }
+
+    func open() {
+        let waiters = state.withLock { state in
+            state.open = true
+            defer { state.waiters = [] }
+            return state.waiters
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+}
+
+func router(_ controller: any PurchaseController, routes: [PurchaseRouter.Match] = [.any]) -> PurchaseRouter {
+    var router = PurchaseRouter()
+    router.register("recording", controller)
+    for match in routes { router.route(match, to: "recording") }
+    return router
+}

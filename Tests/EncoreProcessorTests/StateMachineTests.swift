@@ -1,0 +1,159 @@
+import Kafka
+import Testing
+
+@testable import EncoreProcessor
+
+@Suite("Lane scheduler")
+struct LaneSchedulerTests {
+    @Test("one running item per lane, FIFO within a lane, global bound across lanes")
+    func lanes() {
+        var scheduler = LaneScheduler<Int>(maxInFlight: 2)
+        #expect(scheduler.enqueue(1, lane: "a") == 1)
+        #expect(scheduler.enqueue(2, lane: "a") == nil)
+        #expect(scheduler.enqueue(3, lane: "b") == 3)
+        #expect(scheduler.enqueue(4, lane: "c") == nil)
+        #expect(scheduler.inFlight == 2 && scheduler.count == 4)
+        // "a" finishes: its next item waits behind "c", which asked first.
+        #expect(scheduler.finish(lane: "a") == [4])
+        #expect(scheduler.finish(lane: "b") == [2])
+        #expect(scheduler.finish(lane: "c") == [])
+        #expect(scheduler.finish(lane: "a") == [])
+        #expect(scheduler.inFlight == 0 && scheduler.count == 0)
+    }
+
+    @Test("removing waiting items keeps running ones and the order of the rest")
+    func removeWaiting() {
+        var scheduler = LaneScheduler<Int>(maxInFlight: 1)
+        _ = scheduler.enqueue(1, lane: "a")
+        _ = scheduler.enqueue(2, lane: "a")
+        _ = scheduler.enqueue(3, lane: "b")
+        _ = scheduler.enqueue(4, lane: "b")
+        #expect(scheduler.removeWaiting { $0 == 3 } == [3])
+        #expect(scheduler.count == 3)
+        #expect(scheduler.finish(lane: "a") == [4])
+        #expect(scheduler.finish(lane: "b") == [2])
+        #expect(scheduler.finish(lane: "a") == [])
+    }
+}
+
+@Suite("Offset tracker")
+struct OffsetTrackerTests {
+    static let partition = KafkaTopicPartition(topic: "t", partition: 0)
+
+    @Test(
+        "commits only the contiguous finished prefix",
+        arguments: [
+            ([0, 1, 2, 3], [1, 2, 3, 4]),
+            ([3, 2, 1, 0], [nil, nil, nil, 4]),
+            ([1, 0, 3, 2], [nil, 2, nil, 4]),
+            ([0, 2, 3, 1], [1, nil, nil, 4]),
+        ] as [([Int64], [Int64?])])
+    func prefix(order: [Int64], expected: [Int64?]) {
+        var tracker = OffsetTracker()
+        for offset in 0..<4 { tracker.received(Self.partition, offset: Int64(offset)) }
+        #expect(tracker.pendingCount == 4)
+        #expect(order.map { tracker.finished(Self.partition, offset: $0) } == expected)
+        #expect(tracker.pendingCount == 0)
+    }
+
+    @Test("offsets with gaps (compaction, transaction markers) advance past the gap")
+    func gaps() {
+        var tracker = OffsetTracker()
+        for offset in [10, 11, 15, 20] as [Int64] { tracker.received(Self.partition, offset: offset) }
+        #expect(tracker.finished(Self.partition, offset: 15) == nil)
+        #expect(tracker.finished(Self.partition, offset: 10) == 11)
+        #expect(tracker.finished(Self.partition, offset: 11) == 16)
+        #expect(tracker.finished(Self.partition, offset: 20) == 21)
+    }
+
+    @Test("a removed partition forgets its records")
+    func remove() {
+        var tracker = OffsetTracker()
+        tracker.received(Self.partition, offset: 0)
+        tracker.received(KafkaTopicPartition(topic: "t", partition: 1), offset: 0)
+        tracker.remove(Self.partition)
+        #expect(tracker.pendingCount == 1)
+        #expect(tracker.finished(Self.partition, offset: 0) == nil)
+    }
+}
+
+@Suite("Policies")
+struct PolicyTests {
+    @Test("backoff doubles from the initial value, is jittered within [cap/2, cap] and capped")
+    func backoff() {
+        let policy = RetryPolicy(maxAttempts: 4, initialBackoff: .milliseconds(100), maxBackoff: .milliseconds(250))
+        #expect(policy.backoff(after: 1, unit: 0) == .milliseconds(50))
+        #expect(policy.backoff(after: 1, unit: 1) == .milliseconds(100))
+        #expect(policy.backoff(after: 2, unit: 1) == .milliseconds(200))
+        #expect(policy.backoff(after: 3, unit: 1) == .milliseconds(250))
+        #expect(policy.allowsRetry(after: 3) && !policy.allowsRetry(after: 4))
+    }
+
+    @Test("backpressure pauses at capacity and resumes at half")
+    func backpressure() {
+        var gate = Backpressure(capacity: 10)
+        #expect(gate.update(held: 9) == nil)
+        #expect(gate.update(held: 10) == .pause)
+        #expect(gate.update(held: 12) == nil)
+        #expect(gate.update(held: 6) == nil)
+        #expect(gate.update(held: 5) == .resume)
+    }
+
+    @Test("recent request ids are a bounded window")
+    func recent() {
+        var recent = RecentRequests(capacity: 2)
+        recent.insert("a")
+        recent.insert("b")
+        recent.insert("a")
+        #expect(recent.contains("a") && recent.contains("b"))
+        recent.insert("c")
+        #expect(!recent.contains("a") && recent.contains("b") && recent.contains("c"))
+    }
+
+    @Test("the histogram's percentiles are within 2% of the true values")
+    func histogram() {
+        var histogram = LatencyHistogram()
+        for value in 1...100_000 { histogram.record(UInt64(value)) }
+        for q in [0.5, 0.9, 0.99, 0.999] {
+            let truth = q * 100_000
+            #expect(abs(Double(histogram.percentile(q)) - truth) / truth < 0.02, "p\(q)")
+        }
+        #expect(histogram.max == 100_000 && histogram.count == 100_000)
+    }
+}
+
+@Suite("Router")
+struct RouterTests {
+    @Test("first matching rule wins; no match means no controller")
+    func firstMatch() {
+        var router = PurchaseRouter()
+        router.register("rc", ClosureController { _ in .purchased })
+        router.register("sk", ClosureController { _ in .cancelled })
+        router.route(.exact("rc_special"), to: "sk")
+        router.route(.prefix("rc_"), to: "rc")
+        router.route(.prefix("sk_"), to: "sk")
+        #expect(router.controller(for: "rc_special")?.name == "sk")
+        #expect(router.controller(for: "rc_pro")?.name == "rc")
+        #expect(router.controller(for: "sk_life")?.name == "sk")
+        #expect(router.controller(for: "com.app.x") == nil)
+        router.route(.prefix("x"), to: "missing")
+        #expect(router.unregisteredNames == ["missing"])
+    }
+
+    @Test(
+        "route flags parse",
+        arguments: [
+            ("rc_=revenuecat", PurchaseRouter.Match.prefix("rc_"), "revenuecat"),
+            ("=com.app.pro=billing", .exact("com.app.pro"), "billing"),
+            ("*=all", .any, "all"),
+        ])
+    func parse(text: String, match: PurchaseRouter.Match, name: String) throws {
+        let rule = try #require(PurchaseRouter.parseRoute(text))
+        #expect(rule.match == match && rule.controllerName == name)
+    }
+
+    @Test("malformed route flags are refused", arguments: ["rc_", "=x", "rc_=", "=="])
+    func malformed(text: String) {
+        #expect(PurchaseRouter.parseRoute(text) == nil)
+    }
+}
