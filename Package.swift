@@ -27,7 +27,8 @@ let package = Package(
         .testTarget(name: "EncoreEventsTests", dependencies: ["EncoreEvents"]),
         .testTarget(name: "EncoreProcessorTests", dependencies: ["EncoreProcessor", "EncoreTools", "Kafka", "EncoreEvents"]),
         .testTarget(
-            name: "ProcessorIntegrationTests", dependencies: ["EncoreProcessor", "EncoreTools", "Kafka", "EncoreEvents"]),
+            name: "ProcessorIntegrationTests",
+            dependencies: ["EncoreProcessor", "EncoreTools", "Kafka", "EncoreEvents", "encore-processor"]),
     ],
     swiftLanguageModes: [.v6]
 )

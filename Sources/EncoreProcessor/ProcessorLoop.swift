@@ -183,15 +183,17 @@ final class ProcessorLoop {
         case .success(let answer):
             settle(id, result: answer.outcome, error: nil)
         case .failure(let error as PurchaseControllerError):
-            if error.isRetryable, configuration.retry.allowsRetry(after: attempt), !isDraining {
+            let backoff = configuration.retry.backoff(after: attempt, unit: Double.random(in: 0..<1, using: &random))
+            let due = clock.now.advanced(by: backoff)
+            // While draining, a retry is still made if it can finish in time; otherwise the
+            // record is left unanswered and redone by the next owner (retrying is safe).
+            let fitsDrain = drainDeadline.map { due < $0 } ?? true
+            if error.isRetryable, configuration.retry.allowsRetry(after: attempt), fitsDrain {
                 call.isBackingOff = true
                 call.task = nil
                 calls[id] = call
-                let unit = Double.random(in: 0..<1, using: &random)
-                timers.schedule(
-                    .retry(call: id),
-                    at: clock.now.advanced(by: configuration.retry.backoff(after: attempt, unit: unit)))
-            } else if error.isRetryable && isDraining {
+                timers.schedule(.retry(call: id), at: due)
+            } else if error.isRetryable && configuration.retry.allowsRetry(after: attempt) {
                 interrupt(id)
             } else {
                 settle(
@@ -400,9 +402,6 @@ final class ProcessorLoop {
         // Work not started stays unprocessed: the next owner reads it again.
         let dropped = scheduler.removeWaiting { revoked.contains($0.ref.partition) }
         if !dropped.isEmpty { logger.info("revoked: \(dropped.count) queued requests left to the next owner") }
-        for (id, call) in calls where call.isBackingOff && revoked.contains(call.item.ref.partition) {
-            interrupt(id)
-        }
         revocations.append(
             PendingRevocation(
                 partitions: revoked, revocation: revocation,
@@ -460,7 +459,6 @@ final class ProcessorLoop {
         drainDeadline = clock.now.advanced(by: configuration.drainTimeout)
         pauseOrResume(Array(assigned), pause: true)
         _ = scheduler.removeWaiting { _ in true }
-        for (id, call) in calls where call.isBackingOff { interrupt(id) }
     }
 
     private func checkDrained() {

@@ -89,6 +89,16 @@ public final class KafkaConsumer: Sendable {
         startPolling()
     }
 
+    /// Reads `partitions` from the given offsets without joining the group (replays, audits).
+    /// Offsets may be `-2` (earliest) or `-1` (latest).
+    public func assign(_ partitions: [KafkaTopicPartitionOffset]) throws(KafkaError) {
+        let list = RDKafkaTopicPartitionList.make(partitions)
+        defer { rd_kafka_topic_partition_list_destroy(list) }
+        let err = rd_kafka_assign(client.handle, list)
+        guard err == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(err, context: "assign") }
+        startPolling()
+    }
+
     private func startPolling() {
         poller.withLock { poller in
             guard poller == nil else { return }

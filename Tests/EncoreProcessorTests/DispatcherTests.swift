@@ -28,7 +28,9 @@ struct DispatcherTests {
         #expect(state.maxRunning <= 32)
         // The outcomes topic sees each user's outcomes in request order too.
         var outcomesByUser: [String: [String]] = [:]
-        for outcome in harness.producer.outcomes() { outcomesByUser[outcome.appUserID, default: []].append(outcome.requestID) }
+        for outcome in harness.producer.outcomes() {
+            outcomesByUser[outcome.appUserID, default: []].append(outcome.requestID)
+        }
         #expect(outcomesByUser == expected)
         await harness.stop()
     }
@@ -79,7 +81,8 @@ struct DispatcherTests {
         #expect(harness.consumer.snapshot.resumeCount == 0)
         gate.open()
         #expect(await harness.waitForFinished(200))
-        #expect(await eventually { harness.consumer.snapshot.resumeCount >= 1 && harness.consumer.snapshot.paused.isEmpty })
+        #expect(
+            await eventually { harness.consumer.snapshot.resumeCount >= 1 && harness.consumer.snapshot.paused.isEmpty })
         await harness.stop()
     }
 
@@ -103,7 +106,8 @@ struct DispatcherTests {
 struct DispatcherOutcomeTests {
     @Test("retryable errors are retried with backoff, then fail with a dead letter")
     func retriesThenFails() async throws {
-        let controller = RecordingController(answer: { _ in throw PurchaseControllerError.retryable("http_503", "busy") })
+        let controller = RecordingController(answer: { _ in throw PurchaseControllerError.retryable("http_503", "busy")
+            })
         let harness = LoopHarness(router: router(controller))
         harness.assign(partitions: 1)
         harness.feed(request(0, user: "u"))

@@ -102,7 +102,8 @@ final class LoopHarness: Sendable {
 
     init(configure: (inout ProcessorConfiguration) -> Void = { _ in }, router: PurchaseRouter) {
         var configuration = ProcessorConfiguration(kafka: KafkaConfiguration())
-        configuration.retry = RetryPolicy(maxAttempts: 3, initialBackoff: .milliseconds(5), maxBackoff: .milliseconds(20))
+        configuration.retry = RetryPolicy(
+            maxAttempts: 3, initialBackoff: .milliseconds(5), maxBackoff: .milliseconds(20))
         configure(&configuration)
         let (inputs, input) = AsyncStream<ProcessorInput>.makeStream()
         self.input = input
@@ -129,7 +130,8 @@ final class LoopHarness: Sendable {
 
     func assign(partitions: Int32) {
         input.yield(
-            .consumer(.partitionsAssigned((0..<partitions).map { KafkaTopicPartition(topic: Self.topic, partition: $0) })))
+            .consumer(
+                .partitionsAssigned((0..<partitions).map { KafkaTopicPartition(topic: Self.topic, partition: $0) })))
     }
 
     /// Feeds one record to `partition` at the next offset of that partition.
@@ -164,7 +166,9 @@ final class LoopHarness: Sendable {
     }
 }
 
-func request(_ index: Int, user: String, product: String = "rc_pro_monthly", app: String = "app") -> PurchaseRequestEvent {
+func request(_ index: Int, user: String, product: String = "rc_pro_monthly", app: String = "app")
+    -> PurchaseRequestEvent
+{
     PurchaseRequestEvent(
         requestID: "req-\(index)", appID: app, appUserID: user, productID: product, store: .appStore,
         environment: .production, requestedAtMs: 1_764_475_643_000 + Int64(index))

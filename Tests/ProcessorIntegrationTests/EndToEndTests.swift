@@ -1,0 +1,103 @@
+import EncoreEvents
+import EncoreProcessor
+import EncoreTools
+import Foundation
+import Kafka
+import Testing
+
+@Suite("Processor end to end on the embedded broker")
+struct EndToEndTests {
+    @Test(
+        "10,000 requests, 8 partitions, 500 users: one outcome each, per-user order, dead letters, offsets at the end")
+    func tenThousand() async throws {
+        let cluster = try EmbeddedKafkaCluster()
+        for topic in Topics.all { try cluster.createTopic(topic, partitions: 8) }
+        let bootstrap = cluster.bootstrapServers
+        var options = RequestGenerator.Options()
+        options.users = 500
+        options.invalidRatio = 0.01
+        options.duplicateRatio = 0.01
+        options.seed = 42
+        let produced = try await produceRequests(bootstrap: bootstrap, count: 10_000, options: options)
+
+        var configuration = ProcessorConfiguration(kafka: KafkaConfiguration(["bootstrap.servers": bootstrap]))
+        configuration.groupID = "e2e"
+        configuration.maxInFlight = 64
+        var router = PurchaseRouter()
+        router.register(
+            "simulated",
+            SimulatedController(
+                meanLatency: .milliseconds(1), weights: [(.purchased, 0.7), (.cancelled, 0.2), (.pending, 0.1)],
+                seed: 3))
+        router.route(.any, to: "simulated")
+        let processor = try PurchaseProcessor(configuration: configuration, router: router)
+        async let running: Void = processor.run()
+        let done = await eventually(timeout: .seconds(120)) { processor.statistics.finished >= 10_000 }
+        processor.shutdown()
+        try await running
+        #expect(done, "finished \(processor.statistics.finished) of 10000")
+
+        // Exactly one outcome per distinct valid request.
+        let requests = try await readTopic(bootstrap: bootstrap, topic: Topics.requests)
+        #expect(requests.count == 10_000)
+        let outcomes = try await readTopic(bootstrap: bootstrap, topic: Topics.outcomes)
+        let decoded = try outcomes.map { try PurchaseOutcomeEvent(jsonBytes: $0.value) }
+        let validIDs = Set(produced.filter { $0.kind != .duplicate }.compactMap(\.requestID))
+        #expect(decoded.count == validIDs.count)
+        #expect(Set(decoded.map(\.requestID)) == validIDs)
+        #expect(Set(decoded.map(\.result)).isSubset(of: [.purchased, .cancelled, .pending]))
+
+        // Per-user order: a user's outcomes appear in the order of their requests.
+        var requestOrder: [String: [String]] = [:]
+        for message in requests {
+            guard let event = try? PurchaseRequestEvent(jsonBytes: message.value) else { continue }
+            if !(requestOrder[event.key]?.contains(event.requestID) ?? false) {
+                requestOrder[event.key, default: []].append(event.requestID)
+            }
+        }
+        var outcomeOrder: [String: [String]] = [:]
+        for outcome in outcomes.map({ try! PurchaseOutcomeEvent(jsonBytes: $0.value) }) {
+            outcomeOrder[outcome.key, default: []].append(outcome.requestID)
+        }
+        #expect(outcomeOrder == requestOrder)
+        // And each outcome sits in one partition per user, keyed by the user.
+        #expect(outcomes.allSatisfy { String(decoding: $0.key ?? [], as: UTF8.self).hasPrefix("app_demo:user-") })
+
+        // Every invalid record is a dead letter naming its reason.
+        let letters = try await readTopic(bootstrap: bootstrap, topic: Topics.deadLetters).map {
+            try DeadLetterEvent(jsonBytes: $0.value)
+        }
+        let invalid = requests.filter { (try? PurchaseRequestEvent(jsonBytes: $0.value)) == nil }
+        #expect(letters.count == invalid.count)
+        #expect(invalid.count == produced.filter { if case .invalid = $0.kind { true } else { false } }.count)
+        for letter in letters {
+            let original = try #require(
+                requests.first { $0.partition == letter.originalPartition && $0.offset == letter.originalOffset })
+            #expect(letter.originalValue.bytes == original.value)
+            do {
+                _ = try PurchaseRequestEvent(jsonBytes: original.value)
+                Issue.record("dead-lettered a valid record")
+            } catch {
+                #expect(letter.error.errorClass == error.code.name)
+            }
+        }
+        #expect(Set(letters.map(\.error.errorClass)).count >= 6, "reasons: \(Set(letters.map(\.error.errorClass)))")
+
+        // Offsets are committed at the end of every partition.
+        let committed = try await committedOffsets(bootstrap: bootstrap, group: "e2e", topic: Topics.requests)
+        let admin = try KafkaAdmin(configuration: KafkaConfiguration(["bootstrap.servers": bootstrap]))
+        for partition in Int32(0)..<8 {
+            let end = try await admin.watermarks(of: KafkaTopicPartition(topic: Topics.requests, partition: partition))
+                .high
+            #expect(committed[partition] == end, "partition \(partition)")
+        }
+
+        // The independent validator accepts what was produced.
+        #expect(try validateWithPython("purchase-outcome", outcomes.map(\.value)) == nil)
+        #expect(
+            try validateWithPython(
+                "dead-letter", try await readTopic(bootstrap: bootstrap, topic: Topics.deadLetters).map(\.value)) == nil
+        )
+        withExtendedLifetime(cluster) {}
+    }
+}

@@ -1,0 +1,119 @@
+import EncoreEvents
+import EncoreTools
+import Foundation
+import Kafka
+import Testing
+
+@Suite("The real binary: crash and graceful stop", .serialized)
+struct ProcessLifecycleTests {
+    @Test("SIGKILL mid-run, restart on the same group: every request has an outcome")
+    func crashSafety() async throws {
+        let (broker, bootstrap) = try await startBroker()
+        defer { Task { await broker.stop() } }
+        var options = RequestGenerator.Options()
+        options.users = 1000
+        options.seed = 11
+        let produced = try await produceRequests(bootstrap: bootstrap, count: 20_000, options: options)
+        let ids = Set(produced.compactMap(\.requestID))
+        let arguments = [
+            "run", "--bootstrap-servers", bootstrap, "--group-id", "crash", "--simulated-outcomes", "purchased=1",
+            "--max-in-flight", "50", "--log-level", "warning",
+        ]
+        let first = try ChildProcess(try processorBinary(), arguments + ["--simulated-latency-ms", "20"])
+        let someDone = try await eventually(timeout: .seconds(90)) {
+            try await recordCount(bootstrap: bootstrap, topic: Topics.outcomes) >= 3000
+        }
+        #expect(someDone, "\(first.stderr.suffix(2000))")
+        first.signal(SIGKILL)
+        #expect(await first.waitForExit() != nil)
+        let beforeRestart = try await recordCount(bootstrap: bootstrap, topic: Topics.outcomes)
+        #expect(beforeRestart < Int64(ids.count), "the first run should not have finished")
+
+        let second = try ChildProcess(try processorBinary(), arguments + ["--simulated-latency-ms", "0"])
+        let allDone = try await eventually(timeout: .seconds(120)) {
+            try await recordCount(bootstrap: bootstrap, topic: Topics.outcomes) >= Int64(ids.count)
+        }
+        #expect(allDone, "\(second.stderr.suffix(2000))")
+        // Wait until the committed offsets reach the end, then stop cleanly.
+        let committedAll = try await eventually(timeout: .seconds(60)) {
+            let committed = try await committedOffsets(bootstrap: bootstrap, group: "crash", topic: Topics.requests)
+            return committed.values.reduce(0, +) == Int64(produced.count)
+        }
+        #expect(committedAll)
+        second.signal(SIGTERM)
+        #expect(await second.waitForExit() == 0, "\(second.stderr.suffix(2000))")
+
+        let outcomes = try await readTopic(bootstrap: bootstrap, topic: Topics.outcomes).map {
+            try PurchaseOutcomeEvent(jsonBytes: $0.value)
+        }
+        let answered = Set(outcomes.map(\.requestID))
+        #expect(answered == ids, "missing: \(ids.subtracting(answered).count)")
+        // Only the unfinished tail of the first run may be answered twice.
+        #expect(outcomes.count - ids.count < 20_000 - 3000)
+        await broker.stop()
+    }
+
+    @Test("SIGTERM under load: exit 0, every request the controller saw has an outcome")
+    func gracefulStop() async throws {
+        let (broker, bootstrap) = try await startBroker()
+        defer { Task { await broker.stop() } }
+        let log = FileManager.default.temporaryDirectory.appendingPathComponent("billing-\(UUID()).log")
+        let billing = try ChildProcess(
+            URL(fileURLWithPath: "/usr/bin/env"),
+            [
+                "python3", repositoryRoot.appendingPathComponent("scripts/fake_billing.py").path, "--log", log.path,
+                "--delay-ms", "30",
+            ])
+        defer { Task { await billing.stop() } }
+        let port = try await billing.waitForLine(prefix: "port=")
+        var options = RequestGenerator.Options()
+        options.users = 2000
+        options.seed = 12
+        let produced = try await produceRequests(bootstrap: bootstrap, count: 8000, options: options)
+
+        let processor = try ChildProcess(
+            try processorBinary(),
+            [
+                "run", "--bootstrap-servers", bootstrap, "--group-id", "graceful", "--controller", "http",
+                "--controller-url", "billing=http://127.0.0.1:\(port)/purchase", "--route", "*=billing",
+                "--max-in-flight", "40", "--retry-backoff-ms", "10", "--log-level", "info",
+            ])
+        let underLoad = try await eventually(timeout: .seconds(90)) {
+            try await recordCount(bootstrap: bootstrap, topic: Topics.outcomes) >= 500
+        }
+        #expect(underLoad, "\(processor.stderr.suffix(3000))")
+        processor.signal(SIGTERM)
+        let status = await processor.waitForExit(timeout: .seconds(60))
+        #expect(status == 0, "\(processor.stderr.suffix(3000))")
+
+        let called = Set(
+            try String(contentsOf: log, encoding: .utf8).split(separator: "\n").map {
+                String($0.split(separator: " ")[0])
+            })
+        let outcomes = try await readTopic(bootstrap: bootstrap, topic: Topics.outcomes).map {
+            try PurchaseOutcomeEvent(jsonBytes: $0.value)
+        }
+        let answered = Set(outcomes.map(\.requestID))
+        #expect(!called.isEmpty && called.count < produced.count, "the stop should land mid-run")
+        #expect(
+            called.subtracting(answered).isEmpty,
+            "called without outcome: \(called.subtracting(answered).sorted().prefix(10))")
+        // The billing service answered 503 to first attempts of ids ending in 7: those were retried.
+        let retried = outcomes.filter { $0.requestID.hasSuffix("7") }
+        #expect(!retried.isEmpty && retried.allSatisfy { $0.attempts == 2 && $0.result == .purchased })
+        let unexpected = outcomes.filter { !$0.requestID.hasSuffix("7") && $0.attempts != 1 }
+        #expect(unexpected.isEmpty, "\(unexpected.prefix(3)) \(processor.stderr.suffix(3000))")
+        // Committed offsets never cover a request without an outcome.
+        let committed = try await committedOffsets(bootstrap: bootstrap, group: "graceful", topic: Topics.requests)
+        let requests = try await readTopic(bootstrap: bootstrap, topic: Topics.requests)
+        for message in requests where message.offset < committed[message.partition] ?? 0 {
+            let event = try PurchaseRequestEvent(jsonBytes: message.value)
+            #expect(answered.contains(event.requestID), "committed past \(event.requestID) without an outcome")
+        }
+        #expect(committed.values.reduce(0, +) > 0)
+        // The produced outcomes validate against the schema.
+        #expect(try validateWithPython("purchase-outcome", outcomes.map { $0.jsonBytes() }) == nil)
+        await billing.stop()
+        await broker.stop()
+    }
+}

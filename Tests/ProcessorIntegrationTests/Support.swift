@@ -1,0 +1,194 @@
+import EncoreEvents
+import EncoreTools
+import Foundation
+import Kafka
+import Synchronization
+import Testing
+
+let repositoryRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+    .deletingLastPathComponent()
+
+/// Polls `condition` until it holds or `timeout` passes.
+func eventually(timeout: Duration = .seconds(60), _ condition: () async throws -> Bool) async rethrows -> Bool {
+    let clock = ContinuousClock()
+    let deadline = clock.now.advanced(by: timeout)
+    while clock.now < deadline {
+        if try await condition() { return true }
+        try? await Task.sleep(for: .milliseconds(50))
+    }
+    return try await condition()
+}
+
+/// The `encore-processor` binary built next to the test bundle.
+func processorBinary() throws -> URL {
+    if let path = ProcessInfo.processInfo.environment["ENCORE_PROCESSOR_BINARY"] { return URL(fileURLWithPath: path) }
+    var directory = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
+    for _ in 0..<4 {
+        let candidate = directory.appendingPathComponent("encore-processor")
+        if FileManager.default.isExecutableFile(atPath: candidate.path) { return candidate }
+        directory = directory.deletingLastPathComponent()
+    }
+    let fallback = repositoryRoot.appendingPathComponent(".build/debug/encore-processor")
+    guard FileManager.default.isExecutableFile(atPath: fallback.path) else {
+        throw TestFailure("encore-processor binary not found; run swift build first")
+    }
+    return fallback
+}
+
+struct TestFailure: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// A child process with its output captured to files.
+final class ChildProcess: Sendable {
+    let process: Process
+    let stdoutURL: URL
+    let stderrURL: URL
+
+    init(_ executable: URL, _ arguments: [String], environment: [String: String] = [:]) throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("encore-child-\(UUID())")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        stdoutURL = directory.appendingPathComponent("stdout")
+        stderrURL = directory.appendingPathComponent("stderr")
+        _ = FileManager.default.createFile(atPath: stdoutURL.path, contents: nil)
+        _ = FileManager.default.createFile(atPath: stderrURL.path, contents: nil)
+        process = Process()
+        process.executableURL = executable
+        process.arguments = arguments
+        var merged = ProcessInfo.processInfo.environment
+        merged.merge(environment) { $1 }
+        process.environment = merged
+        process.standardOutput = try FileHandle(forWritingTo: stdoutURL)
+        process.standardError = try FileHandle(forWritingTo: stderrURL)
+        try process.run()
+    }
+
+    var stdout: String { (try? String(contentsOf: stdoutURL, encoding: .utf8)) ?? "" }
+    var stderr: String { (try? String(contentsOf: stderrURL, encoding: .utf8)) ?? "" }
+
+    /// Waits for a line of standard output starting with `prefix`; returns the rest of it.
+    func waitForLine(prefix: String, timeout: Duration = .seconds(30)) async throws -> String {
+        var found: String? = nil
+        _ = await eventually(timeout: timeout) {
+            found = stdout.split(separator: "\n").first { $0.hasPrefix(prefix) }.map {
+                String($0.dropFirst(prefix.count))
+            }
+            return found != nil || !process.isRunning
+        }
+        guard let found else { throw TestFailure("no '\(prefix)' line; stderr: \(stderr.suffix(2000))") }
+        return found
+    }
+
+    func signal(_ number: Int32) { kill(process.processIdentifier, number) }
+
+    /// Waits for the process to end; `nil` when it is still running after `timeout`.
+    func waitForExit(timeout: Duration = .seconds(60)) async -> Int32? {
+        guard await eventually(timeout: timeout, { !process.isRunning }) else { return nil }
+        return process.terminationStatus
+    }
+
+    func stop() async {
+        if process.isRunning {
+            signal(SIGKILL)
+            _ = await waitForExit(timeout: .seconds(10))
+        }
+    }
+}
+
+/// `encore-processor broker`: an embedded broker in its own process, so processors can be killed.
+func startBroker(partitions: Int = 8) async throws -> (ChildProcess, String) {
+    let broker = try ChildProcess(try processorBinary(), ["broker", "--partitions", String(partitions)])
+    let servers = try await broker.waitForLine(prefix: "bootstrap.servers=")
+    return (broker, servers)
+}
+
+enum Topics {
+    static let requests = "encore.purchase-requests"
+    static let outcomes = "encore.purchase-outcomes"
+    static let deadLetters = "encore.dead-letters"
+    static let entitlements = "encore.entitlement-changes"
+    static let all = [requests, outcomes, entitlements, deadLetters]
+}
+
+/// Produces `count` generated requests; returns the records in production order.
+func produceRequests(
+    bootstrap: String, count: Int, options: RequestGenerator.Options, topic: String = Topics.requests
+) async throws -> [RequestGenerator.Record] {
+    let producer = try KafkaProducer(configuration: KafkaConfiguration(["bootstrap.servers": bootstrap]))
+    var generator = RequestGenerator(options: options)
+    var records: [RequestGenerator.Record] = []
+    for _ in 0..<count {
+        let record = generator.next(nowMs: wallClockMs())
+        records.append(record)
+        try producer.produce(KafkaProducerRecord(topic: topic, key: record.key, value: record.value)) { _ in }
+    }
+    try await producer.flush()
+    await producer.close()
+    return records
+}
+
+/// Reads every record of `topic` up to its current end, without joining a group.
+func readTopic(bootstrap: String, topic: String, partitions: Int32 = 8) async throws -> [KafkaMessage] {
+    let configuration = KafkaConfiguration(["bootstrap.servers": bootstrap, "group.id": "reader-\(UUID())"])
+    let admin = try KafkaAdmin(configuration: configuration)
+    var ends: [Int32: Int64] = [:]
+    for partition in 0..<partitions {
+        ends[partition] = try await admin.watermarks(of: KafkaTopicPartition(topic: topic, partition: partition)).high
+    }
+    let total = ends.values.reduce(0, +)
+    let consumer = try KafkaConsumer(configuration: configuration)
+    try consumer.assign((0..<partitions).map { KafkaTopicPartitionOffset(topic: topic, partition: $0, offset: -2) })
+    var messages: [KafkaMessage] = []
+    if total > 0 {
+        for await event in consumer.events {
+            if case .message(let message) = event, message.offset < ends[message.partition] ?? 0 {
+                messages.append(message)
+                if messages.count == total { break }
+            }
+        }
+    }
+    await consumer.close()
+    return messages.sorted { ($0.partition, $0.offset) < ($1.partition, $1.offset) }
+}
+
+/// The total number of records in `topic` (sum of high watermarks).
+func recordCount(bootstrap: String, topic: String, partitions: Int32 = 8) async throws -> Int64 {
+    let admin = try KafkaAdmin(configuration: KafkaConfiguration(["bootstrap.servers": bootstrap]))
+    var total: Int64 = 0
+    for partition in 0..<partitions {
+        total += try await admin.watermarks(of: KafkaTopicPartition(topic: topic, partition: partition)).high
+    }
+    return total
+}
+
+/// The group's committed offsets of `topic`, by partition.
+func committedOffsets(bootstrap: String, group: String, topic: String, partitions: Int32 = 8) async throws -> [Int32:
+    Int64]
+{
+    let consumer = try KafkaConsumer(
+        configuration: KafkaConfiguration(["bootstrap.servers": bootstrap, "group.id": group]))
+    let committed = try await consumer.committed(
+        (0..<partitions).map { KafkaTopicPartition(topic: topic, partition: $0) })
+    await consumer.close()
+    return Dictionary(uniqueKeysWithValues: committed.map { ($0.partition, $0.offset) })
+}
+
+/// Validates record values with the independent Python validator; returns its output on failure.
+func validateWithPython(_ event: String, _ values: [[UInt8]]) throws -> String? {
+    let file = FileManager.default.temporaryDirectory.appendingPathComponent("encore-\(event)-\(UUID()).jsonl")
+    try Data(values.map { String(decoding: $0, as: UTF8.self) }.joined(separator: "\n").utf8).write(to: file)
+    defer { try? FileManager.default.removeItem(at: file) }
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+    process.arguments = [
+        "python3", repositoryRoot.appendingPathComponent("scripts/validate_events.py").path, "check", event, file.path,
+    ]
+    let pipe = Pipe()
+    process.standardOutput = pipe
+    process.standardError = pipe
+    try process.run()
+    let output = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+    process.waitUntilExit()
+    return process.terminationStatus == 0 ? nil : output
+}
