@@ -106,8 +106,8 @@ struct DispatcherTests {
 struct DispatcherOutcomeTests {
     @Test("retryable errors are retried with backoff, then fail with a dead letter")
     func retriesThenFails() async throws {
-        let controller = RecordingController(answer: { _ in throw PurchaseControllerError.retryable("http_503", "busy")
-            })
+        let busy = PurchaseControllerError.retryable("http_503", "busy")
+        let controller = RecordingController(answer: { _ in throw busy })
         let harness = LoopHarness(router: router(controller))
         harness.assign(partitions: 1)
         harness.feed(request(0, user: "u"))
