@@ -21,9 +21,10 @@ enum RunCommand {
             """)
 
     static let controllerOptions: [OptionDefinition] = [
-        .option("controller", value: "KIND", default: "simulated", "simulated or http."),
         .option(
-            "controller-url", value: "[NAME=]URL", repeatable: true,
+            "controller", value: "KIND", default: "simulated", environment: "ENCORE_CONTROLLER", "simulated or http."),
+        .option(
+            "controller-url", value: "[NAME=]URL", environment: "ENCORE_CONTROLLER_URL", repeatable: true,
             "Endpoint of an http controller (named NAME, default 'http')."),
         .option("route", value: "PREFIX=NAME", repeatable: true, "Route products to a named controller."),
         .option("max-in-flight", value: "N", default: "256", "Controller calls running at once, across users."),

@@ -18,6 +18,8 @@ struct ProcessLifecycleTests {
         let arguments = [
             "run", "--bootstrap-servers", bootstrap, "--group-id", "crash", "--simulated-outcomes", "purchased=1",
             "--max-in-flight", "50", "--log-level", "warning",
+            // The killed member must leave the group quickly for the restart to get its partitions.
+            "-X", "session.timeout.ms=6000", "-X", "heartbeat.interval.ms=500",
         ]
         let first = try ChildProcess(try processorBinary(), arguments + ["--simulated-latency-ms", "20"])
         let someDone = try await eventually(timeout: .seconds(90)) {
@@ -110,7 +112,7 @@ struct ProcessLifecycleTests {
             let event = try PurchaseRequestEvent(jsonBytes: message.value)
             #expect(answered.contains(event.requestID), "committed past \(event.requestID) without an outcome")
         }
-        #expect(committed.values.reduce(0, +) > 0)
+        #expect(committed.values.contains { $0 > 0 }, "nothing was committed: \(committed)")
         // The produced outcomes validate against the schema.
         #expect(try validateWithPython("purchase-outcome", outcomes.map { $0.jsonBytes() }) == nil)
         await billing.stop()

@@ -1,0 +1,28 @@
+# The two commands of the README: `make demo` and `make test`. Both install what they need first.
+.PHONY: deps build demo test lint deploy-check bench
+
+# Where pip puts console scripts (pyenv shims may not be rehashed on a fresh machine).
+PYBIN := $(shell python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+
+deps:
+	@scripts/install-deps.sh
+
+build: deps
+	swift build -c release --product encore-processor
+
+demo: build
+	.build/release/encore-processor demo
+
+test: deps
+	swift build --build-tests
+	swift test
+
+lint:
+	swift format lint --strict -r Sources Tests
+
+# Deployment files cannot run here (no Docker engine): validate them instead.
+deploy-check: deps
+	swift build --product encore-processor
+	python3 -m check_jsonschema --builtin-schema vendor.compose-spec docker-compose.yml
+	$(PYBIN)/hadolint Dockerfile
+	python3 scripts/check_compose_commands.py .build/debug/encore-processor docker-compose.yml

