@@ -1,11 +1,9 @@
-import Kafka
-
 /// Tracks which offsets of each partition are finished and yields the offset that is safe to
 /// commit: one past the end of the contiguous finished prefix.
 ///
 /// Records finish out of order (different users run in parallel); a committed offset must never
 /// cover a record whose outputs the broker has not acknowledged.
-struct OffsetTracker {
+struct OffsetTracker<Partition: Hashable> {
     private struct PartitionState {
         var pending = FIFO<Int64>()
         var finished = Set<Int64>()
@@ -41,32 +39,32 @@ struct OffsetTracker {
         }
     }
 
-    private var partitions: [KafkaTopicPartition: PartitionState] = [:]
+    private var partitions: [Partition: PartitionState] = [:]
 
     /// Records not yet finished, across partitions.
     private(set) var pendingCount = 0
 
     /// A record at `offset` was received; offsets of one partition arrive in increasing order.
-    mutating func received(_ partition: KafkaTopicPartition, offset: Int64) {
+    mutating func received(_ partition: Partition, offset: Int64) {
         // Mutated in place: a copy of the state would copy its collections on every record.
         let rewound = partitions[partition, default: PartitionState()].received(offset)
         pendingCount += 1 - rewound
     }
 
     /// The record at `offset` is finished; returns the new commit offset if the prefix advanced.
-    mutating func finished(_ partition: KafkaTopicPartition, offset: Int64) -> Int64? {
+    mutating func finished(_ partition: Partition, offset: Int64) -> Int64? {
         guard partitions[partition] != nil else { return nil }
         pendingCount -= 1
         return partitions[partition]!.finished(offset)
     }
 
     /// Records of `partition` received and not finished.
-    func pendingCount(of partition: KafkaTopicPartition) -> Int {
+    func pendingCount(of partition: Partition) -> Int {
         partitions[partition]?.unfinishedCount ?? 0
     }
 
     /// Forgets `partition` (revoked); its unfinished records will be read again by its next owner.
-    mutating func remove(_ partition: KafkaTopicPartition) {
+    mutating func remove(_ partition: Partition) {
         if let state = partitions.removeValue(forKey: partition) {
             pendingCount -= state.unfinishedCount
         }

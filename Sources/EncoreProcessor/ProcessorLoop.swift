@@ -4,17 +4,24 @@ import Kafka
 /// The processor's state and its reaction to each input. Owned by the task running
 /// ``PurchaseProcessor/run()``; never shared.
 final class ProcessorLoop {
-    private struct ActiveCall {
-        var item: WorkItem
-        var controllerName: String
-        var controller: any PurchaseController
+    /// A controller call in progress (a class: it is looked up and updated on every event).
+    private final class ActiveCall {
+        let item: WorkItem
+        let controllerName: String
+        let controller: any PurchaseController
         var attempt = 1
         var task: Task<Void, Never>? = nil
         var isBackingOff = false
+
+        init(item: WorkItem, controllerName: String, controller: any PurchaseController) {
+            self.item = item
+            self.controllerName = controllerName
+            self.controller = controller
+        }
     }
 
     private struct PendingRevocation {
-        var partitions: Set<KafkaTopicPartition>
+        var partitions: Set<Int32>
         var revocation: KafkaRevocation
         var deadline: ContinuousClock.Instant
     }
@@ -29,19 +36,20 @@ final class ProcessorLoop {
     private let recorder: StatisticsRecorder
     private let consumer: any ConsumerControl
     private let producer: any OutputProducer
-    private let input: AsyncStream<ProcessorInput>.Continuation
+    private let inbox: Inbox<ProcessorInput>
     private let logger: Logger
     private let clock = ContinuousClock()
     private var random = SystemRandomNumberGenerator()
 
     private var scheduler: LaneScheduler<WorkItem>
-    private var tracker = OffsetTracker()
+    private var tracker = OffsetTracker<Int32>()
     private var recent: RecentRequests
     private var backpressure: Backpressure
-    private var assigned = Set<KafkaTopicPartition>()
-    private var generations: [KafkaTopicPartition: Int] = [:]
+    // Partitions of the requests topic, by number: the processor reads that one topic.
+    private var assigned = Set<Int32>()
+    private var generations: [Int32: Int] = [:]
     /// Records being worked on (in a call, or outputs not yet acknowledged), per partition.
-    private var busy: [KafkaTopicPartition: Int] = [:]
+    private var busy: [Int32: Int] = [:]
     /// Outputs not yet acknowledged, per record.
     private var pendingOutputs: [RecordRef: Int] = [:]
     private var calls: [Int: ActiveCall] = [:]
@@ -51,20 +59,25 @@ final class ProcessorLoop {
     private var revocations: [PendingRevocation] = []
     private var drainDeadline: ContinuousClock.Instant? = nil
 
+    /// Counters kept here and published once per batch of inputs.
+    private var statistics = ProcessorStatistics()
+    private var headerTemplates: [EventType: [KafkaHeader]] = [:]
+    /// Offsets to store at the end of the current batch.
+    private var offsetsToStore: [Int32: Int64] = [:]
+
     private(set) var isFinished = false
     private(set) var failure: ProcessorError? = nil
 
     init(
         configuration: ProcessorConfiguration, router: PurchaseRouter, recorder: StatisticsRecorder,
-        consumer: any ConsumerControl, producer: any OutputProducer, input: AsyncStream<ProcessorInput>.Continuation,
-        logger: Logger
+        consumer: any ConsumerControl, producer: any OutputProducer, inbox: Inbox<ProcessorInput>, logger: Logger
     ) {
         self.configuration = configuration
         self.router = router
         self.recorder = recorder
         self.consumer = consumer
         self.producer = producer
-        self.input = input
+        self.inbox = inbox
         self.logger = logger
         scheduler = LaneScheduler(maxInFlight: configuration.maxInFlight)
         recent = RecentRequests(capacity: configuration.duplicateWindow)
@@ -73,9 +86,34 @@ final class ProcessorLoop {
 
     private var isDraining: Bool { drainDeadline != nil }
 
+    /// Handles a batch of inputs, then stores offsets and publishes statistics once.
+    func handle(_ batch: [ProcessorInput]) {
+        for event in batch { handle(event) }
+        storePendingOffsets()
+        if isDraining { checkDrained() }
+    }
+
+    private func storePendingOffsets() {
+        guard !offsetsToStore.isEmpty else { return }
+        let offsets = offsetsToStore.map {
+            KafkaTopicPartitionOffset(topic: configuration.requestsTopic, partition: $0.key, offset: $0.value)
+        }
+        offsetsToStore.removeAll(keepingCapacity: true)
+        do {
+            try consumer.storeOffsets(offsets)
+        } catch {
+            logger.warning("cannot store offsets: \(error)")
+        }
+    }
+
     func handle(_ event: ProcessorInput) {
         switch event {
-        case .consumer(.message(let message)): receive(message)
+        case .records(let records):
+            for record in records { receive(record.message, record.request) }
+            applyBackpressure()
+        case .consumer(.messages(let messages)):
+            for message in messages { receive(message, IncomingRecord.decode(message.value)) }
+            applyBackpressure()
         case .consumer(.partitionsAssigned(let partitions)): assign(partitions)
         case .consumer(.partitionsRevoked(let partitions, let revocation)): revoke(partitions, revocation)
         case .consumer(.error(let error)):
@@ -83,7 +121,7 @@ final class ProcessorLoop {
         case .consumerEnded:
             if !isDraining { beginDrain() }
         case .attemptFinished(let call, let attempt, let result): attemptFinished(call, attempt, result)
-        case .delivered(let ref, let output, let result, let record): delivered(ref, output, result, record)
+        case .delivered(let delivery): delivered(delivery.ref, delivery.output, delivery.result, delivery.record)
         case .tick: tick()
         case .shutdown:
             if !isDraining {
@@ -91,42 +129,40 @@ final class ProcessorLoop {
                 beginDrain()
             }
         }
-        if isDraining { checkDrained() }
     }
 
     // MARK: Intake
 
-    private func receive(_ message: KafkaMessage) {
-        let partition = KafkaTopicPartition(topic: message.topic, partition: message.partition)
+    private func receive(_ message: KafkaMessage, _ decoded: Result<PurchaseRequestEvent, EventValidationError>) {
+        let partition = message.partition
         // After a revoke or during shutdown, records are left for the next owner (offsets not stored).
-        guard !isDraining, assigned.contains(partition), let generation = generations[partition] else { return }
+        guard !isDraining, message.topic == configuration.requestsTopic, assigned.contains(partition),
+            let generation = generations[partition]
+        else { return }
         let ref = RecordRef(partition: partition, offset: message.offset, generation: generation)
         tracker.received(partition, offset: message.offset)
-        recorder.update { statistics in
-            statistics.received += 1
-            if statistics.firstReceivedAtMs == nil { statistics.firstReceivedAtMs = currentTimeMs() }
-        }
-        do {
-            let request = try PurchaseRequestEvent(jsonBytes: message.value)
+        statistics.received += 1
+        if statistics.firstReceivedAtMs == nil { statistics.firstReceivedAtMs = currentTimeMs() }
+        switch decoded {
+        case .success(let request):
             let item = WorkItem(ref: ref, request: request, message: message)
-            if let ready = scheduler.enqueue(item, lane: request.key) { start(ready) }
-        } catch {
+            if let ready = scheduler.enqueue(item, lane: item.lane) { start(ready) }
+        case .failure(let error):
             beginWork(ref)
-            recorder.update { $0.invalid += 1 }
+            statistics.invalid += 1
             publishDeadLetter(
                 for: message, ref: ref, failure: DeadLetterEvent.Failure(error), attempts: 0,
                 requestID: requestIDHint(message.value))
         }
-        applyBackpressure()
     }
 
     private func start(_ first: WorkItem) {
         var ready = [first]
         while let item = ready.popLast() {
             if recent.contains(item.request.requestID) {
-                recorder.update { $0.duplicates += 1 }
+                statistics.duplicates += 1
                 finish(item.ref)
-                ready += scheduler.finish(lane: item.request.key)
+                ready += scheduler.finish(lane: item.lane)
                 continue
             }
             beginWork(item.ref)
@@ -136,12 +172,12 @@ final class ProcessorLoop {
                     type: "deadline_exceeded", message: "deadline_at_ms \(deadline) passed before the purchase started",
                     retryable: false)
                 publishOutcome(item, result: .notAttempted, attempts: 0, controller: nil, error: error)
-                ready += scheduler.finish(lane: item.request.key)
+                ready += scheduler.finish(lane: item.lane)
                 continue
             }
             guard let route = router.controller(for: item.request.productID) else {
                 publishOutcome(item, result: .notAttempted, attempts: 0, controller: nil, error: nil)
-                ready += scheduler.finish(lane: item.request.key)
+                ready += scheduler.finish(lane: item.lane)
                 continue
             }
             let id = nextCallID
@@ -149,36 +185,35 @@ final class ProcessorLoop {
             calls[id] = ActiveCall(item: item, controllerName: route.name, controller: route.controller)
             launch(id)
         }
-        let inFlight = scheduler.inFlight
-        recorder.update { $0.peakInFlight = max($0.peakInFlight, inFlight) }
+        statistics.peakInFlight = max(statistics.peakInFlight, scheduler.inFlight)
     }
 
     private func launch(_ id: Int) {
-        guard var call = calls[id] else { return }
+        guard let call = calls[id] else { return }
         let request = PurchaseRequest(event: call.item.request, attempt: call.attempt)
         let controller = call.controller
         let attempt = call.attempt
-        let input = self.input
-        call.task = Task {
+        let inbox = self.inbox
+        // Immediate: a controller that answers without suspending (a cache, a no-op) costs no thread hop.
+        call.task = Task.immediate {
             let result: Result<PurchaseResult, any Error>
             do {
                 result = .success(try await controller.purchase(request))
             } catch {
                 result = .failure(error)
             }
-            input.yield(.attemptFinished(call: id, attempt: attempt, result))
+            inbox.post(.attemptFinished(call: id, attempt: attempt, result))
         }
         call.isBackingOff = false
-        calls[id] = call
         callDeadlines.append((clock.now.advanced(by: configuration.callTimeout), id, attempt))
-        recorder.update { $0.controllerCalls += 1 }
+        statistics.controllerCalls += 1
     }
 
     // MARK: Controller results
 
     private func attemptFinished(_ id: Int, _ attempt: Int, _ result: Result<PurchaseResult, any Error>) {
         // A call that timed out or was interrupted has already been settled.
-        guard var call = calls[id], call.attempt == attempt, !call.isBackingOff else { return }
+        guard let call = calls[id], call.attempt == attempt, !call.isBackingOff else { return }
         switch result {
         case .success(let answer):
             settle(id, result: answer.outcome, error: nil)
@@ -191,7 +226,6 @@ final class ProcessorLoop {
             if error.isRetryable, configuration.retry.allowsRetry(after: attempt), fitsDrain {
                 call.isBackingOff = true
                 call.task = nil
-                calls[id] = call
                 timers.schedule(.retry(call: id), at: due)
             } else if error.isRetryable && configuration.retry.allowsRetry(after: attempt) {
                 interrupt(id)
@@ -233,7 +267,7 @@ final class ProcessorLoop {
     }
 
     private func release(_ item: WorkItem) {
-        let next = scheduler.finish(lane: item.request.key)
+        let next = scheduler.finish(lane: item.lane)
         // While draining, nothing new starts: what is left is read again after restart.
         if isDraining || next.isEmpty {
             if !next.isEmpty { dropStarted(next) }
@@ -243,7 +277,7 @@ final class ProcessorLoop {
     }
 
     private func dropStarted(_ items: [WorkItem]) {
-        for item in items { _ = scheduler.finish(lane: item.request.key) }
+        for item in items { _ = scheduler.finish(lane: item.lane) }
     }
 
     // MARK: Outputs
@@ -279,17 +313,33 @@ final class ProcessorLoop {
         send(record, for: ref, output: .deadLetter)
     }
 
+    /// The CloudEvents headers of an output; the parts that never change are built once per type.
     private func headers(id: String, type: EventType, timeMs: Int64) -> [KafkaHeader] {
-        CloudEventHeaders(id: id, source: configuration.source, type: type, timeMs: timeMs).headers.map {
-            KafkaHeader(key: $0.key, string: $0.value)
+        let template: [KafkaHeader]
+        if let cached = headerTemplates[type] {
+            template = cached
+        } else {
+            template = CloudEventHeaders(id: "", source: configuration.source, type: type, timeMs: 0).headers.map {
+                KafkaHeader(key: $0.key, string: $0.value)
+            }
+            headerTemplates[type] = template
+        }
+        return template.map { header in
+            switch header.key {
+            case "ce_id": KafkaHeader(key: header.key, string: id)
+            case "ce_time": KafkaHeader(key: header.key, string: CloudEventHeaders.rfc3339(ms: timeMs))
+            default: header
+            }
         }
     }
 
     private func send(_ record: KafkaProducerRecord, for ref: RecordRef, output: Output, counted: Bool = true) {
         if counted { pendingOutputs[ref, default: 0] += 1 }
-        let input = self.input
+        let inbox = self.inbox
         do {
-            try producer.produce(record) { result in input.yield(.delivered(ref, output, result, record)) }
+            try producer.produce(record) { result in
+                inbox.post(.delivered(Delivery(ref: ref, output: output, result: result, record: record)))
+            }
         } catch {
             logger.warning("cannot enqueue output for \(ref.partition)@\(ref.offset): \(error); retrying")
             timers.schedule(.redeliver(ref, output, record), at: clock.now.advanced(by: .milliseconds(200)))
@@ -302,14 +352,12 @@ final class ProcessorLoop {
     ) {
         switch result {
         case .success:
-            recorder.update { statistics in
-                switch output {
-                case .outcome(let result, let requestedAtMs):
-                    statistics.outcomes[result, default: 0] += 1
-                    statistics.latency.record(UInt64(max(0, currentTimeMs() - requestedAtMs)) * 1000)
-                case .deadLetter:
-                    statistics.deadLetters += 1
-                }
+            switch output {
+            case .outcome(let result, let requestedAtMs):
+                statistics.outcomes[result, default: 0] += 1
+                statistics.latency.record(UInt64(max(0, currentTimeMs() - requestedAtMs)) * 1000)
+            case .deadLetter:
+                statistics.deadLetters += 1
             }
             let remaining = (pendingOutputs[ref] ?? 1) - 1
             if remaining > 0 {
@@ -342,27 +390,18 @@ final class ProcessorLoop {
 
     /// The record's work is complete: advance the committable offset of its partition.
     private func finish(_ ref: RecordRef) {
-        recorder.update { statistics in
-            statistics.finished += 1
-            statistics.lastFinishedAtMs = currentTimeMs()
-        }
+        statistics.finished += 1
+        statistics.lastFinishedAtMs = currentTimeMs()
         guard generations[ref.partition] == ref.generation,
             assigned.contains(ref.partition) || isRevoking(ref.partition)
         else { return }
         if let next = tracker.finished(ref.partition, offset: ref.offset) {
-            do {
-                try consumer.storeOffsets([
-                    KafkaTopicPartitionOffset(
-                        topic: ref.partition.topic, partition: ref.partition.partition, offset: next)
-                ])
-            } catch {
-                logger.warning("cannot store offset \(next) of \(ref.partition): \(error)")
-            }
+            offsetsToStore[ref.partition] = next
         }
         applyBackpressure()
     }
 
-    private func isRevoking(_ partition: KafkaTopicPartition) -> Bool {
+    private func isRevoking(_ partition: Int32) -> Bool {
         revocations.contains { $0.partitions.contains(partition) }
     }
 
@@ -370,16 +409,17 @@ final class ProcessorLoop {
         switch backpressure.update(held: tracker.pendingCount) {
         case .pause?:
             logger.debug("buffer full (\(tracker.pendingCount) records): pausing \(assigned.count) partitions")
-            pauseOrResume(Array(assigned), pause: true)
+            pauseOrResume(assigned, pause: true)
         case .resume?:
             logger.debug("buffer drained: resuming \(assigned.count) partitions")
-            pauseOrResume(Array(assigned), pause: false)
+            pauseOrResume(assigned, pause: false)
         case nil:
             break
         }
     }
 
-    private func pauseOrResume(_ partitions: [KafkaTopicPartition], pause: Bool) {
+    private func pauseOrResume(_ numbers: some Collection<Int32>, pause: Bool) {
+        let partitions = numbers.sorted().map { KafkaTopicPartition(topic: configuration.requestsTopic, partition: $0) }
         do {
             if pause { try consumer.pause(partitions) } else { try consumer.resume(partitions) }
         } catch {
@@ -387,7 +427,8 @@ final class ProcessorLoop {
         }
     }
 
-    private func assign(_ partitions: [KafkaTopicPartition]) {
+    private func assign(_ assignment: [KafkaTopicPartition]) {
+        let partitions = assignment.filter { $0.topic == configuration.requestsTopic }.map(\.partition)
         for partition in partitions {
             assigned.insert(partition)
             generations[partition, default: 0] += 1
@@ -397,7 +438,7 @@ final class ProcessorLoop {
     }
 
     private func revoke(_ partitions: [KafkaTopicPartition], _ revocation: KafkaRevocation) {
-        let revoked = Set(partitions)
+        let revoked = Set(partitions.filter { $0.topic == configuration.requestsTopic }.map(\.partition))
         assigned.subtract(revoked)
         // Work not started stays unprocessed: the next owner reads it again.
         let dropped = scheduler.removeWaiting { revoked.contains($0.ref.partition) }
@@ -415,6 +456,8 @@ final class ProcessorLoop {
             let idle = pending.partitions.allSatisfy { busy[$0] == nil }
             guard idle || now >= pending.deadline else { return false }
             if !idle { logger.warning("revocation drain timed out; releasing partitions with work still running") }
+            // The consumer commits what is stored as soon as the revocation is acknowledged.
+            storePendingOffsets()
             for partition in pending.partitions {
                 tracker.remove(partition)
                 generations[partition, default: 0] += 1
@@ -428,6 +471,8 @@ final class ProcessorLoop {
     // MARK: Time
 
     private func tick() {
+        // Published on the clock, not per batch: a copy of the histogram per batch costs more than the work.
+        recorder.publish(statistics)
         let now = clock.now
         while let first = callDeadlines.first, first.deadline <= now {
             _ = callDeadlines.popFirst()
@@ -442,9 +487,8 @@ final class ProcessorLoop {
         for timer in timers.popDue(now: now) {
             switch timer {
             case .retry(let id):
-                guard var call = calls[id], call.isBackingOff else { continue }
+                guard let call = calls[id], call.isBackingOff else { continue }
                 call.attempt += 1
-                calls[id] = call
                 launch(id)
             case .redeliver(let ref, let output, let record):
                 send(record, for: ref, output: output, counted: false)
@@ -457,7 +501,7 @@ final class ProcessorLoop {
 
     private func beginDrain() {
         drainDeadline = clock.now.advanced(by: configuration.drainTimeout)
-        pauseOrResume(Array(assigned), pause: true)
+        pauseOrResume(assigned, pause: true)
         _ = scheduler.removeWaiting { _ in true }
     }
 
@@ -465,7 +509,9 @@ final class ProcessorLoop {
         guard let deadline = drainDeadline else { return }
         if calls.isEmpty && pendingOutputs.isEmpty {
             isFinished = true
+            recorder.publish(statistics)
         } else if clock.now >= deadline {
+            recorder.publish(statistics)
             logger.warning(
                 "drain timed out with \(calls.count) calls running and \(pendingOutputs.count) records undelivered; they will be processed again"
             )

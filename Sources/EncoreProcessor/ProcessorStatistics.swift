@@ -38,8 +38,8 @@ public struct ProcessorStatistics: Sendable {
 final class StatisticsRecorder: Sendable {
     private let state = Mutex(ProcessorStatistics())
 
-    func update(_ body: (inout ProcessorStatistics) -> Void) {
-        state.withLock { body(&$0) }
+    func publish(_ statistics: ProcessorStatistics) {
+        state.withLock { $0 = statistics }
     }
 
     var snapshot: ProcessorStatistics { state.withLock { $0 } }

@@ -20,8 +20,7 @@ public final class PurchaseProcessor: Sendable {
     let router: PurchaseRouter
     let logger: Logger
     let recorder = StatisticsRecorder()
-    private let inputs: AsyncStream<ProcessorInput>
-    private let input: AsyncStream<ProcessorInput>.Continuation
+    private let inbox = Inbox<ProcessorInput>()
     private let hasRun = Atomic<Bool>(false)
 
     public init(
@@ -38,7 +37,6 @@ public final class PurchaseProcessor: Sendable {
         self.configuration = configuration
         self.router = router
         self.logger = logger
-        (inputs, input) = AsyncStream.makeStream()
     }
 
     /// A snapshot of the counters and latency histogram.
@@ -47,7 +45,7 @@ public final class PurchaseProcessor: Sendable {
     /// Asks ``run()`` to stop: no new work, running calls finish (within the drain timeout), their
     /// outputs are delivered and offsets committed, then `run()` returns. Safe from any thread.
     public func shutdown() {
-        input.yield(.shutdown)
+        inbox.post(.shutdown)
     }
 
     /// Processes until ``shutdown()`` is called (or the task is cancelled), then drains and returns.
@@ -65,29 +63,32 @@ public final class PurchaseProcessor: Sendable {
         logger.info(
             "processing \(configuration.requestsTopic) as group '\(configuration.groupID)' (max in flight \(configuration.maxInFlight))"
         )
-        let input = self.input
+        let inbox = self.inbox
         let forwarder = Task {
-            for await event in clients.consumer.events { input.yield(.consumer(event)) }
-            input.yield(.consumerEnded)
+            // Decoding happens here, beside the loop rather than on it.
+            for await event in clients.consumer.events {
+                if case .messages(let messages) = event {
+                    inbox.post(.records(messages.map { IncomingRecord(message: $0) }))
+                } else {
+                    inbox.post(.consumer(event))
+                }
+            }
+            inbox.post(.consumerEnded)
         }
         let ticker = Task {
             while !Task.isCancelled {
                 try? await Task.sleep(for: .milliseconds(20))
-                input.yield(.tick)
+                inbox.post(.tick)
             }
         }
-        let cancellation = input
         let loop = ProcessorLoop(
             configuration: configuration, router: router, recorder: recorder, consumer: clients.consumer,
-            producer: clients.producer, input: input, logger: logger)
+            producer: clients.producer, inbox: inbox, logger: logger)
         let failure: ProcessorError? = await withTaskCancellationHandler {
-            for await event in inputs {
-                loop.handle(event)
-                if loop.isFinished { break }
-            }
+            while !loop.isFinished { loop.handle(await inbox.next()) }
             return loop.failure
         } onCancel: {
-            cancellation.yield(.shutdown)
+            inbox.post(.shutdown)
         }
         ticker.cancel()
         loop.cancelRemainingCalls()
@@ -135,21 +136,58 @@ public final class PurchaseProcessor: Sendable {
 
 /// Everything that reaches the processor's loop, in one stream so one task owns all state.
 enum ProcessorInput: Sendable {
+    /// Records already decoded (off the loop's thread).
+    case records([IncomingRecord])
     case consumer(KafkaConsumerEvent)
     case consumerEnded
     case attemptFinished(call: Int, attempt: Int, Result<PurchaseResult, any Error>)
-    case delivered(RecordRef, Output, Result<KafkaDeliveryReport, KafkaError>, KafkaProducerRecord)
+    case delivered(Delivery)
     case tick
     case shutdown
 }
 
 /// A record of the requests topic, within one assignment of its partition.
 struct RecordRef: Hashable, Sendable {
-    var partition: KafkaTopicPartition
+    /// Partition of the requests topic.
+    var partition: Int32
     var offset: Int64
     /// Bumped each time the partition is assigned anew, so late completions of a previous
     /// assignment are not mistaken for current ones.
     var generation: Int
+}
+
+/// A record of the requests topic and what decoding it gave.
+struct IncomingRecord: Sendable {
+    let message: KafkaMessage
+    let request: Result<PurchaseRequestEvent, EventValidationError>
+
+    init(message: KafkaMessage) {
+        self.message = message
+        self.request = Self.decode(message.value)
+    }
+
+    static func decode(_ value: [UInt8]) -> Result<PurchaseRequestEvent, EventValidationError> {
+        do throws(EventValidationError) {
+            return .success(try PurchaseRequestEvent(jsonBytes: value))
+        } catch {
+            return .failure(error)
+        }
+    }
+}
+
+/// The broker's answer for one produced output (a class: it travels through the inbox).
+final class Delivery: Sendable {
+    let ref: RecordRef
+    let output: Output
+    let result: Result<KafkaDeliveryReport, KafkaError>
+    let record: KafkaProducerRecord
+
+    init(ref: RecordRef, output: Output, result: Result<KafkaDeliveryReport, KafkaError>, record: KafkaProducerRecord) {
+        self.ref = ref
+        self.output = output
+        self.result = result
+        self.record = record
+    }
 }
 
 /// What a produced record was, for statistics.
@@ -158,11 +196,20 @@ enum Output: Sendable {
     case deadLetter
 }
 
-/// A valid request waiting for, or in, its controller call.
-struct WorkItem: Sendable {
-    var ref: RecordRef
-    var request: PurchaseRequestEvent
-    var message: KafkaMessage
+/// A valid request waiting for, or in, its controller call (a class: queues move it around).
+final class WorkItem: Sendable {
+    let ref: RecordRef
+    let request: PurchaseRequestEvent
+    let message: KafkaMessage
+    /// The user key `{app_id}:{app_user_id}`: one lane per user.
+    let lane: String
+
+    init(ref: RecordRef, request: PurchaseRequestEvent, message: KafkaMessage) {
+        self.ref = ref
+        self.request = request
+        self.message = message
+        self.lane = request.key
+    }
 }
 
 func currentTimeMs() -> Int64 {

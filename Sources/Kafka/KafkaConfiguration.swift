@@ -86,3 +86,14 @@ public struct KafkaConfiguration: Sendable, Equatable {
         return conf
     }
 }
+
+/// The librdkafka linked at run time: its version string and number (`0xMMmmrrxx`).
+public enum LibrdkafkaVersion {
+    public static var string: String { String(cString: rd_kafka_version_str()) }
+    public static var number: Int { Int(rd_kafka_version()) }
+
+    /// Whether the running librdkafka is at least `major.minor`.
+    public static func isAtLeast(_ major: Int, _ minor: Int) -> Bool {
+        number >= (major << 24) | (minor << 16)
+    }
+}

@@ -4,7 +4,9 @@ import Synchronization
 
 /// What a ``KafkaConsumer`` reports, in the order it happened.
 public enum KafkaConsumerEvent: Sendable {
-    case message(KafkaMessage)
+    /// Records in the order they were fetched (per partition, in offset order): everything
+    /// available at once, up to ``KafkaConsumer/maximumBatchSize``.
+    case messages([KafkaMessage])
     /// Partitions this member now owns.
     case partitionsAssigned([KafkaTopicPartition])
     /// Partitions being taken away. The consumer waits (up to its drain timeout) until
@@ -36,12 +38,15 @@ public final class KafkaRevocation: Sendable {
 public final class KafkaConsumer: Sendable {
     private let client: RDKafkaClient
     private let poller: Mutex<RDKafkaPollThread?>
-    private let continuation: AsyncStream<KafkaConsumerEvent>.Continuation
+    private let sink: EventSink
     private let closing: ClosingFlag
     private let logger: Logger
 
     /// Records and rebalance events; one reader.
     public let events: AsyncStream<KafkaConsumerEvent>
+
+    /// The largest number of records in one ``KafkaConsumerEvent/messages(_:)``.
+    public static let maximumBatchSize = 1024
 
     /// Creates a consumer. `configuration` must name `bootstrap.servers` and `group.id`.
     ///
@@ -62,15 +67,16 @@ public final class KafkaConsumer: Sendable {
         self.logger = logger
         let (events, continuation) = AsyncStream<KafkaConsumerEvent>.makeStream()
         self.events = events
-        self.continuation = continuation
+        let sink = EventSink(continuation)
+        self.sink = sink
         let closing = ClosingFlag()
         self.closing = closing
         let callbacks = RDKafkaCallbacks(
             logger: logger,
-            onError: { error in if error.isFatal { continuation.yield(.error(error)) } },
+            onError: { error in if error.isFatal { sink.yield(.error(error)) } },
             onRebalance: { handle, code, list in
                 KafkaConsumer.rebalance(
-                    handle: handle, code: code, list: list, continuation: continuation,
+                    handle: handle, code: code, list: list, sink: sink,
                     waitForAcknowledgement: closing.isSet ? nil : revocationTimeout, logger: logger)
             })
         self.client = try RDKafkaClient.make(.consumer, configuration: configuration, callbacks: callbacks)
@@ -103,20 +109,39 @@ public final class KafkaConsumer: Sendable {
         poller.withLock { poller in
             guard poller == nil else { return }
             let client = self.client
-            let continuation = self.continuation
+            let sink = self.sink
             poller = RDKafkaPollThread(name: "encore.kafka.consumer") {
-                guard let message = rd_kafka_consumer_poll(client.handle, 100) else { return }
-                defer { rd_kafka_message_destroy(message) }
-                if let event = KafkaConsumer.event(from: message, client: client) {
-                    continuation.yield(event)
+                // Wait for one record, then take what else is ready, and hand them over together.
+                var timeout: Int32 = 100
+                for _ in 0..<KafkaConsumer.maximumBatchSize {
+                    guard let message = rd_kafka_consumer_poll(client.handle, timeout) else { break }
+                    timeout = 0
+                    defer { rd_kafka_message_destroy(message) }
+                    KafkaConsumer.handle(message, client: client, sink: sink)
                 }
+                sink.flush()
             }
         }
     }
 
+    private static func handle(
+        _ message: UnsafeMutablePointer<rd_kafka_message_t>, client: RDKafkaClient, sink: EventSink
+    ) {
+        switch event(from: message, client: client) {
+        case .message(let record)?: sink.append(record)
+        case .error(let error)?: sink.yield(.error(error))
+        case nil: break
+        }
+    }
+
+    private enum PolledEvent {
+        case message(KafkaMessage)
+        case error(KafkaError)
+    }
+
     private static func event(
         from message: UnsafeMutablePointer<rd_kafka_message_t>, client: RDKafkaClient
-    ) -> KafkaConsumerEvent? {
+    ) -> PolledEvent? {
         let m = message.pointee
         let topic = m.rkt.map { String(cString: rd_kafka_topic_name($0)) } ?? "?"
         guard m.err == RD_KAFKA_RESP_ERR_NO_ERROR else {
@@ -151,7 +176,7 @@ public final class KafkaConsumer: Sendable {
 
     private static func rebalance(
         handle: OpaquePointer, code: rd_kafka_resp_err_t, list: UnsafeMutablePointer<rd_kafka_topic_partition_list_t>,
-        continuation: AsyncStream<KafkaConsumerEvent>.Continuation, waitForAcknowledgement: Duration?, logger: Logger
+        sink: EventSink, waitForAcknowledgement: Duration?, logger: Logger
     ) {
         let cooperative = String(cString: rd_kafka_rebalance_protocol(handle)) == "COOPERATIVE"
         let partitions = RDKafkaTopicPartitionList.entries(list).map(\.topicPartition)
@@ -166,11 +191,11 @@ public final class KafkaConsumer: Sendable {
             } else {
                 rd_kafka_assign(handle, list)
             }
-            continuation.yield(.partitionsAssigned(partitions))
+            sink.yield(.partitionsAssigned(partitions))
         default:
             logger.info("revoking \(partitions.count) partitions")
             let revocation = KafkaRevocation()
-            if case .enqueued = continuation.yield(.partitionsRevoked(partitions, revocation)),
+            if case .enqueued = sink.yield(.partitionsRevoked(partitions, revocation)),
                 let waitForAcknowledgement
             {
                 if !revocation.wait(timeout: waitForAcknowledgement) {
@@ -287,7 +312,7 @@ public final class KafkaConsumer: Sendable {
                 client.logger.warning("consumer close: \(KafkaError(err, context: ""))")
             }
         }
-        continuation.finish()
+        sink.finish()
     }
 }
 
@@ -299,4 +324,39 @@ private final class ClosingFlag: Sendable {
 
     /// Sets the flag; `true` for the first caller only.
     func set() -> Bool { !flag.exchange(true, ordering: .acquiringAndReleasing) }
+}
+
+/// Where the poll thread puts what it read: records are gathered into batches, and any other event
+/// first hands over the records gathered before it, so order is kept.
+private final class EventSink: Sendable {
+    private let continuation: AsyncStream<KafkaConsumerEvent>.Continuation
+    private let pending = Mutex<[KafkaMessage]>([])
+
+    init(_ continuation: AsyncStream<KafkaConsumerEvent>.Continuation) {
+        self.continuation = continuation
+    }
+
+    func append(_ message: KafkaMessage) {
+        pending.withLock { $0.append(message) }
+    }
+
+    func flush() {
+        let batch = pending.withLock { pending -> [KafkaMessage] in
+            let batch = pending
+            pending = []
+            return batch
+        }
+        if !batch.isEmpty { continuation.yield(.messages(batch)) }
+    }
+
+    @discardableResult
+    func yield(_ event: KafkaConsumerEvent) -> AsyncStream<KafkaConsumerEvent>.Continuation.YieldResult {
+        flush()
+        return continuation.yield(event)
+    }
+
+    func finish() {
+        flush()
+        continuation.finish()
+    }
 }

@@ -7,6 +7,7 @@ let commands: [(definition: CommandDefinition, execute: (ParsedOptions) async th
     (GenerateCommand.definition, GenerateCommand.execute),
     (TopicsCommand.definition, TopicsCommand.execute),
     (BrokerCommand.definition, BrokerCommand.execute),
+    (BenchCommand.definition, BenchCommand.execute),
 ]
 
 @MainActor func overview() -> String {

@@ -96,7 +96,7 @@ final class LoopHarness: Sendable {
     let consumer = FakeConsumer()
     let producer = FakeProducer()
     let recorder = StatisticsRecorder()
-    let input: AsyncStream<ProcessorInput>.Continuation
+    let inbox = Inbox<ProcessorInput>()
     private let pump: Task<Void, Never>
     private let offsets = Mutex<[Int32: Int64]>([:])
 
@@ -105,23 +105,18 @@ final class LoopHarness: Sendable {
         configuration.retry = RetryPolicy(
             maxAttempts: 3, initialBackoff: .milliseconds(5), maxBackoff: .milliseconds(20))
         configure(&configuration)
-        let (inputs, input) = AsyncStream<ProcessorInput>.makeStream()
-        self.input = input
-        let (consumer, producer, recorder) = (self.consumer, self.producer, self.recorder)
+        let (consumer, producer, recorder, inbox) = (self.consumer, self.producer, self.recorder, self.inbox)
         pump = Task { [configuration] in
             let loop = ProcessorLoop(
                 configuration: configuration, router: router, recorder: recorder, consumer: consumer,
-                producer: producer, input: input, logger: Logger(label: "test.loop"))
-            for await event in inputs {
-                loop.handle(event)
-                if loop.isFinished { break }
-            }
+                producer: producer, inbox: inbox, logger: Logger(label: "test.loop"))
+            while !loop.isFinished { loop.handle(await inbox.next()) }
             loop.cancelRemainingCalls()
         }
         ticker = Task {
             while !Task.isCancelled {
                 try? await Task.sleep(for: .milliseconds(5))
-                input.yield(.tick)
+                inbox.post(.tick)
             }
         }
     }
@@ -129,7 +124,7 @@ final class LoopHarness: Sendable {
     private let ticker: Task<Void, Never>
 
     func assign(partitions: Int32) {
-        input.yield(
+        inbox.post(
             .consumer(
                 .partitionsAssigned((0..<partitions).map { KafkaTopicPartition(topic: Self.topic, partition: $0) })))
     }
@@ -140,12 +135,13 @@ final class LoopHarness: Sendable {
             defer { offsets[partition, default: 0] += 1 }
             return offsets[partition, default: 0]
         }
-        input.yield(
+        inbox.post(
             .consumer(
-                .message(
+                .messages([
                     KafkaMessage(
                         topic: Self.topic, partition: partition, offset: offset, key: Array(key.utf8), value: value,
-                        headers: [KafkaHeader(key: "trace", string: "t-\(offset)")]))))
+                        headers: [KafkaHeader(key: "trace", string: "t-\(offset)")])
+                ])))
     }
 
     func feed(_ request: PurchaseRequestEvent, partition: Int32 = 0) {
@@ -159,7 +155,7 @@ final class LoopHarness: Sendable {
     }
 
     func stop() async {
-        input.yield(.shutdown)
+        inbox.post(.shutdown)
         await pump.value
         ticker.cancel()
         await ticker.value

@@ -49,7 +49,7 @@ struct OffsetTrackerTests {
             ([0, 2, 3, 1], [1, nil, nil, 4]),
         ] as [([Int64], [Int64?])])
     func prefix(order: [Int64], expected: [Int64?]) {
-        var tracker = OffsetTracker()
+        var tracker = OffsetTracker<KafkaTopicPartition>()
         for offset in 0..<4 { tracker.received(Self.partition, offset: Int64(offset)) }
         #expect(tracker.pendingCount == 4)
         #expect(order.map { tracker.finished(Self.partition, offset: $0) } == expected)
@@ -58,7 +58,7 @@ struct OffsetTrackerTests {
 
     @Test("offsets with gaps (compaction, transaction markers) advance past the gap")
     func gaps() {
-        var tracker = OffsetTracker()
+        var tracker = OffsetTracker<KafkaTopicPartition>()
         for offset in [10, 11, 15, 20] as [Int64] { tracker.received(Self.partition, offset: offset) }
         #expect(tracker.finished(Self.partition, offset: 15) == nil)
         #expect(tracker.finished(Self.partition, offset: 10) == 11)
@@ -68,7 +68,7 @@ struct OffsetTrackerTests {
 
     @Test("a removed partition forgets its records")
     func remove() {
-        var tracker = OffsetTracker()
+        var tracker = OffsetTracker<KafkaTopicPartition>()
         tracker.received(Self.partition, offset: 0)
         tracker.received(KafkaTopicPartition(topic: "t", partition: 1), offset: 0)
         tracker.remove(Self.partition)

@@ -31,7 +31,7 @@ final class ConsumerProbe: Sendable {
         reader = Task { [state] in
             for await event in consumer.events {
                 switch event {
-                case .message(let message): state.value.withLock { $0.messages.append(message) }
+                case .messages(let messages): state.value.withLock { $0.messages += messages }
                 case .partitionsAssigned(let partitions): state.value.withLock { $0.assigned.formUnion(partitions) }
                 case .partitionsRevoked(let partitions, let revocation):
                     state.value.withLock { $0.assigned.subtract(partitions) }

@@ -142,10 +142,9 @@ func readTopic(bootstrap: String, topic: String, partitions: Int32 = 8) async th
     var messages: [KafkaMessage] = []
     if total > 0 {
         for await event in consumer.events {
-            if case .message(let message) = event, message.offset < ends[message.partition] ?? 0 {
-                messages.append(message)
-                if messages.count == total { break }
-            }
+            guard case .messages(let batch) = event else { continue }
+            messages += batch.filter { $0.offset < ends[$0.partition] ?? 0 }
+            if messages.count >= total { break }
         }
     }
     await consumer.close()

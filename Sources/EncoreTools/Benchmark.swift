@@ -1,0 +1,198 @@
+import EncoreEvents
+import EncoreProcessor
+import Foundation
+import Kafka
+
+/// A measured scenario: pre-fill (or a steady offered rate), then the processor with the simulated
+/// controller until every outcome is delivered and every offset committed.
+public enum Benchmark {
+    public struct Options: Sendable {
+        /// `nil` starts the embedded broker in this process.
+        public var bootstrapServers: String? = nil
+        public var kafka = KafkaConfiguration()
+        public var count = 100_000
+        public var partitions = 8
+        public var controllerLatency: Duration = .zero
+        public var maxInFlight = 256
+        public var bufferCapacity = 10_000
+        public var users = 10_000
+        /// Offered load in requests/s while processing; 0 pre-fills everything before the clock starts.
+        public var rate = 0.0
+        /// The requests topic already holds `count` requests (e.g. written by `limit fill`).
+        public var prefilledTopic: String? = nil
+        public var timeout: Duration = .seconds(600)
+        public init() {}
+    }
+
+    public struct Report: Sendable {
+        public var broker: String
+        public var librdkafka: String
+        public var count: Int
+        public var partitions: Int
+        public var controllerLatencyMs: Double
+        public var maxInFlight: Int
+        public var users: Int
+        public var offeredRate: Double
+        public var processed: Int
+        public var elapsedSeconds: Double
+        public var throughput: Double
+        /// End-to-end latency (request time → outcome acknowledged), milliseconds.
+        public var latencyMs: [String: Double]
+        public var cpuSeconds: Double
+        public var peakRSSMegabytes: Double
+        public var allCommitted: Bool
+        public var joinSeconds: Double
+
+        public var fields: [(String, String)] {
+            [
+                ("broker", broker), ("librdkafka", librdkafka), ("requests", "\(count)"),
+                ("partitions", "\(partitions)"), ("controller latency", "\(controllerLatencyMs) ms"),
+                ("max in flight", "\(maxInFlight)"), ("users", "\(users)"),
+                ("offered rate", offeredRate > 0 ? String(format: "%.0f/s", offeredRate) : "backlog"),
+                ("processed", "\(processed)"), ("elapsed", String(format: "%.3f s", elapsedSeconds)),
+                ("throughput", String(format: "%.0f requests/s", throughput)),
+                ("latency p50", String(format: "%.1f ms", latencyMs["p50"] ?? 0)),
+                ("latency p90", String(format: "%.1f ms", latencyMs["p90"] ?? 0)),
+                ("latency p99", String(format: "%.1f ms", latencyMs["p99"] ?? 0)),
+                ("latency p99.9", String(format: "%.1f ms", latencyMs["p99.9"] ?? 0)),
+                ("latency max", String(format: "%.1f ms", latencyMs["max"] ?? 0)),
+                ("CPU", String(format: "%.2f s", cpuSeconds)),
+                ("peak RSS", String(format: "%.1f MB", peakRSSMegabytes)),
+                ("all offsets committed", allCommitted ? "yes" : "NO"),
+                ("group join", String(format: "%.1f s", joinSeconds)),
+            ]
+        }
+
+        public var json: String {
+            let object: [String: Any] = [
+                "broker": broker, "librdkafka": librdkafka, "count": count, "partitions": partitions,
+                "controller_latency_ms": controllerLatencyMs, "max_in_flight": maxInFlight, "users": users,
+                "offered_rate": offeredRate, "processed": processed, "elapsed_s": elapsedSeconds,
+                "throughput": throughput, "latency_ms": latencyMs, "cpu_s": cpuSeconds,
+                "peak_rss_mb": peakRSSMegabytes, "all_committed": allCommitted, "join_s": joinSeconds,
+            ]
+            let data = try! JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
+            return String(decoding: data, as: UTF8.self)
+        }
+    }
+
+    public static func run(_ options: Options, logger: Logger = Logger(label: "encore.bench")) async throws -> Report {
+        var kafka = options.kafka
+        var cluster: EmbeddedKafkaCluster? = nil
+        let suffix = String(UInt32.random(in: 0...UInt32.max), radix: 16)
+        let requests = options.prefilledTopic ?? "bench-\(suffix).requests"
+        let outputs = ["outcomes", "entitlements", "dead-letters"].map { "bench-\(suffix).\($0)" }
+        if let servers = options.bootstrapServers {
+            kafka.bootstrapServers = servers
+            let admin = try KafkaAdmin(configuration: kafka)
+            let created = (options.prefilledTopic == nil ? [requests] : []) + outputs
+            try await admin.createTopics(
+                created.map { KafkaTopicSpecification(name: $0, partitions: options.partitions) })
+        } else {
+            let embedded = try EmbeddedKafkaCluster()
+            for topic in [requests] + outputs { try embedded.createTopic(topic, partitions: options.partitions) }
+            kafka.bootstrapServers = embedded.bootstrapServers
+            cluster = embedded
+        }
+        var generatorOptions = RequestGenerator.Options()
+        generatorOptions.users = options.users
+        generatorOptions.appID = "app_bench"
+        if options.prefilledTopic == nil && options.rate == 0 {
+            logger.info("pre-filling \(options.count) requests")
+            let producer = try KafkaProducer(configuration: kafka)
+            var generator = RequestGenerator(options: generatorOptions)
+            _ = try await LoadGenerator(producer: producer, topic: requests).run(
+                generator: &generator, count: options.count, duration: nil)
+            await producer.close()
+        }
+
+        var configuration = ProcessorConfiguration(kafka: kafka)
+        configuration.groupID = "bench-\(suffix)"
+        configuration.requestsTopic = requests
+        configuration.outcomesTopic = outputs[0]
+        configuration.entitlementsTopic = outputs[1]
+        configuration.deadLetterTopic = outputs[2]
+        configuration.maxInFlight = options.maxInFlight
+        configuration.bufferCapacity = options.bufferCapacity
+        if LibrdkafkaVersion.isAtLeast(2, 1) {
+            // Newer librdkafka idles ~1 s when a partition's local queue fills unless told otherwise.
+            configuration.kafka.setDefault("fetch.queue.backoff.ms", "10")
+        }
+        var router = PurchaseRouter()
+        router.register(
+            "simulated",
+            SimulatedController(meanLatency: options.controllerLatency, weights: [(.purchased, 1)], seed: 1))
+        router.route(.any, to: "simulated")
+        let processor = try PurchaseProcessor(configuration: configuration, router: router)
+        let started = Date()
+        let cpuBefore = cpuSeconds()
+        async let running: Void = processor.run()
+        let generating: Task<Void, any Error>? =
+            options.rate > 0
+            ? Task { [kafka, generatorOptions] in
+                let producer = try KafkaProducer(configuration: kafka)
+                var generator = RequestGenerator(options: generatorOptions)
+                _ = try await LoadGenerator(producer: producer, topic: requests, rate: options.rate).run(
+                    generator: &generator, count: options.count, duration: nil)
+                await producer.close()
+            } : nil
+        let clock = ContinuousClock()
+        let deadline = clock.now.advanced(by: options.timeout)
+        while processor.statistics.finished < options.count && clock.now < deadline {
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        let statistics = processor.statistics
+        let cpu = cpuSeconds() - cpuBefore
+        processor.shutdown()
+        try await running
+        try await generating?.value
+        let committed = try await committedTotal(
+            kafka: kafka, group: configuration.groupID, topic: requests,
+            partitions: options.partitions)
+        let latency = statistics.latency
+        let first = statistics.firstReceivedAtMs ?? 0
+        let elapsed = Double((statistics.lastFinishedAtMs ?? first) - first) / 1000
+        withExtendedLifetime(cluster) {}
+        return Report(
+            broker: options.bootstrapServers ?? "embedded", librdkafka: LibrdkafkaVersion.string, count: options.count,
+            partitions: options.partitions,
+            controllerLatencyMs: Double(options.controllerLatency.components.attoseconds) / 1e15
+                + Double(options.controllerLatency.components.seconds) * 1000,
+            maxInFlight: options.maxInFlight, users: options.users, offeredRate: options.rate,
+            processed: statistics.finished, elapsedSeconds: elapsed, throughput: statistics.throughput,
+            latencyMs: [
+                "p50": Double(latency.percentile(0.5)) / 1000, "p90": Double(latency.percentile(0.9)) / 1000,
+                "p99": Double(latency.percentile(0.99)) / 1000, "p99.9": Double(latency.percentile(0.999)) / 1000,
+                "max": Double(latency.max) / 1000,
+            ],
+            cpuSeconds: cpu, peakRSSMegabytes: peakRSSMegabytes(), allCommitted: committed == Int64(options.count),
+            joinSeconds: Double(first) / 1000 - started.timeIntervalSince1970)
+    }
+
+    private static func committedTotal(
+        kafka: KafkaConfiguration, group: String, topic: String, partitions: Int
+    ) async throws -> Int64 {
+        var configuration = kafka
+        configuration.groupID = group
+        let consumer = try KafkaConsumer(configuration: configuration)
+        let committed = try await consumer.committed(
+            (0..<Int32(partitions)).map { KafkaTopicPartition(topic: topic, partition: $0) })
+        await consumer.close()
+        return committed.map { max($0.offset, 0) }.reduce(0, +)
+    }
+}
+
+/// User plus system CPU seconds of this process.
+public func cpuSeconds() -> Double {
+    var usage = rusage()
+    getrusage(RUSAGE_SELF.rawValue, &usage)
+    return Double(usage.ru_utime.tv_sec) + Double(usage.ru_utime.tv_usec) / 1e6 + Double(usage.ru_stime.tv_sec)
+        + Double(usage.ru_stime.tv_usec) / 1e6
+}
+
+/// The peak resident set size of this process, in megabytes.
+public func peakRSSMegabytes() -> Double {
+    var usage = rusage()
+    getrusage(RUSAGE_SELF.rawValue, &usage)
+    return Double(usage.ru_maxrss) / 1024
+}

@@ -1,0 +1,55 @@
+import EncoreProcessor
+import EncoreTools
+import Foundation
+import Kafka
+
+/// `encore-processor bench`: one measured scenario, as a table or JSON.
+enum BenchCommand {
+    static let definition = CommandDefinition(
+        name: "bench",
+        summary: "Measure throughput, end-to-end latency, CPU and memory of one scenario.",
+        usage: "bench [options]",
+        options: CommonOptions.kafka + [
+            .option("count", value: "N", default: "100000", "Requests to process."),
+            .option("partitions", value: "N", default: "8", "Partitions of the topics."),
+            .option("latency-ms", value: "MS", default: "0", "Mean latency of the simulated controller."),
+            .option("max-in-flight", value: "N", default: "256", "Controller calls at once."),
+            .option("buffer-size", value: "N", default: "10000", "Records held before partitions pause."),
+            .option("users", value: "N", default: "10000", "Distinct users."),
+            .option("rate", value: "R", default: "0", "Offered requests/s while processing; 0 = pre-filled backlog."),
+            .option(
+                "prefilled-topic", value: "TOPIC",
+                "Consume this topic, already holding --count requests (e.g. from limit fill)."),
+            .option("timeout-s", value: "S", default: "600", "Give up after this long."),
+            .flag("json", "Print the report as one JSON object."),
+        ])
+
+    static func execute(_ options: ParsedOptions) async throws -> Int32 {
+        try options.noPositionals()
+        var benchmark = Benchmark.Options()
+        benchmark.kafka = try CommonOptions.kafkaConfiguration(options)
+        benchmark.bootstrapServers = benchmark.kafka.bootstrapServers
+        benchmark.kafka.bootstrapServers = nil
+        benchmark.count = try options.integer("count", range: 1...100_000_000)
+        benchmark.partitions = try options.integer("partitions", range: 1...10_000)
+        benchmark.controllerLatency = try options.milliseconds("latency-ms")
+        benchmark.maxInFlight = try options.integer("max-in-flight", range: 1...1_000_000)
+        benchmark.bufferCapacity = try options.integer("buffer-size", range: 1...10_000_000)
+        benchmark.users = try options.integer("users", range: 1...10_000_000)
+        benchmark.rate = try options.number("rate", range: 0...1e8)
+        benchmark.prefilledTopic = options.string("prefilled-topic")
+        benchmark.timeout = .seconds(try options.integer("timeout-s", range: 1...86_400))
+        if benchmark.prefilledTopic != nil && benchmark.rate > 0 {
+            throw UsageError("--prefilled-topic and --rate exclude each other")
+        }
+        let report = try await Benchmark.run(benchmark)
+        if options.flag("json") {
+            print(report.json)
+        } else {
+            for (label, value) in report.fields {
+                print(label.padding(toLength: 24, withPad: " ", startingAt: 0) + value)
+            }
+        }
+        return report.processed >= benchmark.count && report.allCommitted ? 0 : 1
+    }
+}
