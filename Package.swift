@@ -25,6 +25,7 @@ let package = Package(
             name: "encore-processor", dependencies: ["EncoreTools", "EncoreProcessor", "Kafka", "EncoreEvents"]),
         .testTarget(name: "KafkaTests", dependencies: ["Kafka"]),
         .testTarget(name: "EncoreEventsTests", dependencies: ["EncoreEvents"]),
+        .testTarget(name: "EncoreToolsTests", dependencies: ["EncoreTools", "EncoreEvents"]),
         .testTarget(name: "EncoreProcessorTests", dependencies: ["EncoreProcessor", "EncoreTools", "Kafka", "EncoreEvents"]),
         .testTarget(
             name: "ProcessorIntegrationTests",

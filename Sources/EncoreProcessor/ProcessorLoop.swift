@@ -472,6 +472,7 @@ final class ProcessorLoop {
 
     private func tick() {
         // Published on the clock, not per batch: a copy of the histogram per batch costs more than the work.
+        statistics.assignedPartitions = assigned.count
         recorder.publish(statistics)
         let now = clock.now
         while let first = callDeadlines.first, first.deadline <= now {

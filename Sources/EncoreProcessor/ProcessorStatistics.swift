@@ -19,6 +19,8 @@ public struct ProcessorStatistics: Sendable {
     public var finished = 0
     /// Request time → outcome delivered, in microseconds.
     public var latency = LatencyHistogram()
+    /// Partitions of the requests topic this member owns now.
+    public var assignedPartitions = 0
     /// Highest number of controller calls seen running at once.
     public var peakInFlight = 0
     /// Wall-clock milliseconds of the first record received and of the last record finished.

