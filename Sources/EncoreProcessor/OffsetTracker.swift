@@ -58,6 +58,13 @@ struct OffsetTracker<Partition: Hashable> {
         return partitions[partition]!.finished(offset)
     }
 
+    /// Where `partition` may be committed: the first unfinished offset (one past the last record
+    /// when all are finished) and the offsets above it already finished; `nil` before any record.
+    func commitPosition(_ partition: Partition) -> (next: Int64, finishedAbove: Set<Int64>)? {
+        guard let state = partitions[partition], state.lastReceived >= 0 else { return nil }
+        return (state.pending.first ?? state.lastReceived + 1, state.finished)
+    }
+
     /// Records of `partition` received and not finished.
     func pendingCount(of partition: Partition) -> Int {
         partitions[partition]?.unfinishedCount ?? 0

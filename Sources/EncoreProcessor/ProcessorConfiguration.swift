@@ -21,6 +21,9 @@ public struct ProcessorConfiguration: Sendable {
     public var duplicateWindow = 1_000_000
     /// How long a revocation or shutdown waits for running calls and their outputs.
     public var drainTimeout: Duration = .seconds(30)
+    /// How often finished offsets are committed (also on revoke and shutdown). Short, because a
+    /// new owner redoes what was finished after the last commit that reached the broker.
+    public var commitInterval: Duration = .milliseconds(200)
     /// `ce_source` of produced records.
     public var source = "/encore-processor"
 
@@ -36,6 +39,7 @@ public struct ProcessorConfiguration: Sendable {
         try require(maxInFlight >= 1, "max-in-flight", "must be at least 1, got \(maxInFlight)")
         try require(bufferCapacity >= 1, "buffer-size", "must be at least 1, got \(bufferCapacity)")
         try require(callTimeout > .zero, "call-timeout", "must be positive")
+        try require(commitInterval > .zero, "commit-interval-ms", "must be positive")
         try require(duplicateWindow >= 1, "duplicate-window", "must be at least 1")
         for (name, topic) in [
             ("requests-topic", requestsTopic), ("outcomes-topic", outcomesTopic),

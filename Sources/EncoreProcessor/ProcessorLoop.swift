@@ -62,8 +62,13 @@ final class ProcessorLoop {
     /// Counters kept here and published once per batch of inputs.
     private var statistics = ProcessorStatistics()
     private var headerTemplates: [EventType: [KafkaHeader]] = [:]
-    /// Offsets to store at the end of the current batch.
-    private var offsetsToStore: [Int32: Int64] = [:]
+    /// Offsets a previous owner finished beyond its commit (from the commit metadata), per partition.
+    private var finishedByPreviousOwner: [Int32: Set<Int64>] = [:]
+    /// What was last committed per partition, to commit only what changed.
+    private var lastCommitted: [Int32: KafkaTopicPartitionOffset] = [:]
+    private var nextCommit: ContinuousClock.Instant
+    /// The commit in flight, if any; one at a time.
+    private(set) var commitTask: Task<Void, Never>? = nil
 
     private(set) var isFinished = false
     private(set) var failure: ProcessorError? = nil
@@ -82,6 +87,7 @@ final class ProcessorLoop {
         scheduler = LaneScheduler(maxInFlight: configuration.maxInFlight)
         recent = RecentRequests(capacity: configuration.duplicateWindow)
         backpressure = Backpressure(capacity: configuration.bufferCapacity)
+        nextCommit = ContinuousClock.now.advanced(by: configuration.commitInterval)
     }
 
     private var isDraining: Bool { drainDeadline != nil }
@@ -89,20 +95,37 @@ final class ProcessorLoop {
     /// Handles a batch of inputs, then stores offsets and publishes statistics once.
     func handle(_ batch: [ProcessorInput]) {
         for event in batch { handle(event) }
-        storePendingOffsets()
         if isDraining { checkDrained() }
     }
 
-    private func storePendingOffsets() {
-        guard !offsetsToStore.isEmpty else { return }
-        let offsets = offsetsToStore.map {
-            KafkaTopicPartitionOffset(topic: configuration.requestsTopic, partition: $0.key, offset: $0.value)
+    /// The offsets to commit for `partitions`, with the finished offsets beyond them as metadata.
+    func commitOffsets(for partitions: some Sequence<Int32>) -> [KafkaTopicPartitionOffset] {
+        partitions.sorted().compactMap { partition in
+            guard let position = tracker.commitPosition(partition) else { return nil }
+            return KafkaTopicPartitionOffset(
+                topic: configuration.requestsTopic, partition: partition, offset: position.next,
+                metadata: FinishedOffsets.encode(committed: position.next, finished: position.finishedAbove))
         }
-        offsetsToStore.removeAll(keepingCapacity: true)
-        do {
-            try consumer.storeOffsets(offsets)
-        } catch {
-            logger.warning("cannot store offsets: \(error)")
+    }
+
+    /// Every assigned partition's commit position: what shutdown commits last.
+    var finalCommitOffsets: [KafkaTopicPartitionOffset] { commitOffsets(for: assigned) }
+
+    private func commitIfDue(now: ContinuousClock.Instant) {
+        guard now >= nextCommit, commitTask == nil else { return }
+        nextCommit = now.advanced(by: configuration.commitInterval)
+        let offsets = commitOffsets(for: assigned).filter { lastCommitted[$0.partition] != $0 }
+        guard !offsets.isEmpty else { return }
+        for offset in offsets { lastCommitted[offset.partition] = offset }
+        let (consumer, inbox, logger) = (self.consumer, self.inbox, self.logger)
+        commitTask = Task {
+            do {
+                try await consumer.commit(offsets)
+            } catch {
+                logger.warning("offset commit failed (retried at the next interval): \(error)")
+                inbox.post(.commitFailed(offsets.map(\.partition)))
+            }
+            inbox.post(.commitFinished)
         }
     }
 
@@ -111,6 +134,16 @@ final class ProcessorLoop {
         case .records(let records):
             for record in records { receive(record.message, record.request) }
             applyBackpressure()
+        case .assigned(let partitions, let finished):
+            assign(partitions)
+            for (partition, offsets) in finished where !offsets.isEmpty {
+                finishedByPreviousOwner[partition] = offsets
+            }
+        case .commitFinished:
+            commitTask = nil
+            if !revocations.isEmpty { checkRevocations() }
+        case .commitFailed(let partitions):
+            for partition in partitions { lastCommitted[partition] = nil }
         case .consumer(.messages(let messages)):
             for message in messages { receive(message, IncomingRecord.decode(message.value)) }
             applyBackpressure()
@@ -143,6 +176,12 @@ final class ProcessorLoop {
         tracker.received(partition, offset: message.offset)
         statistics.received += 1
         if statistics.firstReceivedAtMs == nil { statistics.firstReceivedAtMs = currentTimeMs() }
+        if finishedByPreviousOwner[partition]?.remove(message.offset) != nil {
+            // Done before a rebalance or restart (its outputs were acknowledged): not again.
+            statistics.alreadyFinished += 1
+            finish(ref)
+            return
+        }
         switch decoded {
         case .success(let request):
             let item = WorkItem(ref: ref, request: request, message: message)
@@ -395,9 +434,7 @@ final class ProcessorLoop {
         guard generations[ref.partition] == ref.generation,
             assigned.contains(ref.partition) || isRevoking(ref.partition)
         else { return }
-        if let next = tracker.finished(ref.partition, offset: ref.offset) {
-            offsetsToStore[ref.partition] = next
-        }
+        _ = tracker.finished(ref.partition, offset: ref.offset)
         applyBackpressure()
     }
 
@@ -453,16 +490,22 @@ final class ProcessorLoop {
     private func checkRevocations() {
         let now = clock.now
         revocations.removeAll { pending in
-            let idle = pending.partitions.allSatisfy { busy[$0] == nil }
+            // A periodic commit still in flight could land after this one and set the offsets back.
+            let idle = pending.partitions.allSatisfy { busy[$0] == nil } && commitTask == nil
             guard idle || now >= pending.deadline else { return false }
             if !idle { logger.warning("revocation drain timed out; releasing partitions with work still running") }
-            // The consumer commits what is stored as soon as the revocation is acknowledged.
-            storePendingOffsets()
+            // The consumer commits these, finished offsets included, before letting the partitions go.
+            let offsets = commitOffsets(for: pending.partitions)
             for partition in pending.partitions {
                 tracker.remove(partition)
                 generations[partition, default: 0] += 1
+                finishedByPreviousOwner[partition] = nil
+                lastCommitted[partition] = nil
             }
-            pending.revocation.acknowledge()
+            logger.debug(
+                "revoked \(pending.partitions.count) partitions; committing \(offsets.map { "\($0.partition)@\($0.offset)+\(FinishedOffsets.decode($0.metadata, committed: $0.offset).count)" })"
+            )
+            pending.revocation.acknowledge(committing: offsets)
             return true
         }
         applyBackpressure()
@@ -496,6 +539,7 @@ final class ProcessorLoop {
             }
         }
         if !revocations.isEmpty { checkRevocations() }
+        if !isDraining && revocations.isEmpty { commitIfDue(now: now) }
     }
 
     // MARK: Shutdown
@@ -541,11 +585,11 @@ func requestIDHint(_ bytes: [UInt8]) -> String? {
     return id
 }
 
-/// What the loop needs of the consumer: flow control and offsets. ``KafkaConsumer`` provides it.
+/// What the loop needs of the consumer: flow control and commits. ``KafkaConsumer`` provides it.
 protocol ConsumerControl: Sendable {
     func pause(_ partitions: [KafkaTopicPartition]) throws(KafkaError)
     func resume(_ partitions: [KafkaTopicPartition]) throws(KafkaError)
-    func storeOffsets(_ offsets: [KafkaTopicPartitionOffset]) throws(KafkaError)
+    func commit(_ offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError)
 }
 
 /// What the loop needs of the producer. ``KafkaProducer`` provides it.

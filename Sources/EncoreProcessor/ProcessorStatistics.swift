@@ -13,6 +13,8 @@ public struct ProcessorStatistics: Sendable {
     public var invalid = 0
     /// Requests skipped because their id already had an outcome.
     public var duplicates = 0
+    /// Records skipped because a previous owner of the partition had finished them (commit metadata).
+    public var alreadyFinished = 0
     /// Controller calls made, retries included.
     public var controllerCalls = 0
     /// Requests whose offsets are committable (outcome delivered, duplicate skipped, or dead-lettered).

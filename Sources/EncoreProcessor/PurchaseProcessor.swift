@@ -67,9 +67,15 @@ public final class PurchaseProcessor: Sendable {
         let forwarder = Task {
             // Decoding happens here, beside the loop rather than on it.
             for await event in clients.consumer.events {
-                if case .messages(let messages) = event {
+                switch event {
+                case .messages(let messages):
                     inbox.post(.records(messages.map { IncomingRecord(message: $0) }))
-                } else {
+                case .partitionsAssigned(let partitions):
+                    // Read before any record of these partitions: what the previous owner finished.
+                    let finished = await Self.finishedOffsets(
+                        of: partitions, consumer: clients.consumer, logger: logger)
+                    inbox.post(.assigned(partitions, finished: finished))
+                default:
                     inbox.post(.consumer(event))
                 }
             }
@@ -97,6 +103,12 @@ public final class PurchaseProcessor: Sendable {
         } catch {
             logger.error("outputs still undelivered at shutdown: \(error)")
         }
+        await loop.commitTask?.value
+        do {
+            try await clients.consumer.commit(loop.finalCommitOffsets)
+        } catch {
+            logger.error("final offset commit failed: \(error)")
+        }
         await clients.consumer.close()
         forwarder.cancel()
         await forwarder.value
@@ -107,6 +119,24 @@ public final class PurchaseProcessor: Sendable {
             "stopped: \(statistics.received) received, \(statistics.outcomeCount) outcomes, \(statistics.deadLetters) dead letters, \(statistics.duplicates) duplicates"
         )
         if let failure { throw failure }
+    }
+
+    private static func finishedOffsets(
+        of partitions: [KafkaTopicPartition], consumer: KafkaConsumer, logger: Logger
+    ) async -> [Int32: Set<Int64>] {
+        do {
+            let committed = try await consumer.committed(partitions)
+            logger.debug(
+                "assigned \(partitions.count) partitions; committed: \(committed.map { "\($0.partition)@\($0.offset)+\(FinishedOffsets.decode($0.metadata, committed: $0.offset).count)" })"
+            )
+            return Dictionary(
+                committed.map { ($0.partition, FinishedOffsets.decode($0.metadata, committed: $0.offset)) },
+                uniquingKeysWith: { first, _ in first })
+        } catch {
+            logger.warning(
+                "cannot read committed offsets of the new assignment (\(error)); finished records will be redone")
+            return [:]
+        }
     }
 
     private func makeClients() throws(ProcessorError) -> (consumer: KafkaConsumer, producer: KafkaProducer) {
@@ -120,7 +150,8 @@ public final class PurchaseProcessor: Sendable {
         producerConfiguration.setDefault("queue.buffering.max.messages", "1000000")
         var consumerConfiguration = configuration.kafka
         consumerConfiguration.groupID = configuration.groupID
-        consumerConfiguration.setDefault("auto.commit.interval.ms", "1000")
+        // The processor commits itself, with the finished offsets beyond the commit as metadata.
+        consumerConfiguration.setDefault("enable.auto.commit", "false")
         do {
             let producer = try KafkaProducer(
                 configuration: producerConfiguration, logger: Logger(label: "encore.producer"))
@@ -138,6 +169,10 @@ public final class PurchaseProcessor: Sendable {
 enum ProcessorInput: Sendable {
     /// Records already decoded (off the loop's thread).
     case records([IncomingRecord])
+    /// Partitions assigned, with the offsets their previous owner finished beyond its commit.
+    case assigned([KafkaTopicPartition], finished: [Int32: Set<Int64>])
+    case commitFinished
+    case commitFailed([Int32])
     case consumer(KafkaConsumerEvent)
     case consumerEnded
     case attemptFinished(call: Int, attempt: Int, Result<PurchaseResult, any Error>)

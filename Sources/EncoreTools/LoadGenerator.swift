@@ -11,6 +11,8 @@ public struct LoadGenerator: Sendable {
         public var acknowledged = 0
         public var errors = 0
         public var elapsed: Duration = .zero
+        /// Time spent producing, without the final wait for acknowledgements.
+        public var sendingTime: Duration = .zero
         public var duplicates = 0
         public var invalid = 0
 
@@ -86,6 +88,7 @@ public struct LoadGenerator: Sendable {
             progress.sent += 1
             if progress.sent % 1024 == 0 { await Task.yield() }
         }
+        progress.sendingTime = clock.now - start
         try await producer.flush(timeout: .seconds(120))
         let final = snapshot()
         report(final)

@@ -19,11 +19,18 @@ public enum KafkaConsumerEvent: Sendable {
 /// Lets the application say it has finished with revoked partitions.
 public final class KafkaRevocation: Sendable {
     private let semaphore = DispatchSemaphore(value: 0)
+    private let offsets = Mutex<[KafkaTopicPartitionOffset]>([])
 
     init() {}
 
-    /// Every record of the revoked partitions is done and its offset stored: release them.
-    public func acknowledge() { semaphore.signal() }
+    /// The application is done with the revoked partitions: commit `offsets` (with their metadata;
+    /// empty commits what was stored with ``KafkaConsumer/storeOffsets(_:)``) and release them.
+    public func acknowledge(committing offsets: [KafkaTopicPartitionOffset] = []) {
+        self.offsets.withLock { $0 = offsets }
+        semaphore.signal()
+    }
+
+    var offsetsToCommit: [KafkaTopicPartitionOffset] { offsets.withLock { $0 } }
 
     func wait(timeout: Duration) -> Bool {
         semaphore.wait(timeout: .now() + .milliseconds(timeout.milliseconds)) == .success
@@ -202,8 +209,13 @@ public final class KafkaConsumer: Sendable {
                     logger.warning("revocation not acknowledged within \(waitForAcknowledgement); releasing anyway")
                 }
             }
-            let err = rd_kafka_commit(handle, nil, 0)
+            let explicit = revocation.offsetsToCommit
+            let offsets = explicit.isEmpty ? nil : RDKafkaTopicPartitionList.make(explicit)
+            defer { if let offsets { rd_kafka_topic_partition_list_destroy(offsets) } }
+            let err = rd_kafka_commit(handle, offsets, 0)
             if err != RD_KAFKA_RESP_ERR_NO_ERROR && err != RD_KAFKA_RESP_ERR__NO_OFFSET {
+                // Kafka accepts a commit from the current generation here; librdkafka's mock cluster
+                // answers REBALANCE_IN_PROGRESS, leaving the last periodic commit in place.
                 logger.warning("commit on revocation failed: \(KafkaError(err, context: ""))")
             }
             if cooperative {

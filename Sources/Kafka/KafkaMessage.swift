@@ -99,10 +99,13 @@ public struct KafkaTopicPartition: Sendable, Hashable, Comparable, CustomStringC
 public struct KafkaTopicPartitionOffset: Sendable, Hashable {
     public var topicPartition: KafkaTopicPartition
     public var offset: Int64
+    /// Commit metadata: a string kept by the group coordinator with the offset.
+    public var metadata: String?
 
-    public init(topic: String, partition: Int32, offset: Int64) {
+    public init(topic: String, partition: Int32, offset: Int64, metadata: String? = nil) {
         self.topicPartition = KafkaTopicPartition(topic: topic, partition: partition)
         self.offset = offset
+        self.metadata = metadata
     }
 
     public var topic: String { topicPartition.topic }

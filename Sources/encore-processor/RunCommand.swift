@@ -33,6 +33,7 @@ enum RunCommand {
         .option("max-attempts", value: "N", default: "5", "Calls per request when errors are retryable."),
         .option("retry-backoff-ms", value: "MS", default: "100", "First retry backoff (doubles, jittered, max 10 s)."),
         .option("drain-timeout-ms", value: "MS", default: "30000", "Wait for running calls on revoke and shutdown."),
+        .option("commit-interval-ms", value: "MS", default: "200", "How often finished offsets are committed."),
         .option(
             "duplicate-window", value: "N", default: "1000000", "Recent request ids remembered to skip duplicates."),
         .option("simulated-latency-ms", value: "MS", default: "20", "Mean latency of the simulated controller."),
@@ -57,6 +58,7 @@ enum RunCommand {
         configuration.bufferCapacity = try options.integer("buffer-size", range: 1...10_000_000)
         configuration.callTimeout = try options.milliseconds("call-timeout-ms", minimum: 1)
         configuration.drainTimeout = try options.milliseconds("drain-timeout-ms", minimum: 0)
+        configuration.commitInterval = try options.milliseconds("commit-interval-ms", minimum: 1)
         configuration.duplicateWindow = try options.integer("duplicate-window", range: 1...100_000_000)
         configuration.retry = RetryPolicy(
             maxAttempts: try options.integer("max-attempts", range: 1...100),

@@ -86,6 +86,38 @@ struct DispatcherTests {
         await harness.stop()
     }
 
+    @Test("a new owner skips what the previous owner finished beyond its commit")
+    func finishedByPreviousOwner() async throws {
+        let controller = RecordingController()
+        let harness = LoopHarness(router: router(controller))
+        // The previous owner committed offset 2 with offsets 4 and 5 finished beyond it.
+        harness.assign(partitions: 1, finished: [0: [4, 5]])
+        for index in 0..<8 { harness.feed(request(index, user: "user-\(index)")) }
+        #expect(await harness.waitForFinished(8))
+        #expect(Set(controller.snapshot.callsByUser.values.flatMap { $0 }).isDisjoint(with: ["req-4", "req-5"]))
+        #expect(controller.snapshot.calls == 6)
+        #expect(harness.statistics.alreadyFinished == 2)
+        #expect(await eventually { harness.consumer.snapshot.stored.values.first == 8 })
+        await harness.stop()
+    }
+
+    @Test("commits carry the finished offsets beyond the committed one")
+    func commitMetadata() async throws {
+        let gate = Gate { $0.requestId == "req-1" }
+        let controller = RecordingController(gate: gate)
+        let harness = LoopHarness(router: router(controller))
+        harness.assign(partitions: 1)
+        for index in 0..<6 { harness.feed(request(index, user: "user-\(index)")) }
+        #expect(await eventually { harness.statistics.finished == 5 })
+        let partition = KafkaTopicPartition(topic: LoopHarness.topic, partition: 0)
+        #expect(await eventually { harness.consumer.snapshot.stored[partition] == 1 })
+        let metadata = harness.consumer.snapshot.metadata[partition] ?? nil
+        #expect(FinishedOffsets.decode(metadata, committed: 1) == [2, 3, 4, 5])
+        gate.open()
+        #expect(await eventually { harness.consumer.snapshot.stored[partition] == 6 })
+        await harness.stop()
+    }
+
     @Test("only the contiguous finished prefix is stored, whatever order records finish in")
     func contiguousOffsets() async throws {
         let gate = Gate { $0.requestId == "req-3" }
@@ -94,7 +126,10 @@ struct DispatcherTests {
         harness.assign(partitions: 1)
         for index in 0..<10 { harness.feed(request(index, user: "user-\(index)")) }
         #expect(await eventually { harness.statistics.finished == 9 })
-        #expect(harness.consumer.snapshot.stored.values.first == 3)
+        #expect(await eventually { harness.consumer.snapshot.stored.values.first == 3 })
+        // Commits keep coming while offset 3 is held; none passes it.
+        try await Task.sleep(for: .milliseconds(100))
+        #expect(harness.consumer.snapshot.storedHistory.allSatisfy { $0 <= 3 })
         gate.open()
         #expect(await eventually { harness.consumer.snapshot.stored.values.first == 10 })
         #expect(harness.consumer.snapshot.storedHistory == harness.consumer.snapshot.storedHistory.sorted())
@@ -255,7 +290,7 @@ struct DispatcherOutcomeTests {
         #expect(await harness.waitForFinished(1))
         #expect(harness.producer.outcomes().map(\.requestID) == ["req-0"])
         #expect(controller.snapshot.calls == 1)
-        #expect(harness.consumer.snapshot.stored.values.first == 1)
+        #expect(await eventually { harness.consumer.snapshot.stored.values.first == 1 })
         await harness.stop()
     }
 

@@ -25,6 +25,7 @@ final class FakeConsumer: ConsumerControl {
         var resumeCount = 0
         var stored: [KafkaTopicPartition: Int64] = [:]
         var storedHistory: [Int64] = []
+        var metadata: [KafkaTopicPartition: String?] = [:]
     }
     let state = Mutex(State())
 
@@ -42,11 +43,12 @@ final class FakeConsumer: ConsumerControl {
         }
     }
 
-    func storeOffsets(_ offsets: [KafkaTopicPartitionOffset]) throws(KafkaError) {
+    func commit(_ offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError) {
         state.withLock { state in
             for offset in offsets {
                 state.stored[offset.topicPartition] = offset.offset
                 state.storedHistory.append(offset.offset)
+                state.metadata[offset.topicPartition] = offset.metadata
             }
         }
     }
@@ -122,6 +124,13 @@ final class LoopHarness: Sendable {
     }
 
     private let ticker: Task<Void, Never>
+
+    /// Assigns partitions as a new owner would, with what a previous owner finished beyond its commit.
+    func assign(partitions: Int32, finished: [Int32: Set<Int64>]) {
+        inbox.post(
+            .assigned(
+                (0..<partitions).map { KafkaTopicPartition(topic: Self.topic, partition: $0) }, finished: finished))
+    }
 
     func assign(partitions: Int32) {
         inbox.post(

@@ -157,3 +157,24 @@ struct RouterTests {
         #expect(PurchaseRouter.parseRoute(text) == nil)
     }
 }
+
+@Suite("Finished offsets in commit metadata")
+struct FinishedOffsetsTests {
+    @Test("encodes and decodes the offsets above the commit; ignores foreign metadata")
+    func roundTrip() {
+        let finished: Set<Int64> = [101, 102, 110, 5000]
+        let metadata = FinishedOffsets.encode(committed: 100, finished: finished + [99, 100])
+        #expect(metadata?.hasPrefix("encore1:") == true)
+        #expect(FinishedOffsets.decode(metadata, committed: 100) == finished)
+        #expect(FinishedOffsets.encode(committed: 7, finished: []) == nil)
+        #expect(FinishedOffsets.decode("written by someone else", committed: 3).isEmpty)
+        #expect(FinishedOffsets.decode(nil, committed: 3).isEmpty)
+    }
+
+    @Test("offsets past the bitmap's reach are left out, so they are redone rather than lost")
+    func bounded() {
+        let far = Int64(FinishedOffsets.maximumBitmapBytes * 8 + 10)
+        let metadata = FinishedOffsets.encode(committed: 0, finished: [1, far])
+        #expect(FinishedOffsets.decode(metadata, committed: 0) == [1])
+    }
+}

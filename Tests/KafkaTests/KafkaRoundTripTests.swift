@@ -62,6 +62,22 @@ struct KafkaRoundTripTests {
         await producer.close()
     }
 
+    @Test("commit metadata is kept with the offset and read back")
+    func commitMetadata() async throws {
+        let broker = try TestCluster(topics: ["meta": 2])
+        let consumer = try KafkaConsumer(configuration: broker.consumerConfiguration(group: "meta-group"))
+        try await consumer.commit([
+            KafkaTopicPartitionOffset(topic: "meta", partition: 0, offset: 5, metadata: "encore1:AQ=="),
+            KafkaTopicPartitionOffset(topic: "meta", partition: 1, offset: 9),
+        ])
+        let committed = try await consumer.committed([
+            KafkaTopicPartition(topic: "meta", partition: 0), KafkaTopicPartition(topic: "meta", partition: 1),
+        ])
+        #expect(committed.map(\.offset) == [5, 9])
+        #expect(committed[0].metadata == "encore1:AQ==")
+        await consumer.close()
+    }
+
     @Test("two members of one group split the partitions")
     func groupSplitsPartitions() async throws {
         let broker = try TestCluster(topics: ["split": 4])

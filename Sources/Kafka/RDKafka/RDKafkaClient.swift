@@ -134,6 +134,14 @@ enum RDKafkaTopicPartitionList {
         for entry in entries {
             let element = rd_kafka_topic_partition_list_add(list, entry.topic, entry.partition)!
             element.pointee.offset = entry.offset
+            if let metadata = entry.metadata {
+                // librdkafka frees the metadata with the list: allocate it with malloc.
+                let bytes = Array(metadata.utf8)
+                let copy = malloc(max(bytes.count, 1))!
+                bytes.withUnsafeBytes { copy.copyMemory(from: $0.baseAddress!, byteCount: bytes.count) }
+                element.pointee.metadata = copy
+                element.pointee.metadata_size = bytes.count
+            }
         }
         return list
     }
@@ -145,8 +153,15 @@ enum RDKafkaTopicPartitionList {
     static func entries(_ list: UnsafePointer<rd_kafka_topic_partition_list_t>) -> [KafkaTopicPartitionOffset] {
         (0..<Int(list.pointee.cnt)).map { index in
             let element = list.pointee.elems[index]
+            let metadata = element.metadata.flatMap { pointer in
+                element.metadata_size > 0
+                    ? String(
+                        decoding: UnsafeRawBufferPointer(start: pointer, count: element.metadata_size), as: UTF8.self)
+                    : nil
+            }
             return KafkaTopicPartitionOffset(
-                topic: String(cString: element.topic), partition: element.partition, offset: element.offset)
+                topic: String(cString: element.topic), partition: element.partition, offset: element.offset,
+                metadata: metadata)
         }
     }
 
