@@ -3,11 +3,11 @@
 # processing) and `encore-processor bench` on the same broker, in the same run, on the same
 # requests, first on librdkafka's mock cluster, then on Tansu. Prints both and the ratio.
 #
-#   scripts/bench.sh              # N_MOCK=150000 N_TANSU=1000000 PARTS=8
+#   scripts/bench.sh              # N_MOCK=100000 N_TANSU=1000000 PARTS=8
 #   LIMIT_C=path/to/limit.c N_TANSU=200000 scripts/bench.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-N_MOCK=${N_MOCK:-150000}
+N_MOCK=${N_MOCK:-100000}
 N_TANSU=${N_TANSU:-1000000}
 PARTS=${PARTS:-8}
 LIMIT_C=${LIMIT_C:-../shared/bench/limit.c}
@@ -94,7 +94,6 @@ row tansu "processor at $half/s offered (half of 0 ms)" "$(printf %.0f "$(echo "
   "" "$(echo "$steady" | field 'd["latency_ms"]["p99"]')" "$(echo "$steady" | field 'd["cpu_s"]')" \
   "$(echo "$steady" | field 'd["peak_rss_mb"]')"
 
-echo "(p99: end-to-end latency under a steady offered load; backlog runs have none to report)"
 echo "(p99: end-to-end latency under a steady offered load; backlog runs have none to report)"
 printf '%-8s %-44s %14s %12s %9s %9s %9s\n' broker scenario throughput ratio "p99 ms" "CPU s" "RSS MB"
 printf '%s\n' "${rows[@]}"

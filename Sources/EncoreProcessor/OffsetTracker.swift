@@ -65,6 +65,13 @@ struct OffsetTracker<Partition: Hashable> {
         return (state.pending.first ?? state.lastReceived + 1, state.finished)
     }
 
+    /// Whether `offset` of `partition` was received already (librdkafka may hand a record out
+    /// again around a pause and resume).
+    func hasReceived(_ partition: Partition, offset: Int64) -> Bool {
+        guard let state = partitions[partition] else { return false }
+        return offset <= state.lastReceived
+    }
+
     /// Records of `partition` received and not finished.
     func pendingCount(of partition: Partition) -> Int {
         partitions[partition]?.unfinishedCount ?? 0

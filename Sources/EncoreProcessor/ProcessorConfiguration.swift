@@ -17,8 +17,8 @@ public struct ProcessorConfiguration: Sendable {
     /// One controller call longer than this ends the request as `failed` with error `timeout`.
     public var callTimeout: Duration = .seconds(300)
     public var retry = RetryPolicy()
-    /// How many recent request ids are remembered to skip duplicates.
-    public var duplicateWindow = 1_000_000
+    /// How many recent request ids are remembered to skip duplicates (about 80 bytes each).
+    public var duplicateWindow = 200_000
     /// How long a revocation or shutdown waits for running calls and their outputs.
     public var drainTimeout: Duration = .seconds(30)
     /// How often finished offsets are committed (also on revoke and shutdown). Short, because a

@@ -44,7 +44,7 @@ final class ProcessorLoop {
     private var scheduler: LaneScheduler<WorkItem>
     private var tracker = OffsetTracker<Int32>()
     private var recent: RecentRequests
-    private var backpressure: Backpressure
+    private let flow: FlowControl
     // Partitions of the requests topic, by number: the processor reads that one topic.
     private var assigned = Set<Int32>()
     private var generations: [Int32: Int] = [:]
@@ -75,7 +75,8 @@ final class ProcessorLoop {
 
     init(
         configuration: ProcessorConfiguration, router: PurchaseRouter, recorder: StatisticsRecorder,
-        consumer: any ConsumerControl, producer: any OutputProducer, inbox: Inbox<ProcessorInput>, logger: Logger
+        consumer: any ConsumerControl, producer: any OutputProducer, inbox: Inbox<ProcessorInput>, flow: FlowControl,
+        logger: Logger
     ) {
         self.configuration = configuration
         self.router = router
@@ -86,7 +87,7 @@ final class ProcessorLoop {
         self.logger = logger
         scheduler = LaneScheduler(maxInFlight: configuration.maxInFlight)
         recent = RecentRequests(capacity: configuration.duplicateWindow)
-        backpressure = Backpressure(capacity: configuration.bufferCapacity)
+        self.flow = flow
         nextCommit = ContinuousClock.now.advanced(by: configuration.commitInterval)
     }
 
@@ -132,8 +133,8 @@ final class ProcessorLoop {
     func handle(_ event: ProcessorInput) {
         switch event {
         case .records(let records):
+            // Admitted by the reader of the consumer already.
             for record in records { receive(record.message, record.request) }
-            applyBackpressure()
         case .assigned(let partitions, let finished):
             assign(partitions)
             for (partition, offsets) in finished where !offsets.isEmpty {
@@ -145,8 +146,8 @@ final class ProcessorLoop {
         case .commitFailed(let partitions):
             for partition in partitions { lastCommitted[partition] = nil }
         case .consumer(.messages(let messages)):
+            flow.admit(messages.count)
             for message in messages { receive(message, IncomingRecord.decode(message.value)) }
-            applyBackpressure()
         case .consumer(.partitionsAssigned(let partitions)): assign(partitions)
         case .consumer(.partitionsRevoked(let partitions, let revocation)): revoke(partitions, revocation)
         case .consumer(.error(let error)):
@@ -169,9 +170,13 @@ final class ProcessorLoop {
     private func receive(_ message: KafkaMessage, _ decoded: Result<PurchaseRequestEvent, EventValidationError>) {
         let partition = message.partition
         // After a revoke or during shutdown, records are left for the next owner (offsets not stored).
+        // A record handed out again (around a pause and resume) is already being handled.
         guard !isDraining, message.topic == configuration.requestsTopic, assigned.contains(partition),
-            let generation = generations[partition]
-        else { return }
+            let generation = generations[partition], !tracker.hasReceived(partition, offset: message.offset)
+        else {
+            flow.release(1)
+            return
+        }
         let ref = RecordRef(partition: partition, offset: message.offset, generation: generation)
         tracker.received(partition, offset: message.offset)
         statistics.received += 1
@@ -302,6 +307,7 @@ final class ProcessorLoop {
         guard let call = calls.removeValue(forKey: id) else { return }
         call.task?.cancel()
         endWork(call.item.ref)
+        flow.release(1)
         release(call.item)
     }
 
@@ -431,28 +437,15 @@ final class ProcessorLoop {
     private func finish(_ ref: RecordRef) {
         statistics.finished += 1
         statistics.lastFinishedAtMs = currentTimeMs()
+        flow.release(1)
         guard generations[ref.partition] == ref.generation,
             assigned.contains(ref.partition) || isRevoking(ref.partition)
         else { return }
         _ = tracker.finished(ref.partition, offset: ref.offset)
-        applyBackpressure()
     }
 
     private func isRevoking(_ partition: Int32) -> Bool {
         revocations.contains { $0.partitions.contains(partition) }
-    }
-
-    private func applyBackpressure() {
-        switch backpressure.update(held: tracker.pendingCount) {
-        case .pause?:
-            logger.debug("buffer full (\(tracker.pendingCount) records): pausing \(assigned.count) partitions")
-            pauseOrResume(assigned, pause: true)
-        case .resume?:
-            logger.debug("buffer drained: resuming \(assigned.count) partitions")
-            pauseOrResume(assigned, pause: false)
-        case nil:
-            break
-        }
     }
 
     private func pauseOrResume(_ numbers: some Collection<Int32>, pause: Bool) {
@@ -471,7 +464,11 @@ final class ProcessorLoop {
             generations[partition, default: 0] += 1
             tracker.remove(partition)
         }
-        if backpressure.isPaused || isDraining { pauseOrResume(partitions, pause: true) }
+        if isDraining {
+            pauseOrResume(partitions, pause: true)
+        } else {
+            flow.whilePaused { pauseOrResume(partitions, pause: true) }
+        }
     }
 
     private func revoke(_ partitions: [KafkaTopicPartition], _ revocation: KafkaRevocation) {
@@ -479,6 +476,7 @@ final class ProcessorLoop {
         assigned.subtract(revoked)
         // Work not started stays unprocessed: the next owner reads it again.
         let dropped = scheduler.removeWaiting { revoked.contains($0.ref.partition) }
+        flow.release(dropped.count)
         if !dropped.isEmpty { logger.info("revoked: \(dropped.count) queued requests left to the next owner") }
         revocations.append(
             PendingRevocation(
@@ -508,7 +506,6 @@ final class ProcessorLoop {
             pending.revocation.acknowledge(committing: offsets)
             return true
         }
-        applyBackpressure()
     }
 
     // MARK: Time
@@ -518,9 +515,14 @@ final class ProcessorLoop {
         statistics.assignedPartitions = assigned.count
         recorder.publish(statistics)
         let now = clock.now
-        while let first = callDeadlines.first, first.deadline <= now {
+        // Entries of calls that already ended are dropped as they reach the front, so the queue
+        // holds about the calls in flight rather than every call of the last timeout period.
+        while let first = callDeadlines.first,
+            first.deadline <= now || calls[first.call].map({ $0.attempt != first.attempt || $0.isBackingOff }) ?? true
+        {
             _ = callDeadlines.popFirst()
-            guard let call = calls[first.call], call.attempt == first.attempt, !call.isBackingOff else { continue }
+            guard first.deadline <= now, let call = calls[first.call], call.attempt == first.attempt, !call.isBackingOff
+            else { continue }
             call.task?.cancel()
             settle(
                 first.call, result: .failed,
@@ -547,7 +549,7 @@ final class ProcessorLoop {
     private func beginDrain() {
         drainDeadline = clock.now.advanced(by: configuration.drainTimeout)
         pauseOrResume(assigned, pause: true)
-        _ = scheduler.removeWaiting { _ in true }
+        flow.release(scheduler.removeWaiting { _ in true }.count)
     }
 
     private func checkDrained() {

@@ -64,11 +64,24 @@ public final class PurchaseProcessor: Sendable {
             "processing \(configuration.requestsTopic) as group '\(configuration.groupID)' (max in flight \(configuration.maxInFlight))"
         )
         let inbox = self.inbox
+        let requestsTopic = configuration.requestsTopic
+        let logger = self.logger
+        let flow = FlowControl(capacity: configuration.bufferCapacity) { [consumer = clients.consumer] paused in
+            do {
+                let partitions = try consumer.assignment().filter { $0.topic == requestsTopic }
+                if paused { try consumer.pause(partitions) } else { try consumer.resume(partitions) }
+                logger.debug("\(paused ? "paused" : "resumed") \(partitions.count) partitions")
+            } catch {
+                logger.warning("cannot \(paused ? "pause" : "resume") partitions: \(error)")
+            }
+        }
         let forwarder = Task {
             // Decoding happens here, beside the loop rather than on it.
             for await event in clients.consumer.events {
                 switch event {
                 case .messages(let messages):
+                    // Counted before they queue up for the loop, so a slow loop still pauses the consumer.
+                    flow.admit(messages.count)
                     inbox.post(.records(messages.map { IncomingRecord(message: $0) }))
                 case .partitionsAssigned(let partitions):
                     // Read before any record of these partitions: what the previous owner finished.
@@ -89,7 +102,7 @@ public final class PurchaseProcessor: Sendable {
         }
         let loop = ProcessorLoop(
             configuration: configuration, router: router, recorder: recorder, consumer: clients.consumer,
-            producer: clients.producer, inbox: inbox, logger: logger)
+            producer: clients.producer, inbox: inbox, flow: flow, logger: logger)
         let failure: ProcessorError? = await withTaskCancellationHandler {
             while !loop.isFinished { loop.handle(await inbox.next()) }
             return loop.failure
@@ -152,6 +165,8 @@ public final class PurchaseProcessor: Sendable {
         consumerConfiguration.groupID = configuration.groupID
         // The processor commits itself, with the finished offsets beyond the commit as metadata.
         consumerConfiguration.setDefault("enable.auto.commit", "false")
+        // librdkafka's own prefetch (64 MiB by default) adds to the processor's buffer.
+        consumerConfiguration.setDefault("queued.max.messages.kbytes", "16384")
         do {
             let producer = try KafkaProducer(
                 configuration: producerConfiguration, logger: Logger(label: "encore.producer"))

@@ -35,7 +35,7 @@ enum RunCommand {
         .option("drain-timeout-ms", value: "MS", default: "30000", "Wait for running calls on revoke and shutdown."),
         .option("commit-interval-ms", value: "MS", default: "200", "How often finished offsets are committed."),
         .option(
-            "duplicate-window", value: "N", default: "1000000", "Recent request ids remembered to skip duplicates."),
+            "duplicate-window", value: "N", default: "200000", "Recent request ids remembered to skip duplicates."),
         .option("simulated-latency-ms", value: "MS", default: "20", "Mean latency of the simulated controller."),
         .option(
             "simulated-outcomes", value: "WEIGHTS", default: "purchased=0.8,cancelled=0.15,pending=0.05",

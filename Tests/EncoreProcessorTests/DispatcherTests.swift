@@ -69,6 +69,29 @@ struct DispatcherTests {
         await harness.stop()
     }
 
+    @Test("a record handed out twice by the consumer is handled once")
+    func redeliveredRecord() async throws {
+        let controller = RecordingController()
+        let harness = LoopHarness(router: router(controller))
+        harness.assign(partitions: 1)
+        let first = request(0, user: "u")
+        harness.feed(first)
+        harness.feed(request(1, user: "v"))
+        // The same offset 1 again, then the next one.
+        harness.inbox.post(
+            .consumer(
+                .messages([
+                    KafkaMessage(
+                        topic: LoopHarness.topic, partition: 0, offset: 1, key: nil,
+                        value: request(1, user: "v").jsonBytes())
+                ])))
+        harness.feed(request(2, user: "w"))
+        #expect(await harness.waitForFinished(3))
+        #expect(await eventually { harness.consumer.snapshot.stored.values.first == 3 })
+        #expect(harness.statistics.finished == 3 && controller.snapshot.calls == 3)
+        await harness.stop()
+    }
+
     @Test("a full buffer pauses the partitions; draining resumes them")
     func backpressure() async throws {
         let gate = Gate()

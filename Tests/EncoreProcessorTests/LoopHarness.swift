@@ -101,6 +101,7 @@ final class LoopHarness: Sendable {
     let inbox = Inbox<ProcessorInput>()
     private let pump: Task<Void, Never>
     private let offsets = Mutex<[Int32: Int64]>([:])
+    private let assignedCount = SharedCount()
 
     init(configure: (inout ProcessorConfiguration) -> Void = { _ in }, router: PurchaseRouter) {
         var configuration = ProcessorConfiguration(kafka: KafkaConfiguration())
@@ -108,10 +109,17 @@ final class LoopHarness: Sendable {
             maxAttempts: 3, initialBackoff: .milliseconds(5), maxBackoff: .milliseconds(20))
         configure(&configuration)
         let (consumer, producer, recorder, inbox) = (self.consumer, self.producer, self.recorder, self.inbox)
+        let assignedCount = self.assignedCount
+        let flow = FlowControl(capacity: configuration.bufferCapacity) { paused in
+            let partitions = (0..<assignedCount.withLock { $0 }).map {
+                KafkaTopicPartition(topic: Self.topic, partition: $0)
+            }
+            if paused { try? consumer.pause(partitions) } else { try? consumer.resume(partitions) }
+        }
         pump = Task { [configuration] in
             let loop = ProcessorLoop(
                 configuration: configuration, router: router, recorder: recorder, consumer: consumer,
-                producer: producer, inbox: inbox, logger: Logger(label: "test.loop"))
+                producer: producer, inbox: inbox, flow: flow, logger: Logger(label: "test.loop"))
             while !loop.isFinished { loop.handle(await inbox.next()) }
             loop.cancelRemainingCalls()
         }
@@ -127,12 +135,14 @@ final class LoopHarness: Sendable {
 
     /// Assigns partitions as a new owner would, with what a previous owner finished beyond its commit.
     func assign(partitions: Int32, finished: [Int32: Set<Int64>]) {
+        assignedCount.withLock { $0 = partitions }
         inbox.post(
             .assigned(
                 (0..<partitions).map { KafkaTopicPartition(topic: Self.topic, partition: $0) }, finished: finished))
     }
 
     func assign(partitions: Int32) {
+        assignedCount.withLock { $0 = partitions }
         inbox.post(
             .consumer(
                 .partitionsAssigned((0..<partitions).map { KafkaTopicPartition(topic: Self.topic, partition: $0) })))
@@ -266,4 +276,11 @@ func router(_ controller: any PurchaseController, routes: [PurchaseRouter.Match]
     router.register("recording", controller)
     for match in routes { router.route(match, to: "recording") }
     return router
+}
+
+/// A number shared between the harness and the flow control's pause callback.
+final class SharedCount: Sendable {
+    private let value = Mutex<Int32>(0)
+
+    func withLock<R>(_ body: (inout Int32) -> R) -> R { value.withLock { body(&$0) } }
 }
