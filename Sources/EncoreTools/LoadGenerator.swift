@@ -18,8 +18,7 @@ public struct LoadGenerator: Sendable {
 
         /// Acknowledged records per second so far.
         public var rate: Double {
-            let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-            return seconds > 0 ? Double(acknowledged) / seconds : 0
+            elapsed.seconds > 0 ? Double(acknowledged) / elapsed.seconds : 0
         }
     }
 
@@ -56,15 +55,18 @@ public struct LoadGenerator: Sendable {
         }
         while count.map({ progress.sent < $0 }) ?? true {
             let now = clock.now
-            if let duration, now - start >= duration { break }
+            if let duration, now - start >= duration {
+                // A token bucket's budget accrues with time: a sender that fell behind (a busy
+                // machine) catches up on what the window allowed before it stops.
+                let owed = rate > 0 ? Int(rate * duration.seconds) - progress.sent : 0
+                if owed <= 0 { break }
+            }
             if now >= nextReport {
                 report(snapshot())
                 nextReport = now.advanced(by: interval)
             }
             if rate > 0 {
-                let elapsed = now - start
-                let allowed =
-                    Int(rate * (Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)) + 1
+                let allowed = Int(rate * (now - start).seconds) + 1
                 if progress.sent >= allowed {
                     try await Task.sleep(for: .microseconds(max(200, Int(1_000_000 / rate / 2))))
                     continue
@@ -130,4 +132,11 @@ public func wallClockMs() -> Int64 {
     var now = timespec()
     clock_gettime(CLOCK_REALTIME, &now)
     return Int64(now.tv_sec) * 1000 + Int64(now.tv_nsec) / 1_000_000
+}
+
+extension Duration {
+    /// The duration in seconds, as a floating-point number.
+    public var seconds: Double {
+        Double(components.seconds) + Double(components.attoseconds) / 1e18
+    }
 }

@@ -3,27 +3,36 @@ import Foundation
 import Testing
 
 /// Runs `scripts/validate_events.py` (Python `jsonschema`) and returns its exit status and output.
-func runValidator(_ arguments: [String]) throws -> (status: Int32, output: String) {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-    process.arguments =
-        ["python3", repositoryRoot.appendingPathComponent("scripts/validate_events.py").path] + arguments
-    let pipe = Pipe()
-    process.standardOutput = pipe
-    process.standardError = pipe
-    try process.run()
-    let output = pipe.fileHandleForReading.readDataToEndOfFile()
-    process.waitUntilExit()
-    return (process.terminationStatus, String(decoding: output, as: UTF8.self))
+/// The blocking wait happens on a dispatch thread, never on the cooperative pool other tests share.
+func runValidator(_ arguments: [String]) async throws -> (status: Int32, output: String) {
+    try await withCheckedThrowingContinuation { continuation in
+        DispatchQueue.global().async {
+            do {
+                let process = Process()
+                process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+                process.arguments =
+                    ["python3", repositoryRoot.appendingPathComponent("scripts/validate_events.py").path] + arguments
+                let pipe = Pipe()
+                process.standardOutput = pipe
+                process.standardError = pipe
+                try process.run()
+                let output = pipe.fileHandleForReading.readDataToEndOfFile()
+                process.waitUntilExit()
+                continuation.resume(returning: (process.terminationStatus, String(decoding: output, as: UTF8.self)))
+            } catch {
+                continuation.resume(throwing: error)
+            }
+        }
+    }
 }
 
 @Suite("Swift decoder and Python jsonschema agree")
 struct IndependentValidatorTests {
     @Test("on every sample: same verdict, same field")
-    func samplesAgree() throws {
+    func samplesAgree() async throws {
         for event in ["purchase-request", "purchase-outcome", "entitlement-change", "dead-letter"] {
             let samples = allSamples().filter { $0.event == event }
-            let (status, output) = try runValidator(["verdicts", event] + samples.map(\.url.path))
+            let (status, output) = try await runValidator(["verdicts", event] + samples.map(\.url.path))
             #expect(status == 0, "\(output)")
             let lines = output.split(separator: "\n").map {
                 $0.split(separator: "\t", omittingEmptySubsequences: false)
@@ -44,7 +53,7 @@ struct IndependentValidatorTests {
     }
 
     @Test("on events the Swift code encodes")
-    func encodedEventsValidate() throws {
+    func encodedEventsValidate() async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("encore-encoded-\(UUID())")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
@@ -58,7 +67,7 @@ struct IndependentValidatorTests {
         try write("entitlement-change", SampleEvents.changes(count: 50).map { $0.jsonBytes() })
         try write("dead-letter", SampleEvents.deadLetters().map { $0.jsonBytes() })
         for event in ["purchase-request", "purchase-outcome", "entitlement-change", "dead-letter"] {
-            let (status, output) = try runValidator([
+            let (status, output) = try await runValidator([
                 "check", event, directory.appendingPathComponent("\(event).jsonl").path,
             ])
             #expect(status == 0, "\(event): \(output)")

@@ -93,9 +93,9 @@ struct EndToEndTests {
         }
 
         // The independent validator accepts what was produced.
-        #expect(try validateWithPython("purchase-outcome", outcomes.map(\.value)) == nil)
+        #expect(try await validateWithPython("purchase-outcome", outcomes.map(\.value)) == nil)
         #expect(
-            try validateWithPython(
+            try await validateWithPython(
                 "dead-letter", try await readTopic(bootstrap: bootstrap, topic: Topics.deadLetters).map(\.value)) == nil
         )
         withExtendedLifetime(cluster) {}

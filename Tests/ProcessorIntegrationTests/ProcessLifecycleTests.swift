@@ -114,7 +114,7 @@ struct ProcessLifecycleTests {
         }
         #expect(committed.values.contains { $0 > 0 }, "nothing was committed: \(committed)")
         // The produced outcomes validate against the schema.
-        #expect(try validateWithPython("purchase-outcome", outcomes.map { $0.jsonBytes() }) == nil)
+        #expect(try await validateWithPython("purchase-outcome", outcomes.map { $0.jsonBytes() }) == nil)
         await billing.stop()
         await broker.stop()
     }

@@ -174,20 +174,17 @@ func committedOffsets(bootstrap: String, group: String, topic: String, partition
 }
 
 /// Validates record values with the independent Python validator; returns its output on failure.
-func validateWithPython(_ event: String, _ values: [[UInt8]]) throws -> String? {
+/// The blocking wait happens on a dispatch thread, never on the cooperative pool other tests share.
+func validateWithPython(_ event: String, _ values: [[UInt8]]) async throws -> String? {
     let file = FileManager.default.temporaryDirectory.appendingPathComponent("encore-\(event)-\(UUID()).jsonl")
     try Data(values.map { String(decoding: $0, as: UTF8.self) }.joined(separator: "\n").utf8).write(to: file)
     defer { try? FileManager.default.removeItem(at: file) }
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-    process.arguments = [
-        "python3", repositoryRoot.appendingPathComponent("scripts/validate_events.py").path, "check", event, file.path,
-    ]
-    let pipe = Pipe()
-    process.standardOutput = pipe
-    process.standardError = pipe
-    try process.run()
-    let output = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-    process.waitUntilExit()
-    return process.terminationStatus == 0 ? nil : output
+    let validator = try ChildProcess(
+        URL(fileURLWithPath: "/usr/bin/env"),
+        [
+            "python3", repositoryRoot.appendingPathComponent("scripts/validate_events.py").path, "check", event,
+            file.path,
+        ])
+    let status = await validator.waitForExit(timeout: .seconds(120))
+    return status == 0 ? nil : validator.stdout + validator.stderr
 }

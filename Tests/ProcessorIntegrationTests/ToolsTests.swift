@@ -16,8 +16,7 @@ struct ToolsTests {
         let progress = try await LoadGenerator(producer: producer, topic: "load", rate: 1000).run(
             generator: &generator, count: nil, duration: .seconds(3))
         await producer.close()
-        let sending = progress.sendingTime
-        let seconds = Double(sending.components.seconds) + Double(sending.components.attoseconds) / 1e18
+        let seconds = progress.sendingTime.seconds
         let achieved = Double(progress.sent) / seconds
         #expect(abs(achieved - 1000) / 1000 < 0.10, "\(progress.sent) records in \(seconds) s")
         #expect(progress.acknowledged == progress.sent && progress.errors == 0)
