@@ -20,6 +20,10 @@ test: deps
 lint:
 	swift format lint --strict -r Sources Tests
 
+# limit.c and the processor side by side on the mock cluster and on Tansu (several minutes).
+bench: deps
+	scripts/bench.sh
+
 # Deployment files cannot run here (no Docker engine): validate them instead.
 deploy-check: deps
 	swift build --product encore-processor

@@ -59,7 +59,7 @@ final class ProcessorLoop {
     private var revocations: [PendingRevocation] = []
     private var drainDeadline: ContinuousClock.Instant? = nil
 
-    /// Counters kept here and published once per batch of inputs.
+    /// Counters kept here and published on each tick (and when the loop ends).
     private var statistics = ProcessorStatistics()
     private var headerTemplates: [EventType: [KafkaHeader]] = [:]
     /// Offsets a previous owner finished beyond its commit (from the commit metadata), per partition.
@@ -93,7 +93,7 @@ final class ProcessorLoop {
 
     private var isDraining: Bool { drainDeadline != nil }
 
-    /// Handles a batch of inputs, then stores offsets and publishes statistics once.
+    /// Handles a batch of inputs; while draining, checks whether everything is done.
     func handle(_ batch: [ProcessorInput]) {
         for event in batch { handle(event) }
         if isDraining { checkDrained() }
