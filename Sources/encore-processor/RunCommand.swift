@@ -63,7 +63,8 @@ enum RunCommand {
         configuration.retry = RetryPolicy(
             maxAttempts: try options.integer("max-attempts", range: 1...100),
             initialBackoff: try options.milliseconds("retry-backoff-ms", minimum: 1))
-        let router = try makeRouter(options, callTimeout: configuration.callTimeout)
+        let router = try makeRouter(
+            options, callTimeout: configuration.callTimeout, maxConnections: configuration.maxInFlight)
         do {
             try configuration.validate()
         } catch {
@@ -72,7 +73,9 @@ enum RunCommand {
         return (configuration, router)
     }
 
-    static func makeRouter(_ options: ParsedOptions, callTimeout: Duration) throws(UsageError) -> PurchaseRouter {
+    static func makeRouter(
+        _ options: ParsedOptions, callTimeout: Duration, maxConnections: Int
+    ) throws(UsageError) -> PurchaseRouter {
         var router = PurchaseRouter()
         var names: [String] = []
         switch try options.choice("controller", ["simulated", "http"]) {
@@ -106,7 +109,7 @@ enum RunCommand {
                     throw UsageError("--controller-url: '\(text)' is not an http(s) URL")
                 }
                 guard !names.contains(name) else { throw UsageError("--controller-url: name '\(name)' given twice") }
-                router.register(name, HTTPController(url: url, timeout: callTimeout))
+                router.register(name, HTTPController(url: url, timeout: callTimeout, maxConnections: maxConnections))
                 names.append(name)
             }
         }

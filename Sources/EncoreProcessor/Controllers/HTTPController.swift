@@ -16,11 +16,13 @@ public struct HTTPController: PurchaseController {
     public let timeout: Duration
     private let session: URLSession
 
-    public init(url: URL, timeout: Duration = .seconds(300)) {
+    /// - Parameter maxConnections: connections kept to the endpoint; match `--max-in-flight` so calls
+    ///   do not queue inside the HTTP client while their timeout runs.
+    public init(url: URL, timeout: Duration = .seconds(300), maxConnections: Int = 256) {
         self.url = url
         self.timeout = timeout
         let configuration = URLSessionConfiguration.ephemeral
-        configuration.httpMaximumConnectionsPerHost = 64
+        configuration.httpMaximumConnectionsPerHost = maxConnections
         configuration.timeoutIntervalForRequest = Double(timeout.components.seconds) + 1
         session = URLSession(configuration: configuration)
     }
