@@ -1,0 +1,52 @@
+import EncoreEvents
+import EncoreProcessor
+import EncoreTools
+import Foundation
+import Kafka
+import Testing
+
+@Suite("Faults on the embedded broker")
+struct FaultTests {
+    @Test("the broker goes down mid-run and comes back: nothing lost, offsets reach the end")
+    func brokerOutage() async throws {
+        let cluster = try EmbeddedKafkaCluster()
+        for topic in Topics.all { try cluster.createTopic(topic, partitions: 4) }
+        let bootstrap = cluster.bootstrapServers
+        var options = RequestGenerator.Options()
+        options.users = 300
+        options.seed = 31
+        let produced = try await produceRequests(bootstrap: bootstrap, count: 4000, options: options)
+        let ids = Set(produced.compactMap(\.requestID))
+
+        var configuration = ProcessorConfiguration(kafka: KafkaConfiguration(["bootstrap.servers": bootstrap]))
+        configuration.groupID = "outage"
+        configuration.maxInFlight = 20
+        var router = PurchaseRouter()
+        router.register(
+            "simulated", SimulatedController(meanLatency: .milliseconds(10), weights: [(.purchased, 1)], seed: 4))
+        router.route(.any, to: "simulated")
+        let processor = try PurchaseProcessor(configuration: configuration, router: router)
+        async let running: Void = processor.run()
+        #expect(await eventually(timeout: .seconds(60)) { processor.statistics.finished >= 500 })
+        // Outputs cannot be delivered while the broker is away; they must not be given up on.
+        try cluster.setBrokerDown(1)
+        let finishedDuringOutage = processor.statistics.finished
+        try await Task.sleep(for: .seconds(3))
+        try cluster.setBrokerUp(1)
+        let done = await eventually(timeout: .seconds(120)) { processor.statistics.finished >= produced.count }
+        #expect(done, "finished \(processor.statistics.finished) of \(produced.count)")
+        #expect(finishedDuringOutage < produced.count, "the outage should land mid-run")
+        let committedAll = try await eventually(timeout: .seconds(60)) {
+            try await committedOffsets(bootstrap: bootstrap, group: "outage", topic: Topics.requests, partitions: 4)
+                .values.reduce(0, +) == Int64(produced.count)
+        }
+        #expect(committedAll)
+        processor.shutdown()
+        try await running
+        let outcomes = try await readTopic(bootstrap: bootstrap, topic: Topics.outcomes, partitions: 4).map {
+            try PurchaseOutcomeEvent(jsonBytes: $0.value)
+        }
+        #expect(Set(outcomes.map(\.requestID)) == ids)
+        withExtendedLifetime(cluster) {}
+    }
+}
