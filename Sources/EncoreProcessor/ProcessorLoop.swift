@@ -1,3 +1,4 @@
+import Dispatch
 import EncoreEvents
 import Kafka
 
@@ -61,7 +62,8 @@ final class ProcessorLoop {
 
     /// Counters kept here and published on each tick (and when the loop ends).
     private var statistics = ProcessorStatistics()
-    private var headerTemplates: [EventType: [KafkaHeader]] = [:]
+    private let encoder: OutputEncoder
+    private let outputQueue = DispatchQueue(label: "encore.processor.outputs")
     /// Offsets a previous owner finished beyond its commit (from the commit metadata), per partition.
     private var finishedByPreviousOwner: [Int32: Set<Int64>] = [:]
     /// What was last committed per partition, to commit only what changed.
@@ -88,6 +90,7 @@ final class ProcessorLoop {
         scheduler = LaneScheduler(maxInFlight: configuration.maxInFlight)
         recent = RecentRequests(capacity: configuration.duplicateWindow)
         self.flow = flow
+        encoder = OutputEncoder(configuration: configuration)
         nextCommit = ContinuousClock.now.advanced(by: configuration.commitInterval)
     }
 
@@ -331,63 +334,64 @@ final class ProcessorLoop {
         _ item: WorkItem, result: OutcomeResult, attempts: Int, controller: String?,
         error: PurchaseOutcomeEvent.Failure?
     ) {
-        let completedAt = currentTimeMs()
         let outcome = PurchaseOutcomeEvent(
-            request: item.request, result: result, attempts: attempts, completedAtMs: completedAt,
+            request: item.request, result: result, attempts: attempts, completedAtMs: currentTimeMs(),
             controller: controller, error: error)
         recent.insert(item.request.requestID)
-        let record = KafkaProducerRecord(
-            topic: configuration.outcomesTopic, key: Array(outcome.key.utf8), value: outcome.jsonBytes(),
-            headers: headers(id: "outcome:\(item.request.requestID)", type: .purchaseOutcome, timeMs: completedAt))
-        send(record, for: item.ref, output: .outcome(result, requestedAtMs: item.request.requestedAtMs))
+        let encoder = self.encoder
+        send(for: item.ref, output: .outcome(result, requestedAtMs: item.request.requestedAtMs)) {
+            encoder.record(for: outcome)
+        }
     }
 
     private func publishDeadLetter(
         for message: KafkaMessage, ref: RecordRef, failure: DeadLetterEvent.Failure, attempts: Int, requestID: String?
     ) {
         let failedAt = currentTimeMs()
-        let letter = DeadLetterEvent(
-            topic: message.topic, partition: message.partition, offset: message.offset, key: message.key,
-            value: message.value, headers: message.headers.map { ($0.key, $0.value) }, error: failure,
-            attempts: attempts, failedAtMs: failedAt, requestID: requestID)
-        let record = KafkaProducerRecord(
-            topic: configuration.deadLetterTopic, key: message.key, value: letter.jsonBytes(),
-            headers: headers(
-                id: "deadletter:\(message.topic)/\(message.partition)/\(message.offset)", type: .deadLetter,
-                timeMs: failedAt))
-        send(record, for: ref, output: .deadLetter)
-    }
-
-    /// The CloudEvents headers of an output; the parts that never change are built once per type.
-    private func headers(id: String, type: EventType, timeMs: Int64) -> [KafkaHeader] {
-        let template: [KafkaHeader]
-        if let cached = headerTemplates[type] {
-            template = cached
-        } else {
-            template = CloudEventHeaders(id: "", source: configuration.source, type: type, timeMs: 0).headers.map {
-                KafkaHeader(key: $0.key, string: $0.value)
-            }
-            headerTemplates[type] = template
-        }
-        return template.map { header in
-            switch header.key {
-            case "ce_id": KafkaHeader(key: header.key, string: id)
-            case "ce_time": KafkaHeader(key: header.key, string: CloudEventHeaders.rfc3339(ms: timeMs))
-            default: header
-            }
+        let encoder = self.encoder
+        send(for: ref, output: .deadLetter) {
+            let letter = DeadLetterEvent(
+                topic: message.topic, partition: message.partition, offset: message.offset, key: message.key,
+                value: message.value, headers: message.headers.map { ($0.key, $0.value) }, error: failure,
+                attempts: attempts, failedAtMs: failedAt, requestID: requestID)
+            return encoder.record(for: letter, key: message.key)
         }
     }
 
-    private func send(_ record: KafkaProducerRecord, for ref: RecordRef, output: Output, counted: Bool = true) {
+    /// Encodes and enqueues an output on the output queue, in the order outputs are sent, so one
+    /// user's outcomes keep their order; the broker's answer comes back through the inbox.
+    private func send(
+        for ref: RecordRef, output: Output, counted: Bool = true,
+        _ build: @escaping @Sendable () -> KafkaProducerRecord
+    ) {
         if counted { pendingOutputs[ref, default: 0] += 1 }
-        let inbox = self.inbox
+        let (producer, inbox) = (self.producer, self.inbox)
+        outputQueue.async(execute: {
+            Self.produce(build(), ref: ref, output: output, producer: producer, inbox: inbox)
+        })
+    }
+
+    private static func produce(
+        _ record: KafkaProducerRecord, ref: RecordRef, output: Output, producer: any OutputProducer,
+        inbox: Inbox<ProcessorInput>
+    ) {
         do {
             try producer.produce(record) { result in
                 inbox.post(.delivered(Delivery(ref: ref, output: output, result: result, record: record)))
             }
         } catch {
-            logger.warning("cannot enqueue output for \(ref.partition)@\(ref.offset): \(error); retrying")
-            timers.schedule(.redeliver(ref, output, record), at: clock.now.advanced(by: .milliseconds(200)))
+            // Reported like a failed delivery: a full local queue is tried again, anything else stops.
+            let failure = KafkaError(
+                code: error.code, message: "cannot enqueue output: \(error.message)",
+                isRetriable: error.isRetriable || error.code == .queueFull, isFatal: error.isFatal)
+            inbox.post(.delivered(Delivery(ref: ref, output: output, result: .failure(failure), record: record)))
+        }
+    }
+
+    /// Waits until every output handed to the output queue has been given to the producer.
+    func waitForOutputs() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            outputQueue.async(execute: { continuation.resume() })
         }
     }
 
@@ -537,7 +541,7 @@ final class ProcessorLoop {
                 call.attempt += 1
                 launch(id)
             case .redeliver(let ref, let output, let record):
-                send(record, for: ref, output: output, counted: false)
+                send(for: ref, output: output, counted: false) { record }
             }
         }
         if !revocations.isEmpty { checkRevocations() }

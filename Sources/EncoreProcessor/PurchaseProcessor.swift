@@ -111,6 +111,7 @@ public final class PurchaseProcessor: Sendable {
         }
         ticker.cancel()
         loop.cancelRemainingCalls()
+        await loop.waitForOutputs()
         do {
             try await clients.producer.flush(timeout: configuration.drainTimeout)
         } catch {

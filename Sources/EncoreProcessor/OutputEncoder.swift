@@ -1,0 +1,48 @@
+import EncoreEvents
+import Kafka
+
+/// Turns outcomes and dead letters into records with their CloudEvents headers. Pure and
+/// `Sendable`, so encoding runs beside the processor's loop rather than on it.
+struct OutputEncoder: Sendable {
+    let outcomesTopic: String
+    let deadLetterTopic: String
+    /// The headers that never change, per event type (`ce_id` and `ce_time` are filled per record).
+    private let templates: [EventType: [KafkaHeader]]
+
+    init(configuration: ProcessorConfiguration) {
+        outcomesTopic = configuration.outcomesTopic
+        deadLetterTopic = configuration.deadLetterTopic
+        var templates: [EventType: [KafkaHeader]] = [:]
+        for type in EventType.allCases {
+            templates[type] = CloudEventHeaders(id: "", source: configuration.source, type: type, timeMs: 0).headers.map
+            {
+                KafkaHeader(key: $0.key, string: $0.value)
+            }
+        }
+        self.templates = templates
+    }
+
+    func record(for outcome: PurchaseOutcomeEvent) -> KafkaProducerRecord {
+        KafkaProducerRecord(
+            topic: outcomesTopic, key: Array(outcome.key.utf8), value: outcome.jsonBytes(),
+            headers: headers(id: "outcome:\(outcome.requestID)", type: .purchaseOutcome, timeMs: outcome.completedAtMs))
+    }
+
+    func record(for letter: DeadLetterEvent, key: [UInt8]?) -> KafkaProducerRecord {
+        KafkaProducerRecord(
+            topic: deadLetterTopic, key: key, value: letter.jsonBytes(),
+            headers: headers(
+                id: "deadletter:\(letter.originalTopic)/\(letter.originalPartition)/\(letter.originalOffset)",
+                type: .deadLetter, timeMs: letter.failedAtMs))
+    }
+
+    private func headers(id: String, type: EventType, timeMs: Int64) -> [KafkaHeader] {
+        (templates[type] ?? []).map { header in
+            switch header.key {
+            case "ce_id": KafkaHeader(key: header.key, string: id)
+            case "ce_time": KafkaHeader(key: header.key, string: CloudEventHeaders.rfc3339(ms: timeMs))
+            default: header
+            }
+        }
+    }
+}
