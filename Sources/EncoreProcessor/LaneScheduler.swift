@@ -3,7 +3,7 @@
 ///
 /// A pure state machine: the processor feeds it arrivals and completions and starts the items it
 /// returns.
-struct LaneScheduler<Item> {
+struct LaneScheduler<Item, LaneKey: Hashable> {
     private struct Lane {
         var queue = FIFO<Item>()
         var isRunning = false
@@ -11,8 +11,8 @@ struct LaneScheduler<Item> {
     }
 
     let maxInFlight: Int
-    private var lanes: [String: Lane] = [:]
-    private var waiting = FIFO<String>()
+    private var lanes: [LaneKey: Lane] = [:]
+    private var waiting = FIFO<LaneKey>()
     private(set) var inFlight = 0
     /// Items held: waiting in a lane or running.
     private(set) var count = 0
@@ -23,7 +23,7 @@ struct LaneScheduler<Item> {
     }
 
     /// Adds `item` at the end of `lane`; returns the items to start now (at most one).
-    mutating func enqueue(_ item: Item, lane key: String) -> Item? {
+    mutating func enqueue(_ item: Item, lane key: LaneKey) -> Item? {
         count += 1
         // Lanes are mutated in place: copying one out would copy its queue.
         if lanes[key] != nil {
@@ -43,7 +43,7 @@ struct LaneScheduler<Item> {
     }
 
     /// The running item of `lane` finished; returns the items to start now.
-    mutating func finish(lane key: String) -> [Item] {
+    mutating func finish(lane key: LaneKey) -> [Item] {
         precondition(lanes[key]?.isRunning == true, "finish(lane:) for a lane with nothing running")
         inFlight -= 1
         count -= 1
@@ -88,4 +88,20 @@ struct LaneScheduler<Item> {
         }
         return started
     }
+}
+
+/// A user's lane: the user key with its hash computed once, since lanes are looked up several
+/// times per request.
+struct UserLane: Hashable, Sendable {
+    let key: String
+    private let hashCode: Int
+
+    init(_ key: String) {
+        self.key = key
+        hashCode = key.hashValue
+    }
+
+    func hash(into hasher: inout Hasher) { hasher.combine(hashCode) }
+
+    static func == (lhs: UserLane, rhs: UserLane) -> Bool { lhs.hashCode == rhs.hashCode && lhs.key == rhs.key }
 }

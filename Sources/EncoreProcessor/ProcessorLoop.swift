@@ -42,7 +42,7 @@ final class ProcessorLoop {
     private let clock = ContinuousClock()
     private var random = SystemRandomNumberGenerator()
 
-    private var scheduler: LaneScheduler<WorkItem>
+    private var scheduler: LaneScheduler<WorkItem, UserLane>
     private var tracker = OffsetTracker<Int32>()
     private var recent: RecentRequests
     private let flow: FlowControl

@@ -253,13 +253,13 @@ final class WorkItem: Sendable {
     let request: PurchaseRequestEvent
     let message: KafkaMessage
     /// The user key `{app_id}:{app_user_id}`: one lane per user.
-    let lane: String
+    let lane: UserLane
 
     init(ref: RecordRef, request: PurchaseRequestEvent, message: KafkaMessage) {
         self.ref = ref
         self.request = request
         self.message = message
-        self.lane = request.key
+        self.lane = UserLane(request.key)
     }
 }
 

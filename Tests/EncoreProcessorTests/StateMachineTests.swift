@@ -7,7 +7,7 @@ import Testing
 struct LaneSchedulerTests {
     @Test("one running item per lane, FIFO within a lane, global bound across lanes")
     func lanes() {
-        var scheduler = LaneScheduler<Int>(maxInFlight: 2)
+        var scheduler = LaneScheduler<Int, String>(maxInFlight: 2)
         #expect(scheduler.enqueue(1, lane: "a") == 1)
         #expect(scheduler.enqueue(2, lane: "a") == nil)
         #expect(scheduler.enqueue(3, lane: "b") == 3)
@@ -23,7 +23,7 @@ struct LaneSchedulerTests {
 
     @Test("removing waiting items keeps running ones and the order of the rest")
     func removeWaiting() {
-        var scheduler = LaneScheduler<Int>(maxInFlight: 1)
+        var scheduler = LaneScheduler<Int, String>(maxInFlight: 1)
         _ = scheduler.enqueue(1, lane: "a")
         _ = scheduler.enqueue(2, lane: "a")
         _ = scheduler.enqueue(3, lane: "b")
