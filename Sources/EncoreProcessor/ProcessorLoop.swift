@@ -314,18 +314,10 @@ final class ProcessorLoop {
         release(call.item)
     }
 
+    /// Frees the item's lane and starts what may start now. While draining nothing is waiting
+    /// (the queues were emptied and intake stopped), so nothing new starts.
     private func release(_ item: WorkItem) {
-        let next = scheduler.finish(lane: item.lane)
-        // While draining, nothing new starts: what is left is read again after restart.
-        if isDraining || next.isEmpty {
-            if !next.isEmpty { dropStarted(next) }
-            return
-        }
-        for item in next { start(item) }
-    }
-
-    private func dropStarted(_ items: [WorkItem]) {
-        for item in items { _ = scheduler.finish(lane: item.lane) }
+        for next in scheduler.finish(lane: item.lane) { start(next) }
     }
 
     // MARK: Outputs

@@ -10,8 +10,7 @@ struct EndToEndTests {
     @Test(
         "10,000 requests, 8 partitions, 500 users: one outcome each, per-user order, dead letters, offsets at the end")
     func tenThousand() async throws {
-        let cluster = try EmbeddedKafkaCluster()
-        for topic in Topics.all { try cluster.createTopic(topic, partitions: 8) }
+        let cluster = try embeddedClusterWithTopics(partitions: 8)
         let bootstrap = cluster.bootstrapServers
         var options = RequestGenerator.Options()
         options.users = 500
@@ -20,17 +19,9 @@ struct EndToEndTests {
         options.seed = 42
         let produced = try await produceRequests(bootstrap: bootstrap, count: 10_000, options: options)
 
-        var configuration = ProcessorConfiguration(kafka: KafkaConfiguration(["bootstrap.servers": bootstrap]))
-        configuration.groupID = "e2e"
-        configuration.maxInFlight = 64
-        var router = PurchaseRouter()
-        router.register(
-            "simulated",
-            SimulatedController(
-                meanLatency: .milliseconds(1), weights: [(.purchased, 0.7), (.cancelled, 0.2), (.pending, 0.1)],
-                seed: 3))
-        router.route(.any, to: "simulated")
-        let processor = try PurchaseProcessor(configuration: configuration, router: router)
+        let processor = try simulatedProcessor(
+            bootstrap: bootstrap, group: "e2e", latency: .milliseconds(1), maxInFlight: 64,
+            weights: [(.purchased, 0.7), (.cancelled, 0.2), (.pending, 0.1)], seed: 3)
         async let running: Void = processor.run()
         let done = await eventually(timeout: .seconds(120)) { processor.statistics.finished >= 10_000 }
         processor.shutdown()

@@ -9,8 +9,7 @@ import Testing
 struct FaultTests {
     @Test("the broker goes down mid-run and comes back: nothing lost, offsets reach the end")
     func brokerOutage() async throws {
-        let cluster = try EmbeddedKafkaCluster()
-        for topic in Topics.all { try cluster.createTopic(topic, partitions: 4) }
+        let cluster = try embeddedClusterWithTopics(partitions: 4)
         let bootstrap = cluster.bootstrapServers
         var options = RequestGenerator.Options()
         options.users = 300
@@ -18,14 +17,8 @@ struct FaultTests {
         let produced = try await produceRequests(bootstrap: bootstrap, count: 4000, options: options)
         let ids = Set(produced.compactMap(\.requestID))
 
-        var configuration = ProcessorConfiguration(kafka: KafkaConfiguration(["bootstrap.servers": bootstrap]))
-        configuration.groupID = "outage"
-        configuration.maxInFlight = 20
-        var router = PurchaseRouter()
-        router.register(
-            "simulated", SimulatedController(meanLatency: .milliseconds(10), weights: [(.purchased, 1)], seed: 4))
-        router.route(.any, to: "simulated")
-        let processor = try PurchaseProcessor(configuration: configuration, router: router)
+        let processor = try simulatedProcessor(
+            bootstrap: bootstrap, group: "outage", latency: .milliseconds(10), maxInFlight: 20, seed: 4)
         async let running: Void = processor.run()
         #expect(await eventually(timeout: .seconds(60)) { processor.statistics.finished >= 500 })
         // Outputs cannot be delivered while the broker is away; they must not be given up on.

@@ -9,8 +9,7 @@ import Testing
 struct RebalanceTests {
     @Test("a second member joins mid-run: partitions move, nothing is lost, offsets reach the end")
     func secondMemberJoins() async throws {
-        let cluster = try EmbeddedKafkaCluster()
-        for topic in Topics.all { try cluster.createTopic(topic, partitions: 8) }
+        let cluster = try embeddedClusterWithTopics(partitions: 8)
         let bootstrap = cluster.bootstrapServers
         var options = RequestGenerator.Options()
         options.users = 400
@@ -19,19 +18,13 @@ struct RebalanceTests {
         let ids = Set(produced.compactMap(\.requestID))
 
         func makeProcessor() throws -> PurchaseProcessor {
-            var configuration = ProcessorConfiguration(
-                kafka: KafkaConfiguration([
-                    "bootstrap.servers": bootstrap, "session.timeout.ms": "6000", "heartbeat.interval.ms": "300",
-                ]))
-            configuration.groupID = "rebalance"
-            configuration.maxInFlight = 20
-            configuration.drainTimeout = .seconds(10)
-            configuration.commitInterval = .milliseconds(100)
-            var router = PurchaseRouter()
-            router.register(
-                "simulated", SimulatedController(meanLatency: .milliseconds(20), weights: [(.purchased, 1)], seed: 2))
-            router.route(.any, to: "simulated")
-            return try PurchaseProcessor(configuration: configuration, router: router)
+            try simulatedProcessor(
+                bootstrap: bootstrap, group: "rebalance", latency: .milliseconds(20), maxInFlight: 20, seed: 2,
+                kafka: ["session.timeout.ms": "6000", "heartbeat.interval.ms": "300"]
+            ) { configuration in
+                configuration.drainTimeout = .seconds(10)
+                configuration.commitInterval = .milliseconds(100)
+            }
         }
         let first = try makeProcessor()
         async let firstRun: Void = first.run()

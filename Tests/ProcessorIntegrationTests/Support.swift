@@ -1,4 +1,5 @@
 import EncoreEvents
+import EncoreProcessor
 import EncoreTools
 import Foundation
 import Kafka
@@ -187,4 +188,29 @@ func validateWithPython(_ event: String, _ values: [[UInt8]]) async throws -> St
         ])
     let status = await validator.waitForExit(timeout: .seconds(120))
     return status == 0 ? nil : validator.stdout + validator.stderr
+}
+
+/// An embedded cluster with the processor's four topics.
+func embeddedClusterWithTopics(partitions: Int) throws -> EmbeddedKafkaCluster {
+    let cluster = try EmbeddedKafkaCluster()
+    for topic in Topics.all { try cluster.createTopic(topic, partitions: partitions) }
+    return cluster
+}
+
+/// A processor in `group` whose every product goes to a simulated store.
+func simulatedProcessor(
+    bootstrap: String, group: String, latency: Duration, maxInFlight: Int,
+    weights: [(answer: SimulatedController.Answer, weight: Double)] = [(.purchased, 1)], seed: UInt64 = 1,
+    kafka: [String: String] = [:], configure: (inout ProcessorConfiguration) -> Void = { _ in }
+) throws -> PurchaseProcessor {
+    var properties = kafka
+    properties["bootstrap.servers"] = bootstrap
+    var configuration = ProcessorConfiguration(kafka: KafkaConfiguration(properties))
+    configuration.groupID = group
+    configuration.maxInFlight = maxInFlight
+    configure(&configuration)
+    var router = PurchaseRouter()
+    router.register("simulated", SimulatedController(meanLatency: latency, weights: weights, seed: seed))
+    router.route(.any, to: "simulated")
+    return try PurchaseProcessor(configuration: configuration, router: router)
 }
