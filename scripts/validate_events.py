@@ -7,7 +7,8 @@
   validate_events.py check EVENT FILE...   every file (or every line of a .jsonl file) is a valid EVENT
   validate_events.py verdicts EVENT FILE... print "<file>\t<valid|invalid>\t<field>" per file
 
-EVENT is a schema name: purchase-request, purchase-outcome, entitlement-change, dead-letter.
+EVENT is a schema name: purchase-request, purchase-outcome, entitlement-change, dead-letter,
+entitlement-source, entitlement-state.
 """
 import json
 import pathlib

@@ -15,6 +15,8 @@ public enum EventType: String, Sendable, CaseIterable {
     case purchaseRequested = "com.encorekit.purchase.requested.v1"
     case purchaseOutcome = "com.encorekit.purchase.outcome.v1"
     case entitlementChanged = "com.encorekit.entitlement.changed.v1"
+    case entitlementSource = "com.encorekit.entitlement.source.v1"
+    case entitlementState = "com.encorekit.entitlement.state.v1"
     case deadLetter = "com.encorekit.deadletter.v1"
 }
 

@@ -20,8 +20,12 @@ public struct EntitlementChangeEvent: EncoreEvent, Hashable {
     public var appID: String
     public var appUserID: String
     public var change: EntitlementChangeKind
-    public var entitlement: Entitlement
-    public var status: EntitlementStatus
+    /// The Encore grant that changed; `nil` when the change is a flip of an access rule.
+    public var entitlement: Entitlement?
+    /// The grant's status; `nil` when the change is a flip of an access rule.
+    public var status: EntitlementStatus?
+    /// The access rule (e.g. `pro`) whose merged answer flipped; `is_active` is the new answer.
+    public var access: String?
     public var isActive: Bool
     public var effectiveAtMs: Int64
     /// Increases with every change of this user, across restarts.
@@ -34,15 +38,17 @@ public struct EntitlementChangeEvent: EncoreEvent, Hashable {
     public var sources: [SourceState]?
 
     public init(
-        appID: String, appUserID: String, change: EntitlementChangeKind, entitlement: Entitlement,
-        status: EntitlementStatus, isActive: Bool, effectiveAtMs: Int64, sequence: Int64, expiresAtMs: Int64? = nil,
-        requestID: String? = nil, campaignID: String? = nil, offerID: String? = nil, sources: [SourceState]? = nil
+        appID: String, appUserID: String, change: EntitlementChangeKind, entitlement: Entitlement?,
+        status: EntitlementStatus?, access: String? = nil, isActive: Bool, effectiveAtMs: Int64, sequence: Int64,
+        expiresAtMs: Int64? = nil, requestID: String? = nil, campaignID: String? = nil, offerID: String? = nil,
+        sources: [SourceState]? = nil
     ) {
         self.appID = appID
         self.appUserID = appUserID
         self.change = change
         self.entitlement = entitlement
         self.status = status
+        self.access = access
         self.isActive = isActive
         self.effectiveAtMs = effectiveAtMs
         self.sequence = sequence
@@ -70,10 +76,14 @@ public struct EntitlementChangeEvent: EncoreEvent, Hashable {
                             expiresAtMs: source.optionalInt64("expires_at_ms")))
                 }
             }
+            // An access flip names its rule instead of a grant; every other change names the grant.
+            let access = try json.optionalString("access", maxLength: 64)
+            let entitlement = try access == nil ? json.object("entitlement") : json.optionalObject("entitlement")
             return try EntitlementChangeEvent(
                 appID: json.string("app_id"), appUserID: json.string("app_user_id"), change: json.enumeration("change"),
-                entitlement: Entitlement(json.object("entitlement")), status: json.enumeration("status"),
-                isActive: json.bool("is_active"), effectiveAtMs: json.int64("effective_at_ms"),
+                entitlement: entitlement.map { (reader) throws(EventValidationError) in try Entitlement(reader) },
+                status: access == nil ? json.enumeration("status") : json.optionalEnumeration("status"),
+                access: access, isActive: json.bool("is_active"), effectiveAtMs: json.int64("effective_at_ms"),
                 sequence: json.int64("sequence", minimum: 1), expiresAtMs: json.optionalInt64("expires_at_ms"),
                 requestID: json.optionalString("request_id"), campaignID: json.optionalString("campaign_id"),
                 offerID: json.optionalString("offer_id"), sources: sources)
@@ -86,8 +96,9 @@ public struct EntitlementChangeEvent: EncoreEvent, Hashable {
         writer.field("app_id", appID)
         writer.field("app_user_id", appUserID)
         writer.field("change", change)
-        entitlement.write("entitlement", to: &writer)
+        entitlement?.write("entitlement", to: &writer)
         writer.field("status", status)
+        writer.field("access", access)
         writer.field("is_active", isActive)
         writer.field("effective_at_ms", effectiveAtMs)
         writer.field("sequence", sequence)

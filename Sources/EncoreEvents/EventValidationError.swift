@@ -16,6 +16,7 @@ public struct EventValidationError: Error, Sendable, Equatable, CustomStringConv
         public static let outOfRange = Code("out_of_range")
         public static let tooLarge = Code("too_large")
         public static let inconsistent = Code("inconsistent")
+        public static let badFormat = Code("bad_format")
 
         public var description: String { name }
     }

@@ -21,10 +21,16 @@ struct Sample: CustomTestStringConvertible, Sendable {
     var bytes: [UInt8] { Array(try! Data(contentsOf: url)) }
 }
 
+/// Every schema in `schemas/`, by name.
+let eventNames = [
+    "purchase-request", "purchase-outcome", "entitlement-change", "dead-letter", "entitlement-source",
+    "entitlement-state",
+]
+
 func allSamples() -> [Sample] {
     let examples = repositoryRoot.appendingPathComponent("schemas/examples")
     var samples: [Sample] = []
-    for event in ["purchase-request", "purchase-outcome", "entitlement-change", "dead-letter"] {
+    for event in eventNames {
         for kind in ["valid", "invalid"] {
             let directory = examples.appendingPathComponent("\(event)/\(kind)")
             let names = (try? FileManager.default.contentsOfDirectory(atPath: directory.path)) ?? []
@@ -53,6 +59,8 @@ func swiftVerdict(_ event: String, _ bytes: [UInt8]) -> Result<[UInt8], EventVal
     case "purchase-request": return run(PurchaseRequestEvent.self)
     case "purchase-outcome": return run(PurchaseOutcomeEvent.self)
     case "entitlement-change": return run(EntitlementChangeEvent.self)
+    case "entitlement-source": return run(EntitlementSourceEvent.self)
+    case "entitlement-state": return run(EntitlementStateRecord.self)
     default: return run(DeadLetterEvent.self)
     }
 }
@@ -62,7 +70,7 @@ struct ContractSamplesTests {
     @Test("there are valid and invalid samples of every event")
     func samplesExist() {
         let samples = allSamples()
-        for event in ["purchase-request", "purchase-outcome", "entitlement-change", "dead-letter"] {
+        for event in eventNames {
             #expect(samples.contains { $0.event == event && $0.isValid })
             #expect(samples.contains { $0.event == event && !$0.isValid })
         }

@@ -30,7 +30,7 @@ func runValidator(_ arguments: [String]) async throws -> (status: Int32, output:
 struct IndependentValidatorTests {
     @Test("on every sample: same verdict, same field")
     func samplesAgree() async throws {
-        for event in ["purchase-request", "purchase-outcome", "entitlement-change", "dead-letter"] {
+        for event in eventNames {
             let samples = allSamples().filter { $0.event == event }
             let (status, output) = try await runValidator(["verdicts", event] + samples.map(\.url.path))
             #expect(status == 0, "\(output)")
@@ -66,7 +66,9 @@ struct IndependentValidatorTests {
         try write("purchase-outcome", SampleEvents.outcomes(for: requests).map { $0.jsonBytes() })
         try write("entitlement-change", SampleEvents.changes(count: 50).map { $0.jsonBytes() })
         try write("dead-letter", SampleEvents.deadLetters().map { $0.jsonBytes() })
-        for event in ["purchase-request", "purchase-outcome", "entitlement-change", "dead-letter"] {
+        try write("entitlement-source", SampleEvents.sources(count: 20).map { $0.jsonBytes() })
+        try write("entitlement-state", SampleEvents.states(count: 20).map { $0.jsonBytes() })
+        for event in eventNames {
             let (status, output) = try await runValidator([
                 "check", event, directory.appendingPathComponent("\(event).jsonl").path,
             ])
@@ -110,14 +112,54 @@ enum SampleEvents {
         }
     }
 
+    static func sources(count: Int) -> [EntitlementSourceEvent] {
+        let names = ["revenuecat", "superwall", "app_store"]
+        var events: [EntitlementSourceEvent] = []
+        for index in 0..<count {
+            let expires: Int64? = index % 2 == 0 ? 1_765_080_443_000 : nil
+            events.append(
+                EntitlementSourceEvent(
+                    appID: "app", appUserID: "user \"\(index)\"", source: names[index % 3],
+                    entitlementID: index % 2 == 0 ? "pro" : "active", isActive: index % 3 != 0, expiresAtMs: expires,
+                    eventID: "evt-\(index)", occurredAtMs: 1_764_475_643_000 + Int64(index)))
+        }
+        return events
+    }
+
+    static func states(count: Int) -> [EntitlementStateRecord] {
+        var records: [EntitlementStateRecord] = []
+        for index in 0..<count {
+            var record = EntitlementStateRecord(
+                appID: "app", appUserID: "user-\(index)\n", sequence: Int64(index), updatedAtMs: 1_764_475_643_000)
+            for grant in 0..<(index % 3) {
+                let expires: Int64? = grant % 2 == 0 ? 1_765_080_443_000 : nil
+                record.grants.append(
+                    .init(
+                        productID: "trial_\(grant)", entitlement: Entitlement(type: .freeTrial, value: 7, unit: .days),
+                        status: grant % 2 == 0 ? .verified : .provisional, isActive: index % 2 == 0,
+                        grantedAtMs: 1_764_475_643_000, expiresAtMs: expires, requestID: "req-\(index)-\(grant)",
+                        campaignID: grant == 1 ? "cmp" : nil))
+            }
+            if index % 2 == 0 {
+                record.sources.append(
+                    .init(
+                        source: "revenuecat", entitlementID: "pro", isActive: true, expiresAtMs: nil, eventID: "e",
+                        occurredAtMs: 5))
+            }
+            if index % 4 == 0 { record.access = ["pro": true, "plus \"x\"": false] }
+            records.append(record)
+        }
+        return records
+    }
+
     static func changes(count: Int) -> [EntitlementChangeEvent] {
         (0..<count).map { index in
             EntitlementChangeEvent(
                 appID: "app", appUserID: "user-\(index)",
                 change: EntitlementChangeKind.allCases[index % EntitlementChangeKind.allCases.count],
                 entitlement: Entitlement(type: .freeTrial, value: 7, unit: .days),
-                status: EntitlementStatus.allCases[index % 2], isActive: index % 3 != 0,
-                effectiveAtMs: 1_764_475_643_000, sequence: Int64(index + 1),
+                status: EntitlementStatus.allCases[index % 2], access: index % 7 == 0 ? "pro" : nil,
+                isActive: index % 3 != 0, effectiveAtMs: 1_764_475_643_000, sequence: Int64(index + 1),
                 expiresAtMs: index % 2 == 0 ? 1_765_080_443_000 : nil, requestID: "req-\(index)",
                 sources: index % 5 == 0
                     ? [

@@ -161,3 +161,13 @@ struct JSONFieldReader {
         return result
     }
 }
+
+extension JSONFieldReader {
+    /// A required array of at most `maxItems` items.
+    func array(_ key: String, maxItems: Int) throws(EventValidationError) -> [JSONValue] {
+        guard let items = try optionalArray(key, maxItems: maxItems) else {
+            throw EventValidationError(.missingField, field: fieldPath(key), "required field '\(fieldPath(key))' is missing")
+        }
+        return items
+    }
+}

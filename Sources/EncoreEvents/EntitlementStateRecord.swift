@@ -1,0 +1,162 @@
+/// One user's whole entitlement-ledger state: the value of the compacted changelog topic
+/// (`schemas/entitlement-state.schema.json`). The latest record per key is the user's state.
+public struct EntitlementStateRecord: EncoreEvent, Hashable {
+    public static let eventType = EventType.entitlementState
+
+    /// An Encore grant, one per product.
+    public struct Grant: Sendable, Hashable {
+        public var productID: String
+        public var entitlement: Entitlement
+        public var status: EntitlementStatus
+        /// `false` once expired.
+        public var isActive: Bool
+        public var grantedAtMs: Int64
+        public var expiresAtMs: Int64?
+        public var requestID: String
+        public var campaignID: String?
+        public var offerID: String?
+
+        public init(
+            productID: String, entitlement: Entitlement, status: EntitlementStatus, isActive: Bool, grantedAtMs: Int64,
+            expiresAtMs: Int64?, requestID: String, campaignID: String? = nil, offerID: String? = nil
+        ) {
+            self.productID = productID
+            self.entitlement = entitlement
+            self.status = status
+            self.isActive = isActive
+            self.grantedAtMs = grantedAtMs
+            self.expiresAtMs = expiresAtMs
+            self.requestID = requestID
+            self.campaignID = campaignID
+            self.offerID = offerID
+        }
+    }
+
+    /// The latest state one other source reported for one of its entitlements.
+    public struct Source: Sendable, Hashable {
+        public var source: String
+        public var entitlementID: String
+        public var isActive: Bool
+        public var expiresAtMs: Int64?
+        public var eventID: String
+        public var occurredAtMs: Int64
+
+        public init(
+            source: String, entitlementID: String, isActive: Bool, expiresAtMs: Int64?, eventID: String,
+            occurredAtMs: Int64
+        ) {
+            self.source = source
+            self.entitlementID = entitlementID
+            self.isActive = isActive
+            self.expiresAtMs = expiresAtMs
+            self.eventID = eventID
+            self.occurredAtMs = occurredAtMs
+        }
+    }
+
+    public var appID: String
+    public var appUserID: String
+    /// The sequence of the user's last published change (0: none yet).
+    public var sequence: Int64
+    public var updatedAtMs: Int64
+    public var grants: [Grant]
+    public var sources: [Source]
+    /// The last published answer of each access rule, by rule name.
+    public var access: [String: Bool]
+
+    public init(
+        appID: String, appUserID: String, sequence: Int64 = 0, updatedAtMs: Int64 = 0, grants: [Grant] = [],
+        sources: [Source] = [], access: [String: Bool] = [:]
+    ) {
+        self.appID = appID
+        self.appUserID = appUserID
+        self.sequence = sequence
+        self.updatedAtMs = updatedAtMs
+        self.grants = grants
+        self.sources = sources
+        self.access = access
+    }
+
+    /// The record key: `"{app_id}:{app_user_id}"`.
+    public var key: String { userKey(appID: appID, appUserID: appUserID) }
+
+    public init(jsonBytes: some Collection<UInt8>) throws(EventValidationError) {
+        self = try Self.decode(jsonBytes) { (json) throws(EventValidationError) in
+            var record = try EntitlementStateRecord(
+                appID: json.string("app_id"), appUserID: json.string("app_user_id"),
+                sequence: json.int64("sequence"), updatedAtMs: json.int64("updated_at_ms"))
+            for (index, item) in try json.array("grants", maxItems: 1000).enumerated() {
+                let grant = try JSONFieldReader(item, path: "grants.\(index)")
+                record.grants.append(
+                    try Grant(
+                        productID: grant.string("product_id"), entitlement: Entitlement(grant.object("entitlement")),
+                        status: grant.enumeration("status"), isActive: grant.bool("is_active"),
+                        grantedAtMs: grant.int64("granted_at_ms"), expiresAtMs: grant.optionalInt64("expires_at_ms"),
+                        requestID: grant.string("request_id"), campaignID: grant.optionalString("campaign_id"),
+                        offerID: grant.optionalString("offer_id")))
+            }
+            for (index, item) in try json.array("sources", maxItems: 1000).enumerated() {
+                let source = try JSONFieldReader(item, path: "sources.\(index)")
+                record.sources.append(
+                    try Source(
+                        source: source.string("source", maxLength: 64), entitlementID: source.string("entitlement_id"),
+                        isActive: source.bool("is_active"), expiresAtMs: source.optionalInt64("expires_at_ms"),
+                        eventID: source.string("event_id"), occurredAtMs: source.int64("occurred_at_ms")))
+            }
+            for (index, item) in try json.array("access", maxItems: 64).enumerated() {
+                let access = try JSONFieldReader(item, path: "access.\(index)")
+                record.access[try access.string("rule", maxLength: 64)] = try access.bool("is_active")
+            }
+            return record
+        }
+    }
+
+    public func jsonBytes() -> [UInt8] {
+        var writer = JSONWriter()
+        writer.beginObject()
+        writer.field("app_id", appID)
+        writer.field("app_user_id", appUserID)
+        writer.field("sequence", sequence)
+        writer.field("updated_at_ms", updatedAtMs)
+        writer.key("grants")
+        writer.beginArray()
+        for grant in grants {
+            writer.beginObject()
+            writer.field("product_id", grant.productID)
+            grant.entitlement.write("entitlement", to: &writer)
+            writer.field("status", grant.status)
+            writer.field("is_active", grant.isActive)
+            writer.field("granted_at_ms", grant.grantedAtMs)
+            writer.field("expires_at_ms", grant.expiresAtMs)
+            writer.field("request_id", grant.requestID)
+            writer.field("campaign_id", grant.campaignID)
+            writer.field("offer_id", grant.offerID)
+            writer.endObject()
+        }
+        writer.endArray()
+        writer.key("sources")
+        writer.beginArray()
+        for source in sources {
+            writer.beginObject()
+            writer.field("source", source.source)
+            writer.field("entitlement_id", source.entitlementID)
+            writer.field("is_active", source.isActive)
+            writer.field("expires_at_ms", source.expiresAtMs)
+            writer.field("event_id", source.eventID)
+            writer.field("occurred_at_ms", source.occurredAtMs)
+            writer.endObject()
+        }
+        writer.endArray()
+        writer.key("access")
+        writer.beginArray()
+        for (rule, isActive) in access.sorted(by: { $0.key < $1.key }) {
+            writer.beginObject()
+            writer.field("rule", rule)
+            writer.field("is_active", isActive)
+            writer.endObject()
+        }
+        writer.endArray()
+        writer.endObject()
+        return writer.bytes
+    }
+}
