@@ -166,7 +166,8 @@ extension JSONFieldReader {
     /// A required array of at most `maxItems` items.
     func array(_ key: String, maxItems: Int) throws(EventValidationError) -> [JSONValue] {
         guard let items = try optionalArray(key, maxItems: maxItems) else {
-            throw EventValidationError(.missingField, field: fieldPath(key), "required field '\(fieldPath(key))' is missing")
+            throw EventValidationError(
+                .missingField, field: fieldPath(key), "required field '\(fieldPath(key))' is missing")
         }
         return items
     }
