@@ -78,3 +78,10 @@ public struct Entitlement: Sendable, Hashable {
         writer.endObject()
     }
 }
+
+extension Entitlement {
+    /// Reads an `{type, value, unit}` object (a catalog entry); the error names the field under `path`.
+    public init(json: JSONValue, path: String) throws(EventValidationError) {
+        try self.init(JSONFieldReader(json, path: path))
+    }
+}

@@ -56,7 +56,7 @@ final class ProcessorLoop {
     private var calls: [Int: ActiveCall] = [:]
     private var nextCallID = 0
     private var callDeadlines = FIFO<(deadline: ContinuousClock.Instant, call: Int, attempt: Int)>()
-    private var timers = TimerQueue<Timer>()
+    private var timers = TimerQueue<ContinuousClock.Instant, Timer>()
     private var revocations: [PendingRevocation] = []
     private var drainDeadline: ContinuousClock.Instant? = nil
 

@@ -1,11 +1,13 @@
-/// A min-heap of deadlines with payloads: retries and re-deliveries that are due later.
-struct TimerQueue<Payload> {
-    private var heap: [(due: ContinuousClock.Instant, payload: Payload)] = []
+/// A min-heap of deadlines with payloads: retries and re-deliveries, expiries that are due later.
+struct TimerQueue<Due: Comparable, Payload> {
+    private var heap: [(due: Due, payload: Payload)] = []
 
     var isEmpty: Bool { heap.isEmpty }
     var count: Int { heap.count }
+    /// The earliest deadline, if any.
+    var firstDue: Due? { heap.first?.due }
 
-    mutating func schedule(_ payload: Payload, at due: ContinuousClock.Instant) {
+    mutating func schedule(_ payload: Payload, at due: Due) {
         heap.append((due, payload))
         var child = heap.count - 1
         while child > 0 {
@@ -17,7 +19,7 @@ struct TimerQueue<Payload> {
     }
 
     /// Removes and returns the payloads due at or before `now`, earliest first.
-    mutating func popDue(now: ContinuousClock.Instant) -> [Payload] {
+    mutating func popDue(now: Due) -> [Payload] {
         var due: [Payload] = []
         while let first = heap.first, first.due <= now {
             due.append(first.payload)
@@ -38,3 +40,5 @@ struct TimerQueue<Payload> {
         return due
     }
 }
+
+extension TimerQueue: Sendable where Due: Sendable, Payload: Sendable {}

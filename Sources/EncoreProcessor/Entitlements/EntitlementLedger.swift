@@ -1,0 +1,269 @@
+import EncoreEvents
+import Foundation
+
+/// What one mutation of a user's ledger state gives: the change events to publish (in order,
+/// possibly none) and the user's new state for the changelog.
+public struct LedgerUpdate: Sendable, Equatable {
+    public var changes: [EntitlementChangeEvent]
+    public var state: EntitlementStateRecord
+    /// The partition of the user's requests, where the state is written.
+    public var partition: Int32
+}
+
+/// Per-user entitlement state: Encore grants from purchase outcomes, the states other sources
+/// report, and the access rules merging them. Pure: time is passed in, so it is replayable.
+///
+/// Rules: `purchased` grants `verified`, `pending` grants `provisional` and a later `purchased`
+/// for the same product (or request) verifies it; `cancelled`, `failed` and `not_attempted` never
+/// grant nor revoke. A free trial expires `value` days or months after it was granted (verified);
+/// discounts and credits do not expire. Only observable changes give events; `sequence` counts
+/// every change of the user.
+public struct EntitlementLedger: Sendable {
+    private struct UserEntry: Sendable {
+        var state: EntitlementStateRecord
+        var partition: Int32
+    }
+
+    public let catalog: EntitlementCatalog
+    private var users: [String: UserEntry] = [:]
+    /// Upcoming expiries (grants and source states), earliest first; entries may be stale.
+    private var expiries = TimerQueue<Int64, String>()
+
+    public init(catalog: EntitlementCatalog) {
+        self.catalog = catalog
+    }
+
+    public var userCount: Int { users.count }
+
+    /// The state of one user, if the ledger has any.
+    public func state(ofUser key: String) -> EntitlementStateRecord? { users[key]?.state }
+
+    /// The earliest time an expiry may be due, if any.
+    public var nextExpiryMs: Int64? { expiries.firstDue }
+
+    // MARK: Restore and hand-over
+
+    /// Takes a user's state read back from the changelog (the latest record of the key wins).
+    public mutating func restore(_ state: EntitlementStateRecord, partition: Int32) {
+        users[state.key] = UserEntry(state: state, partition: partition)
+        schedule(state)
+    }
+
+    /// Forgets the users of partitions this processor no longer owns.
+    public mutating func remove(partitions: Set<Int32>) {
+        users = users.filter { !partitions.contains($0.value.partition) }
+    }
+
+    // MARK: Rules
+
+    /// Applies a purchase outcome. `nil` when the user's state does not change.
+    public mutating func apply(
+        outcome: PurchaseOutcomeEvent, entitlement offered: Entitlement?, campaignID: String? = nil,
+        offerID: String? = nil, partition: Int32
+    ) -> LedgerUpdate? {
+        let status: EntitlementStatus
+        switch outcome.result {
+        case .purchased: status = .verified
+        case .pending: status = .provisional
+        case .cancelled, .failed, .notAttempted: return nil
+        }
+        guard let entitlement = offered ?? catalog.entitlement(for: outcome.productID) else { return nil }
+        let now = outcome.completedAtMs
+        return mutate(outcome.appID, outcome.appUserID, partition: partition, nowMs: now) { state, changes in
+            let grant = EntitlementStateRecord.Grant(
+                productID: outcome.productID, entitlement: entitlement, status: status, isActive: true,
+                grantedAtMs: now, expiresAtMs: Self.expiry(of: entitlement, from: now), requestID: outcome.requestID,
+                campaignID: campaignID, offerID: offerID)
+            let existing = state.grants.firstIndex {
+                $0.isActive && ($0.productID == outcome.productID || $0.requestID == outcome.requestID)
+            }
+            if let index = existing {
+                let current = state.grants[index]
+                if current.status == .provisional && status == .verified {
+                    state.grants[index] = grant
+                    changes.append(Self.change(.verified, grant, state: state, at: now))
+                } else if current.entitlement != entitlement {
+                    // A different offer for the product replaces the grant, keeping the stronger status.
+                    var replacement = grant
+                    if current.status == .verified { replacement.status = .verified }
+                    state.grants[index] = replacement
+                    changes.append(Self.change(.granted, replacement, state: state, at: now))
+                }
+                // Otherwise: the same grant again, nothing to observe.
+            } else {
+                // One grant per product: an expired one is replaced.
+                state.grants.removeAll { $0.productID == outcome.productID }
+                state.grants.append(grant)
+                changes.append(Self.change(.granted, grant, state: state, at: now))
+            }
+        }
+    }
+
+    /// Applies a state reported by another source. `nil` when it is older than what the ledger
+    /// holds for the same source and entitlement (or the same event again).
+    public mutating func apply(source event: EntitlementSourceEvent, partition: Int32, nowMs: Int64) -> LedgerUpdate? {
+        let key = event.key
+        if let held = users[key]?.state.sources.first(where: {
+            $0.source == event.source && $0.entitlementID == event.entitlementID
+        }) {
+            let isNewer =
+                event.occurredAtMs > held.occurredAtMs
+                || (event.occurredAtMs == held.occurredAtMs && event.eventID > held.eventID)
+            guard isNewer else { return nil }
+        }
+        return mutate(event.appID, event.appUserID, partition: partition, nowMs: nowMs) { state, _ in
+            let reported = EntitlementStateRecord.Source(
+                source: event.source, entitlementID: event.entitlementID, isActive: event.isActive,
+                expiresAtMs: event.expiresAtMs, eventID: event.eventID, occurredAtMs: event.occurredAtMs)
+            state.sources.removeAll { $0.source == event.source && $0.entitlementID == event.entitlementID }
+            state.sources.append(reported)
+        }
+    }
+
+    /// Emits what expired by `nowMs`: grants whose time passed, and access answers that flip
+    /// because a grant or a source state expired. Once per expiry: the state records it.
+    public mutating func expire(nowMs: Int64) -> [LedgerUpdate] {
+        let due = Set(expiries.popDue(now: nowMs))
+        return due.sorted().compactMap { key in
+            guard let entry = users[key] else { return nil }
+            return mutate(entry.state.appID, entry.state.appUserID, partition: entry.partition, nowMs: nowMs) { _, _ in
+            }
+        }
+    }
+
+    // MARK: Internals
+
+    /// Runs `body` on the user's state after settling expiries due at `nowMs`, re-evaluates the
+    /// access rules, and returns the update when the state changed.
+    private mutating func mutate(
+        _ appID: String, _ appUserID: String, partition: Int32, nowMs: Int64,
+        _ body: (inout EntitlementStateRecord, inout [EntitlementChangeEvent]) -> Void
+    ) -> LedgerUpdate? {
+        let key = userKey(appID: appID, appUserID: appUserID)
+        let before = users[key]?.state ?? EntitlementStateRecord(appID: appID, appUserID: appUserID)
+        var state = before
+        var changes: [EntitlementChangeEvent] = []
+        for index in state.grants.indices {
+            guard state.grants[index].isActive, let expiresAt = state.grants[index].expiresAtMs, expiresAt <= nowMs
+            else { continue }
+            state.grants[index].isActive = false
+            changes.append(Self.change(.expired, state.grants[index], state: state, at: expiresAt))
+        }
+        let grantsExpired = !changes.isEmpty
+        body(&state, &changes)
+        let answers = accessAnswers(state, nowMs: nowMs)
+        for rule in catalog.accessRules {
+            let answer = answers[rule.name] ?? (false, [])
+            guard answer.active != (state.access[rule.name] ?? false) else { continue }
+            state.access[rule.name] = answer.active
+            // Inactive because something expired rather than because a source said so.
+            let expired = grantsExpired || sourceExpired(rule, before: before, nowMs: nowMs)
+            changes.append(
+                EntitlementChangeEvent(
+                    appID: appID, appUserID: appUserID,
+                    change: answer.active ? .granted : expired ? .expired : .revoked,
+                    entitlement: nil, status: nil, access: rule.name, isActive: answer.active, effectiveAtMs: nowMs,
+                    sequence: 0, sources: answer.sources))
+        }
+        // Rules no longer configured are forgotten.
+        state.access = state.access.filter { name, _ in catalog.accessRules.contains { $0.name == name } }
+        guard state != before else { return nil }
+        for index in changes.indices {
+            state.sequence += 1
+            changes[index].sequence = state.sequence
+        }
+        state.updatedAtMs = max(state.updatedAtMs, nowMs)
+        users[key] = UserEntry(state: state, partition: partition)
+        schedule(state)
+        return LedgerUpdate(changes: changes, state: state, partition: partition)
+    }
+
+    /// Whether one of the rule's source states reached its expiry since the last update.
+    private func sourceExpired(_ rule: AccessRule, before: EntitlementStateRecord, nowMs: Int64) -> Bool {
+        before.sources.contains { source in
+            guard source.isActive, let expiresAt = source.expiresAtMs,
+                expiresAt > before.updatedAtMs, expiresAt <= nowMs
+            else { return false }
+            return rule.terms.contains { term in
+                guard case .source(let name, let id) = term else { return false }
+                return name == source.source && (id == nil || id == source.entitlementID)
+            }
+        }
+    }
+
+    private func accessAnswers(
+        _ state: EntitlementStateRecord, nowMs: Int64
+    ) -> [String: (active: Bool, sources: [EntitlementChangeEvent.SourceState])] {
+        var answers: [String: (Bool, [EntitlementChangeEvent.SourceState])] = [:]
+        for rule in catalog.accessRules {
+            var sources: [EntitlementChangeEvent.SourceState] = []
+            for term in rule.terms {
+                switch term {
+                case .encore(let type, let verifiedOnly):
+                    let grants = state.grants.filter {
+                        $0.isActive && (type == nil || $0.entitlement.type == type)
+                            && (!verifiedOnly || $0.status == .verified)
+                    }
+                    sources.append(
+                        .init(
+                            source: "encore", isActive: !grants.isEmpty, entitlementID: type?.rawValue ?? "*",
+                            expiresAtMs: grants.compactMap(\.expiresAtMs).max()))
+                case .source(let name, let id):
+                    let matching = state.sources.filter {
+                        $0.source == name && (id == nil || $0.entitlementID == id)
+                    }
+                    let active = matching.filter { $0.isActive && ($0.expiresAtMs.map { $0 > nowMs } ?? true) }
+                    sources.append(
+                        .init(
+                            source: name, isActive: !active.isEmpty, entitlementID: id ?? "*",
+                            expiresAtMs: active.compactMap(\.expiresAtMs).max()))
+                }
+            }
+            answers[rule.name] = (sources.contains { $0.isActive }, sources)
+        }
+        return answers
+    }
+
+    private mutating func schedule(_ state: EntitlementStateRecord) {
+        // Active grants past their time expire at the next settle; source states only matter
+        // when they expire after the last update. Only the earliest is queued: settling it queues the next.
+        let grantExpiries = state.grants.filter(\.isActive).compactMap(\.expiresAtMs)
+        let sourceExpiries = state.sources.filter(\.isActive).compactMap(\.expiresAtMs).filter {
+            $0 > state.updatedAtMs
+        }
+        guard let earliest = (grantExpiries + sourceExpiries).min() else { return }
+        expiries.schedule(state.key, at: earliest)
+    }
+
+    private static func change(
+        _ kind: EntitlementChangeKind, _ grant: EntitlementStateRecord.Grant, state: EntitlementStateRecord,
+        at effectiveAtMs: Int64
+    ) -> EntitlementChangeEvent {
+        EntitlementChangeEvent(
+            appID: state.appID, appUserID: state.appUserID, change: kind, entitlement: grant.entitlement,
+            status: grant.status, isActive: grant.isActive, effectiveAtMs: effectiveAtMs, sequence: 0,
+            expiresAtMs: grant.expiresAtMs, requestID: grant.requestID, campaignID: grant.campaignID,
+            offerID: grant.offerID)
+    }
+
+    /// When a grant made at `fromMs` ends: free trials last `value` days or calendar months (UTC).
+    static func expiry(of entitlement: Entitlement, from fromMs: Int64) -> Int64? {
+        guard entitlement.type == .freeTrial else { return nil }
+        let day = 86_400_000.0
+        switch entitlement.unit {
+        case .days:
+            return fromMs + Int64((entitlement.value * day).rounded())
+        case .months:
+            let whole = Int(entitlement.value.rounded(.down))
+            var calendar = Calendar(identifier: .gregorian)
+            calendar.timeZone = TimeZone(identifier: "UTC")!
+            let start = Date(timeIntervalSince1970: Double(fromMs) / 1000)
+            let end = calendar.date(byAdding: .month, value: whole, to: start) ?? start
+            let fraction = (entitlement.value - Double(whole)) * 30 * day
+            return Int64((end.timeIntervalSince1970 * 1000).rounded()) + Int64(fraction.rounded())
+        case .percent, .dollars:
+            // A trial measured in percent or dollars has no duration: it does not expire.
+            return nil
+        }
+    }
+}
