@@ -6,12 +6,16 @@ import Kafka
 struct OutputEncoder: Sendable {
     let outcomesTopic: String
     let deadLetterTopic: String
+    let entitlementsTopic: String
+    let stateTopic: String
     /// The headers that never change, per event type (`ce_id` and `ce_time` are filled per record).
     private let templates: [EventType: [KafkaHeader]]
 
     init(configuration: ProcessorConfiguration) {
         outcomesTopic = configuration.outcomesTopic
         deadLetterTopic = configuration.deadLetterTopic
+        entitlementsTopic = configuration.entitlementsTopic
+        stateTopic = configuration.stateTopic
         var templates: [EventType: [KafkaHeader]] = [:]
         for type in EventType.allCases {
             templates[type] = CloudEventHeaders(id: "", source: configuration.source, type: type, timeMs: 0).headers.map
@@ -34,6 +38,25 @@ struct OutputEncoder: Sendable {
             headers: headers(
                 id: "deadletter:\(letter.originalTopic)/\(letter.originalPartition)/\(letter.originalOffset)",
                 type: .deadLetter, timeMs: letter.failedAtMs))
+    }
+
+    /// `ce_id` is `entitlement:{user key}:{sequence}`: a change published twice (after a crash
+    /// between its delivery and its changelog record) carries the same id.
+    func record(for change: EntitlementChangeEvent) -> KafkaProducerRecord {
+        KafkaProducerRecord(
+            topic: entitlementsTopic, key: Array(change.key.utf8), value: change.jsonBytes(),
+            headers: headers(
+                id: "entitlement:\(change.key):\(change.sequence)", type: .entitlementChanged,
+                timeMs: change.effectiveAtMs))
+    }
+
+    /// The user's whole state, to the partition of the user's requests (co-partitioned).
+    func record(forState state: EntitlementStateRecord, partition: Int32) -> KafkaProducerRecord {
+        KafkaProducerRecord(
+            topic: stateTopic, partition: partition, key: Array(state.key.utf8), value: state.jsonBytes(),
+            headers: headers(
+                id: "state:\(state.key):\(state.sequence):\(state.updatedAtMs)", type: .entitlementState,
+                timeMs: state.updatedAtMs))
     }
 
     private func headers(id: String, type: EventType, timeMs: Int64) -> [KafkaHeader] {

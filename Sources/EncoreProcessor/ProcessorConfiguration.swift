@@ -9,6 +9,12 @@ public struct ProcessorConfiguration: Sendable {
     public var outcomesTopic = "encore.purchase-outcomes"
     public var entitlementsTopic = "encore.entitlement-changes"
     public var deadLetterTopic = "encore.dead-letters"
+    /// The entitlement ledger's compacted changelog, co-partitioned with the requests topic.
+    public var stateTopic = "encore.entitlement-state"
+    /// Subscription state reported by other sources (RevenueCat, Superwall...); `nil`: not read.
+    public var sourcesTopic: String? = nil
+    /// What products grant, and the access rules merging grants with other sources.
+    public var catalog = EntitlementCatalog()
     /// Controller calls running at once, across users.
     public var maxInFlight = 256
     /// Records held between the consumer and the broker's acknowledgement of their outputs;
@@ -44,6 +50,7 @@ public struct ProcessorConfiguration: Sendable {
         for (name, topic) in [
             ("requests-topic", requestsTopic), ("outcomes-topic", outcomesTopic),
             ("entitlements-topic", entitlementsTopic), ("dead-letter-topic", deadLetterTopic),
+            ("state-topic", stateTopic), ("sources-topic", sourcesTopic ?? "unset"),
         ] {
             try require(
                 !topic.isEmpty && topic.count <= 249
@@ -53,6 +60,15 @@ public struct ProcessorConfiguration: Sendable {
         try require(
             requestsTopic != outcomesTopic && requestsTopic != deadLetterTopic, "requests-topic",
             "must differ from the outcomes and dead-letter topics")
+        let outputs = [outcomesTopic, entitlementsTopic, deadLetterTopic, stateTopic]
+        try require(
+            !outputs.contains(requestsTopic) && Set(outputs).count == outputs.count, "requests-topic",
+            "the requests, outcomes, entitlements, dead-letter and state topics must all differ")
+        if let sourcesTopic {
+            try require(
+                sourcesTopic != requestsTopic && !outputs.contains(sourcesTopic), "sources-topic",
+                "must differ from the requests and output topics")
+        }
         do {
             try kafka.validate()
         } catch {

@@ -22,14 +22,24 @@ final class ProcessorLoop {
     }
 
     private struct PendingRevocation {
-        var partitions: Set<Int32>
+        var partitions: Set<InputPartition>
         var revocation: KafkaRevocation
         var deadline: ContinuousClock.Instant
     }
 
     private enum Timer {
         case retry(call: Int)
-        case redeliver(RecordRef, Output, KafkaProducerRecord)
+        case redeliver(RecordRef?, Output, KafkaProducerRecord)
+    }
+
+    /// A ledger update whose changelog record waits for its change events: the state is written
+    /// only after them, so a restored state never claims a change that was not published.
+    private struct PendingUpdate {
+        let ref: RecordRef?
+        let state: EntitlementStateRecord
+        let partition: Int32
+        var unacknowledgedChanges: Int
+        var isWritten = false
     }
 
     private let configuration: ProcessorConfiguration
@@ -43,14 +53,14 @@ final class ProcessorLoop {
     private var random = SystemRandomNumberGenerator()
 
     private var scheduler: LaneScheduler<WorkItem, UserLane>
-    private var tracker = OffsetTracker<Int32>()
+    private var tracker = OffsetTracker<InputPartition>()
     private var recent: RecentRequests
     private let flow: FlowControl
-    // Partitions of the requests topic, by number: the processor reads that one topic.
-    private var assigned = Set<Int32>()
-    private var generations: [Int32: Int] = [:]
+    /// Partitions of the requests topic and of the sources topic this processor owns.
+    private var assigned = Set<InputPartition>()
+    private var generations: [InputPartition: Int] = [:]
     /// Records being worked on (in a call, or outputs not yet acknowledged), per partition.
-    private var busy: [Int32: Int] = [:]
+    private var busy: [InputPartition: Int] = [:]
     /// Outputs not yet acknowledged, per record.
     private var pendingOutputs: [RecordRef: Int] = [:]
     private var calls: [Int: ActiveCall] = [:]
@@ -59,15 +69,20 @@ final class ProcessorLoop {
     private var timers = TimerQueue<ContinuousClock.Instant, Timer>()
     private var revocations: [PendingRevocation] = []
     private var drainDeadline: ContinuousClock.Instant? = nil
+    private var ledger: EntitlementLedger
+    private var pendingUpdates: [Int: PendingUpdate] = [:]
+    /// Ledger updates per user in the order they happened: changelog records are written in it.
+    private var updateOrder: [String: FIFO<Int>] = [:]
+    private var nextUpdateID = 0
 
     /// Counters kept here and published on each tick (and when the loop ends).
     private var statistics = ProcessorStatistics()
     private let encoder: OutputEncoder
     private let outputQueue = DispatchQueue(label: "encore.processor.outputs")
     /// Offsets a previous owner finished beyond its commit (from the commit metadata), per partition.
-    private var finishedByPreviousOwner: [Int32: Set<Int64>] = [:]
+    private var finishedByPreviousOwner: [InputPartition: Set<Int64>] = [:]
     /// What was last committed per partition, to commit only what changed.
-    private var lastCommitted: [Int32: KafkaTopicPartitionOffset] = [:]
+    private var lastCommitted: [InputPartition: KafkaTopicPartitionOffset] = [:]
     private var nextCommit: ContinuousClock.Instant
     /// The commit in flight, if any; one at a time.
     private(set) var commitTask: Task<Void, Never>? = nil
@@ -91,6 +106,7 @@ final class ProcessorLoop {
         recent = RecentRequests(capacity: configuration.duplicateWindow)
         self.flow = flow
         encoder = OutputEncoder(configuration: configuration)
+        ledger = EntitlementLedger(catalog: configuration.catalog)
         nextCommit = ContinuousClock.now.advanced(by: configuration.commitInterval)
     }
 
@@ -103,11 +119,11 @@ final class ProcessorLoop {
     }
 
     /// The offsets to commit for `partitions`, with the finished offsets beyond them as metadata.
-    func commitOffsets(for partitions: some Sequence<Int32>) -> [KafkaTopicPartitionOffset] {
+    func commitOffsets(for partitions: some Sequence<InputPartition>) -> [KafkaTopicPartitionOffset] {
         partitions.sorted().compactMap { partition in
             guard let position = tracker.commitPosition(partition) else { return nil }
             return KafkaTopicPartitionOffset(
-                topic: configuration.requestsTopic, partition: partition, offset: position.next,
+                topic: topicName(partition.topic), partition: partition.number, offset: position.next,
                 metadata: FinishedOffsets.encode(committed: position.next, finished: position.finishedAbove))
         }
     }
@@ -118,16 +134,19 @@ final class ProcessorLoop {
     private func commitIfDue(now: ContinuousClock.Instant) {
         guard now >= nextCommit, commitTask == nil else { return }
         nextCommit = now.advanced(by: configuration.commitInterval)
-        let offsets = commitOffsets(for: assigned).filter { lastCommitted[$0.partition] != $0 }
-        guard !offsets.isEmpty else { return }
-        for offset in offsets { lastCommitted[offset.partition] = offset }
+        let partitions = assigned.filter { partition in
+            commitOffsets(for: [partition]).first.map { lastCommitted[partition] != $0 } ?? false
+        }
+        guard !partitions.isEmpty else { return }
+        let offsets = commitOffsets(for: partitions)
+        for (partition, offset) in zip(partitions.sorted(), offsets) { lastCommitted[partition] = offset }
         let (consumer, inbox, logger) = (self.consumer, self.inbox, self.logger)
         commitTask = Task {
             do {
                 try await consumer.commit(offsets)
             } catch {
                 logger.warning("offset commit failed (retried at the next interval): \(error)")
-                inbox.post(.commitFailed(offsets.map(\.partition)))
+                inbox.post(.commitFailed(partitions.sorted()))
             }
             inbox.post(.commitFinished)
         }
@@ -137,8 +156,12 @@ final class ProcessorLoop {
         switch event {
         case .records(let records):
             // Admitted by the reader of the consumer already.
-            for record in records { receive(record.message, record.request) }
-        case .assigned(let partitions, let finished):
+            for record in records { receive(record.message, record.payload) }
+        case .assigned(let partitions, let finished, let restored):
+            // The ledger knows the partitions' users before any of their records is handled.
+            for (partition, states) in restored {
+                for state in states { ledger.restore(state, partition: partition) }
+            }
             assign(partitions)
             for (partition, offsets) in finished where !offsets.isEmpty {
                 finishedByPreviousOwner[partition] = offsets
@@ -150,7 +173,11 @@ final class ProcessorLoop {
             for partition in partitions { lastCommitted[partition] = nil }
         case .consumer(.messages(let messages)):
             flow.admit(messages.count)
-            for message in messages { receive(message, IncomingRecord.decode(message.value)) }
+            for message in messages {
+                receive(
+                    message,
+                    IncomingRecord(message: message, isSource: message.topic == configuration.sourcesTopic).payload)
+            }
         case .consumer(.partitionsAssigned(let partitions)): assign(partitions)
         case .consumer(.partitionsRevoked(let partitions, let revocation)): revoke(partitions, revocation)
         case .consumer(.error(let error)):
@@ -170,11 +197,11 @@ final class ProcessorLoop {
 
     // MARK: Intake
 
-    private func receive(_ message: KafkaMessage, _ decoded: Result<PurchaseRequestEvent, EventValidationError>) {
-        let partition = message.partition
+    private func receive(_ message: KafkaMessage, _ payload: IncomingRecord.Payload) {
         // After a revoke or during shutdown, records are left for the next owner (offsets not stored).
         // A record handed out again (around a pause and resume) is already being handled.
-        guard !isDraining, message.topic == configuration.requestsTopic, assigned.contains(partition),
+        guard !isDraining, let partition = inputPartition(message.topic, message.partition),
+            assigned.contains(partition),
             let generation = generations[partition], !tracker.hasReceived(partition, offset: message.offset)
         else {
             flow.release(1)
@@ -190,11 +217,20 @@ final class ProcessorLoop {
             finish(ref)
             return
         }
-        switch decoded {
-        case .success(let request):
+        switch payload {
+        case .request(.success(let request)):
             let item = WorkItem(ref: ref, request: request, message: message)
             if let ready = scheduler.enqueue(item, lane: item.lane) { start(ready) }
-        case .failure(let error):
+        case .source(.success(let event)):
+            // Applied in offset order, on the loop: the ledger is this loop's state.
+            statistics.sourceEvents += 1
+            if let update = ledger.apply(source: event, partition: message.partition, nowMs: currentTimeMs()) {
+                beginWork(ref)
+                publish(update, for: ref)
+            } else {
+                finish(ref)
+            }
+        case .request(.failure(let error)), .source(.failure(let error)):
             beginWork(ref)
             statistics.invalid += 1
             publishDeadLetter(
@@ -334,6 +370,41 @@ final class ProcessorLoop {
         send(for: item.ref, output: .outcome(result, requestedAtMs: item.request.requestedAtMs)) {
             encoder.record(for: outcome)
         }
+        if let update = ledger.apply(
+            outcome: outcome, entitlement: item.request.entitlement, campaignID: item.request.campaignID,
+            offerID: item.request.offerID, partition: item.ref.partition.number)
+        {
+            publish(update, for: item.ref)
+        }
+    }
+
+    /// Publishes a ledger update: its change events now, its changelog record once they and the
+    /// user's earlier updates are acknowledged. The record (if any) finishes after both.
+    private func publish(_ update: LedgerUpdate, for ref: RecordRef?) {
+        let id = nextUpdateID
+        nextUpdateID += 1
+        pendingUpdates[id] = PendingUpdate(
+            ref: ref, state: update.state, partition: update.partition, unacknowledgedChanges: update.changes.count)
+        updateOrder[update.state.key, default: FIFO()].append(id)
+        // The changelog record is counted now, so the record cannot finish before it is written.
+        if let ref { pendingOutputs[ref, default: 0] += 1 }
+        let encoder = self.encoder
+        for change in update.changes {
+            send(for: ref, output: .entitlementChange(update: id)) { encoder.record(for: change) }
+        }
+        writeStateIfReady(ofUser: update.state.key)
+    }
+
+    /// Writes the user's oldest unwritten changelog record when its change events are acknowledged.
+    private func writeStateIfReady(ofUser key: String) {
+        guard let id = updateOrder[key]?.first, let update = pendingUpdates[id], update.unacknowledgedChanges == 0,
+            !update.isWritten
+        else { return }
+        pendingUpdates[id]?.isWritten = true
+        let encoder = self.encoder
+        send(for: update.ref, output: .entitlementState(update: id), counted: false) {
+            encoder.record(forState: update.state, partition: update.partition)
+        }
     }
 
     private func publishDeadLetter(
@@ -353,10 +424,10 @@ final class ProcessorLoop {
     /// Encodes and enqueues an output on the output queue, in the order outputs are sent, so one
     /// user's outcomes keep their order; the broker's answer comes back through the inbox.
     private func send(
-        for ref: RecordRef, output: Output, counted: Bool = true,
+        for ref: RecordRef?, output: Output, counted: Bool = true,
         _ build: @escaping @Sendable () -> KafkaProducerRecord
     ) {
-        if counted { pendingOutputs[ref, default: 0] += 1 }
+        if counted, let ref { pendingOutputs[ref, default: 0] += 1 }
         let (producer, inbox) = (self.producer, self.inbox)
         outputQueue.async(execute: {
             Self.produce(build(), ref: ref, output: output, producer: producer, inbox: inbox)
@@ -364,7 +435,7 @@ final class ProcessorLoop {
     }
 
     private static func produce(
-        _ record: KafkaProducerRecord, ref: RecordRef, output: Output, producer: any OutputProducer,
+        _ record: KafkaProducerRecord, ref: RecordRef?, output: Output, producer: any OutputProducer,
         inbox: Inbox<ProcessorInput>
     ) {
         do {
@@ -388,7 +459,7 @@ final class ProcessorLoop {
     }
 
     private func delivered(
-        _ ref: RecordRef, _ output: Output, _ result: Result<KafkaDeliveryReport, KafkaError>,
+        _ ref: RecordRef?, _ output: Output, _ result: Result<KafkaDeliveryReport, KafkaError>,
         _ record: KafkaProducerRecord
     ) {
         switch result {
@@ -399,7 +470,21 @@ final class ProcessorLoop {
                 statistics.latency.record(UInt64(max(0, currentTimeMs() - requestedAtMs)) * 1000)
             case .deadLetter:
                 statistics.deadLetters += 1
+            case .entitlementChange(let id):
+                statistics.entitlementChanges += 1
+                if let update = pendingUpdates[id] {
+                    pendingUpdates[id]?.unacknowledgedChanges -= 1
+                    writeStateIfReady(ofUser: update.state.key)
+                }
+            case .entitlementState(let id):
+                if let update = pendingUpdates.removeValue(forKey: id) {
+                    let key = update.state.key
+                    _ = updateOrder[key]?.popFirst()
+                    if updateOrder[key]?.isEmpty ?? false { updateOrder[key] = nil }
+                    writeStateIfReady(ofUser: key)
+                }
             }
+            guard let ref else { return }
             let remaining = (pendingOutputs[ref] ?? 1) - 1
             if remaining > 0 {
                 pendingOutputs[ref] = remaining
@@ -440,12 +525,26 @@ final class ProcessorLoop {
         _ = tracker.finished(ref.partition, offset: ref.offset)
     }
 
-    private func isRevoking(_ partition: Int32) -> Bool {
+    private func isRevoking(_ partition: InputPartition) -> Bool {
         revocations.contains { $0.partitions.contains(partition) }
     }
 
-    private func pauseOrResume(_ numbers: some Collection<Int32>, pause: Bool) {
-        let partitions = numbers.sorted().map { KafkaTopicPartition(topic: configuration.requestsTopic, partition: $0) }
+    private func topicName(_ topic: InputPartition.Topic) -> String {
+        switch topic {
+        case .requests: configuration.requestsTopic
+        case .sources: configuration.sourcesTopic ?? ""
+        }
+    }
+
+    /// The input partition of a topic's partition; `nil` for a topic the processor does not read.
+    private func inputPartition(_ topic: String, _ number: Int32) -> InputPartition? {
+        if topic == configuration.requestsTopic { return .requests(number) }
+        if topic == configuration.sourcesTopic { return InputPartition(topic: .sources, number: number) }
+        return nil
+    }
+
+    private func pauseOrResume(_ inputs: some Collection<InputPartition>, pause: Bool) {
+        let partitions = inputs.sorted().map { KafkaTopicPartition(topic: topicName($0.topic), partition: $0.number) }
         do {
             if pause { try consumer.pause(partitions) } else { try consumer.resume(partitions) }
         } catch {
@@ -454,7 +553,7 @@ final class ProcessorLoop {
     }
 
     private func assign(_ assignment: [KafkaTopicPartition]) {
-        let partitions = assignment.filter { $0.topic == configuration.requestsTopic }.map(\.partition)
+        let partitions = assignment.compactMap { inputPartition($0.topic, $0.partition) }
         for partition in partitions {
             assigned.insert(partition)
             generations[partition, default: 0] += 1
@@ -468,7 +567,7 @@ final class ProcessorLoop {
     }
 
     private func revoke(_ partitions: [KafkaTopicPartition], _ revocation: KafkaRevocation) {
-        let revoked = Set(partitions.filter { $0.topic == configuration.requestsTopic }.map(\.partition))
+        let revoked = Set(partitions.compactMap { inputPartition($0.topic, $0.partition) })
         assigned.subtract(revoked)
         // Work not started stays unprocessed: the next owner reads it again.
         let dropped = scheduler.removeWaiting { revoked.contains($0.ref.partition) }
@@ -499,6 +598,8 @@ final class ProcessorLoop {
             logger.debug(
                 "revoked \(pending.partitions.count) partitions; committing \(offsets.map { "\($0.partition)@\($0.offset)+\(FinishedOffsets.decode($0.metadata, committed: $0.offset).count)" })"
             )
+            // The next owner restores these users from the changelog.
+            ledger.remove(partitions: Set(pending.partitions.filter { $0.topic == .requests }.map(\.number)))
             pending.revocation.acknowledge(committing: offsets)
             return true
         }
@@ -536,6 +637,9 @@ final class ProcessorLoop {
                 send(for: ref, output: output, counted: false) { record }
             }
         }
+        if !isDraining, let due = ledger.nextExpiryMs, due <= currentTimeMs() {
+            for update in ledger.expire(nowMs: currentTimeMs()) { publish(update, for: nil) }
+        }
         if !revocations.isEmpty { checkRevocations() }
         if !isDraining && revocations.isEmpty { commitIfDue(now: now) }
     }
@@ -550,13 +654,13 @@ final class ProcessorLoop {
 
     private func checkDrained() {
         guard let deadline = drainDeadline else { return }
-        if calls.isEmpty && pendingOutputs.isEmpty {
+        if calls.isEmpty && pendingOutputs.isEmpty && pendingUpdates.isEmpty {
             isFinished = true
             recorder.publish(statistics)
         } else if clock.now >= deadline {
             recorder.publish(statistics)
             logger.warning(
-                "drain timed out with \(calls.count) calls running and \(pendingOutputs.count) records undelivered; they will be processed again"
+                "drain timed out with \(calls.count) calls running, \(pendingOutputs.count) records and \(pendingUpdates.count) ledger updates undelivered; they will be processed again"
             )
             isFinished = true
         }

@@ -3,8 +3,12 @@ import Synchronization
 
 /// Counters of a running processor, readable from any thread.
 public struct ProcessorStatistics: Sendable {
-    /// Records read from the requests topic.
+    /// Records read from the requests topic (and the sources topic, when one is read).
     public var received = 0
+    /// Records read from the sources topic that were valid.
+    public var sourceEvents = 0
+    /// Entitlement change events delivered.
+    public var entitlementChanges = 0
     /// Outcomes delivered, by result.
     public var outcomes: [OutcomeResult: Int] = [:]
     /// Dead letters delivered (invalid input and failed requests).

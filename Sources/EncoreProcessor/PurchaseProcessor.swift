@@ -54,21 +54,24 @@ public final class PurchaseProcessor: Sendable {
         guard !hasRun.exchange(true, ordering: .acquiringAndReleasing) else {
             throw ProcessorError(.invalidConfiguration, "a processor runs once; create a new one")
         }
+        try await checkTopics()
         let clients = try makeClients()
+        let inputTopics = [configuration.requestsTopic] + (configuration.sourcesTopic.map { [$0] } ?? [])
         do {
-            try clients.consumer.subscribe(topics: [configuration.requestsTopic])
+            try clients.consumer.subscribe(topics: inputTopics)
         } catch {
-            throw ProcessorError(.kafka, "cannot subscribe to '\(configuration.requestsTopic)': \(error)")
+            throw ProcessorError(
+                .kafka, "cannot subscribe to \(inputTopics.map { "'\($0)'" }.joined(separator: ", ")): \(error)")
         }
         logger.info(
             "processing \(configuration.requestsTopic) as group '\(configuration.groupID)' (max in flight \(configuration.maxInFlight))"
         )
         let inbox = self.inbox
-        let requestsTopic = configuration.requestsTopic
+        let configuration = self.configuration
         let logger = self.logger
         let flow = FlowControl(capacity: configuration.bufferCapacity) { [consumer = clients.consumer] paused in
             do {
-                let partitions = try consumer.assignment().filter { $0.topic == requestsTopic }
+                let partitions = try consumer.assignment().filter { inputTopics.contains($0.topic) }
                 if paused { try consumer.pause(partitions) } else { try consumer.resume(partitions) }
                 logger.debug("\(paused ? "paused" : "resumed") \(partitions.count) partitions")
             } catch {
@@ -82,12 +85,20 @@ public final class PurchaseProcessor: Sendable {
                 case .messages(let messages):
                     // Counted before they queue up for the loop, so a slow loop still pauses the consumer.
                     flow.admit(messages.count)
-                    inbox.post(.records(messages.map { IncomingRecord(message: $0) }))
+                    inbox.post(
+                        .records(
+                            messages.map {
+                                IncomingRecord(message: $0, isSource: $0.topic == configuration.sourcesTopic)
+                            }))
                 case .partitionsAssigned(let partitions):
-                    // Read before any record of these partitions: what the previous owner finished.
+                    // Read before any record of these partitions: what the previous owner finished,
+                    // and the ledger state of their users.
                     let finished = await Self.finishedOffsets(
-                        of: partitions, consumer: clients.consumer, logger: logger)
-                    inbox.post(.assigned(partitions, finished: finished))
+                        of: partitions, configuration: configuration, consumer: clients.consumer, logger: logger)
+                    let restored = await Self.restoreLedger(
+                        of: partitions.filter { $0.topic == configuration.requestsTopic }.map(\.partition),
+                        configuration: configuration, logger: logger)
+                    inbox.post(.assigned(partitions, finished: finished, restored: restored))
                 default:
                     inbox.post(.consumer(event))
                 }
@@ -136,20 +147,108 @@ public final class PurchaseProcessor: Sendable {
     }
 
     private static func finishedOffsets(
-        of partitions: [KafkaTopicPartition], consumer: KafkaConsumer, logger: Logger
-    ) async -> [Int32: Set<Int64>] {
+        of partitions: [KafkaTopicPartition], configuration: ProcessorConfiguration, consumer: KafkaConsumer,
+        logger: Logger
+    ) async -> [InputPartition: Set<Int64>] {
         do {
             let committed = try await consumer.committed(partitions)
             logger.debug(
                 "assigned \(partitions.count) partitions; committed: \(committed.map { "\($0.partition)@\($0.offset)+\(FinishedOffsets.decode($0.metadata, committed: $0.offset).count)" })"
             )
             return Dictionary(
-                committed.map { ($0.partition, FinishedOffsets.decode($0.metadata, committed: $0.offset)) },
+                committed.map { offset in
+                    let topic: InputPartition.Topic = offset.topic == configuration.requestsTopic ? .requests : .sources
+                    return (
+                        InputPartition(topic: topic, number: offset.partition),
+                        FinishedOffsets.decode(offset.metadata, committed: offset.offset)
+                    )
+                },
                 uniquingKeysWith: { first, _ in first })
         } catch {
             logger.warning(
                 "cannot read committed offsets of the new assignment (\(error)); finished records will be redone")
             return [:]
+        }
+    }
+
+    /// Reads the users' ledger state of `partitions` from the changelog: the latest record per user.
+    /// Unreadable state stops nothing but is logged: those users start from an empty state.
+    private static func restoreLedger(
+        of partitions: [Int32], configuration: ProcessorConfiguration, logger: Logger
+    ) async -> [Int32: [EntitlementStateRecord]] {
+        guard !partitions.isEmpty else { return [:] }
+        let clock = ContinuousClock()
+        let started = clock.now
+        do {
+            let (latest, records) = try await KafkaPartitionReader.fold(
+                configuration: configuration.kafka, topic: configuration.stateTopic, partitions: partitions,
+                into: [Int32: [String: EntitlementStateRecord]]()
+            ) { latest, message in
+                do {
+                    let state = try EntitlementStateRecord(jsonBytes: message.value)
+                    latest[message.partition, default: [:]][state.key] = state
+                } catch {
+                    Logger(label: "encore.ledger").warning(
+                        "changelog record \(message.topic)[\(message.partition)]@\(message.offset) is not a valid state (\(error)); skipped"
+                    )
+                }
+            }
+            let users = latest.values.reduce(0) { $0 + $1.count }
+            logger.info(
+                "restored the ledger state of \(users) users from \(records) changelog records of \(partitions.count) partitions in \(clock.now - started)"
+            )
+            return latest.mapValues { Array($0.values) }
+        } catch {
+            logger.error(
+                "cannot restore the ledger state from '\(configuration.stateTopic)' (\(error)); its users start empty")
+            return [:]
+        }
+    }
+
+    /// The ledger's changelog must be co-partitioned with the requests (and the sources topic
+    /// too): checked at start; a missing changelog is created, compacted, with the same partitions.
+    private func checkTopics() async throws(ProcessorError) {
+        var adminConfiguration = configuration.kafka
+        // Asking for a missing topic's metadata must not create it with the broker's defaults.
+        adminConfiguration["allow.auto.create.topics"] = "false"
+        do {
+            let admin = try KafkaAdmin(configuration: adminConfiguration, logger: Logger(label: "encore.admin"))
+            guard let requests = try await admin.partitionCount(of: configuration.requestsTopic) else {
+                throw ProcessorError(
+                    .invalidConfiguration,
+                    "requests-topic: '\(configuration.requestsTopic)' does not exist (create the topics with `encore-processor topics create`)"
+                )
+            }
+            var state = try await admin.partitionCount(of: configuration.stateTopic)
+            if state == nil {
+                logger.info("creating the ledger's changelog '\(configuration.stateTopic)' with \(requests) partitions")
+                try await admin.createTopics([
+                    KafkaTopicSpecification(
+                        name: configuration.stateTopic, partitions: requests, replicationFactor: -1,
+                        configs: ["cleanup.policy": "compact"])
+                ])
+                state = try await admin.partitionCount(of: configuration.stateTopic)
+            }
+            for (option, topic, count) in [
+                ("state-topic", configuration.stateTopic, state),
+                ("sources-topic", configuration.sourcesTopic, nil),
+            ] {
+                guard let topic else { continue }
+                let partitions = option == "state-topic" ? count : try await admin.partitionCount(of: topic)
+                guard let partitions else {
+                    throw ProcessorError(.invalidConfiguration, "\(option): '\(topic)' does not exist")
+                }
+                guard partitions == requests else {
+                    throw ProcessorError(
+                        .invalidConfiguration,
+                        "\(option): '\(topic)' has \(partitions) partitions but '\(configuration.requestsTopic)' has \(requests); they must be co-partitioned (same key, same partition count) so one member owns all of a user's records"
+                    )
+                }
+            }
+        } catch let error as ProcessorError {
+            throw error
+        } catch {
+            throw ProcessorError(.kafka, "cannot check the topics: \(error)")
         }
     }
 
@@ -185,10 +284,12 @@ public final class PurchaseProcessor: Sendable {
 enum ProcessorInput: Sendable {
     /// Records already decoded (off the loop's thread).
     case records([IncomingRecord])
-    /// Partitions assigned, with the offsets their previous owner finished beyond its commit.
-    case assigned([KafkaTopicPartition], finished: [Int32: Set<Int64>])
+    /// Partitions assigned, with the offsets their previous owner finished beyond its commit and
+    /// the ledger state of their users, read back from the changelog (by requests partition).
+    case assigned(
+        [KafkaTopicPartition], finished: [InputPartition: Set<Int64>], restored: [Int32: [EntitlementStateRecord]])
     case commitFinished
-    case commitFailed([Int32])
+    case commitFailed([InputPartition])
     case consumer(KafkaConsumerEvent)
     case consumerEnded
     case attemptFinished(call: Int, attempt: Int, Result<PurchaseResult, any Error>)
@@ -197,29 +298,48 @@ enum ProcessorInput: Sendable {
     case shutdown
 }
 
-/// A record of the requests topic, within one assignment of its partition.
+/// A partition the processor reads: of the requests topic, or of the optional sources topic.
+struct InputPartition: Hashable, Comparable, Sendable, CustomStringConvertible {
+    enum Topic: UInt8, Sendable { case requests, sources }
+    var topic: Topic
+    var number: Int32
+
+    static func requests(_ number: Int32) -> InputPartition { InputPartition(topic: .requests, number: number) }
+
+    static func < (lhs: InputPartition, rhs: InputPartition) -> Bool {
+        (lhs.topic.rawValue, lhs.number) < (rhs.topic.rawValue, rhs.number)
+    }
+
+    var description: String { "\(topic == .requests ? "" : "sources:")\(number)" }
+}
+
+/// A record of an input partition, within one assignment of the partition.
 struct RecordRef: Hashable, Sendable {
-    /// Partition of the requests topic.
-    var partition: Int32
+    var partition: InputPartition
     var offset: Int64
     /// Bumped each time the partition is assigned anew, so late completions of a previous
     /// assignment are not mistaken for current ones.
     var generation: Int
 }
 
-/// A record of the requests topic and what decoding it gave.
+/// A record of an input topic and what decoding it gave.
 struct IncomingRecord: Sendable {
-    let message: KafkaMessage
-    let request: Result<PurchaseRequestEvent, EventValidationError>
-
-    init(message: KafkaMessage) {
-        self.message = message
-        self.request = Self.decode(message.value)
+    enum Payload: Sendable {
+        case request(Result<PurchaseRequestEvent, EventValidationError>)
+        case source(Result<EntitlementSourceEvent, EventValidationError>)
     }
 
-    static func decode(_ value: [UInt8]) -> Result<PurchaseRequestEvent, EventValidationError> {
+    let message: KafkaMessage
+    let payload: Payload
+
+    init(message: KafkaMessage, isSource: Bool = false) {
+        self.message = message
+        self.payload = isSource ? .source(Self.decode(message.value)) : .request(Self.decode(message.value))
+    }
+
+    static func decode<Event: EncoreEvent>(_ value: [UInt8]) -> Result<Event, EventValidationError> {
         do throws(EventValidationError) {
-            return .success(try PurchaseRequestEvent(jsonBytes: value))
+            return .success(try Event(jsonBytes: value))
         } catch {
             return .failure(error)
         }
@@ -228,12 +348,15 @@ struct IncomingRecord: Sendable {
 
 /// The broker's answer for one produced output (a class: it travels through the inbox).
 final class Delivery: Sendable {
-    let ref: RecordRef
+    /// The input record the output belongs to; `nil` for outputs of no record (expiries).
+    let ref: RecordRef?
     let output: Output
     let result: Result<KafkaDeliveryReport, KafkaError>
     let record: KafkaProducerRecord
 
-    init(ref: RecordRef, output: Output, result: Result<KafkaDeliveryReport, KafkaError>, record: KafkaProducerRecord) {
+    init(
+        ref: RecordRef?, output: Output, result: Result<KafkaDeliveryReport, KafkaError>, record: KafkaProducerRecord
+    ) {
         self.ref = ref
         self.output = output
         self.result = result
@@ -241,10 +364,14 @@ final class Delivery: Sendable {
     }
 }
 
-/// What a produced record was, for statistics.
+/// What a produced record was, for statistics and the ledger's write order.
 enum Output: Sendable {
     case outcome(OutcomeResult, requestedAtMs: Int64)
     case deadLetter
+    /// A change event of the ledger update `update`.
+    case entitlementChange(update: Int)
+    /// The changelog record of the ledger update `update`.
+    case entitlementState(update: Int)
 }
 
 /// A valid request waiting for, or in, its controller call (a class: queues move it around).

@@ -81,15 +81,18 @@ public enum Benchmark {
         var cluster: EmbeddedKafkaCluster? = nil
         let suffix = String(UInt32.random(in: 0...UInt32.max), radix: 16)
         let requests = options.prefilledTopic ?? "bench-\(suffix).requests"
-        let outputs = ["outcomes", "entitlements", "dead-letters"].map { "bench-\(suffix).\($0)" }
+        let outputs = ["outcomes", "entitlements", "dead-letters", "state"].map { "bench-\(suffix).\($0)" }
         if let servers = options.bootstrapServers {
             kafka.bootstrapServers = servers
             let admin = try KafkaAdmin(configuration: kafka)
             let created = (options.prefilledTopic == nil ? [requests] : []) + outputs
             do {
                 try await admin.createTopics(
-                    created.map { KafkaTopicSpecification(name: $0, partitions: options.partitions) },
-                    timeout: .seconds(5))
+                    created.map {
+                        KafkaTopicSpecification(
+                            name: $0, partitions: options.partitions,
+                            configs: $0 == outputs[3] ? ["cleanup.policy": "compact"] : [:])
+                    }, timeout: .seconds(5))
             } catch {
                 // librdkafka's mock cluster has no CreateTopics; it creates topics on first use.
                 logger.warning("cannot create topics (\(error)); relying on the broker's auto-creation")
@@ -118,6 +121,7 @@ public enum Benchmark {
         configuration.outcomesTopic = outputs[0]
         configuration.entitlementsTopic = outputs[1]
         configuration.deadLetterTopic = outputs[2]
+        configuration.stateTopic = outputs[3]
         configuration.maxInFlight = options.maxInFlight
         configuration.bufferCapacity = options.bufferCapacity
         // The mock cluster and Tansu hold a fetch for its whole wait instead of answering when

@@ -23,6 +23,12 @@ enum CommonOptions {
             "entitlements-topic", value: "TOPIC", default: "encore.entitlement-changes", "Topic of entitlement changes."
         ),
         .option("dead-letter-topic", value: "TOPIC", default: "encore.dead-letters", "Topic of dead letters."),
+        .option(
+            "state-topic", value: "TOPIC", default: "encore.entitlement-state",
+            "Compacted changelog of the entitlement ledger (co-partitioned with the requests)."),
+        .option(
+            "sources-topic", value: "TOPIC",
+            "Topic of subscription states reported by other sources (RevenueCat, Superwall...); off by default."),
     ]
 
     static let partitions = OptionDefinition.option(
@@ -55,8 +61,11 @@ enum CommonOptions {
     }
 
     /// The four topic names, in the order requests, outcomes, entitlements, dead letters.
+    /// Requests, outcomes, entitlements, dead-letter and state topics, then the sources topic if given.
     static func topicNames(_ options: ParsedOptions) -> [String] {
-        ["requests-topic", "outcomes-topic", "entitlements-topic", "dead-letter-topic"].map { options.string($0)! }
+        ["requests-topic", "outcomes-topic", "entitlements-topic", "dead-letter-topic", "state-topic"].map {
+            options.string($0)!
+        } + (options.string("sources-topic").map { [$0] } ?? [])
     }
 
     /// Starts an embedded broker with `topics` when no bootstrap servers are configured.

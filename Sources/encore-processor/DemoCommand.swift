@@ -44,7 +44,7 @@ enum DemoCommand {
         configuration.maxInFlight = try options.integer("max-in-flight", range: 1...100_000)
         for topic in [
             configuration.requestsTopic, configuration.outcomesTopic, configuration.entitlementsTopic,
-            configuration.deadLetterTopic,
+            configuration.deadLetterTopic, configuration.stateTopic,
         ] {
             try cluster.createTopic(topic, partitions: partitions)
         }

@@ -8,7 +8,7 @@ enum RunCommand {
         name: "run",
         summary: "Process purchase requests from Kafka until SIGTERM/SIGINT.",
         usage: "run [options]",
-        options: CommonOptions.kafka + CommonOptions.topics + controllerOptions + [
+        options: CommonOptions.kafka + CommonOptions.topics + controllerOptions + ledgerOptions + [
             .option("group-id", value: "ID", default: "encore-processor", "Consumer group."),
             CommonOptions.partitions,
             .flag("check", "Validate the arguments and exit (0 when they are valid)."),
@@ -18,7 +18,44 @@ enum RunCommand {
             revenuecat; --route =com.app.pro=billing matches one exact id; --route '*=billing' matches
             everything. First match wins; a product no route matches gets outcome not_attempted.
             Without --route, every product goes to the one configured controller.
+
+            Entitlements: a request's own entitlement, or the --catalog entry of its product, is
+            granted on purchased (verified) and pending (provisional). --access-rule
+            'pro = revenuecat:pro | superwall:active | encore:freeTrial' publishes a change whenever
+            the merged answer flips (sources read from --sources-topic).
             """)
+
+    static let ledgerOptions: [OptionDefinition] = [
+        .option(
+            "catalog", value: "FILE", environment: "ENCORE_CATALOG",
+            "JSON file: what each product (id or prefix*) grants, and access rules."),
+        .option(
+            "access-rule", value: "RULE", repeatable: true,
+            "NAME = SOURCE:ID | ... (encore:TYPE, encore:TYPE@verified, SOURCE:*); adds to the catalog's rules."),
+    ]
+
+    /// The catalog from `--catalog` and `--access-rule`.
+    static func catalog(_ options: ParsedOptions) throws(UsageError) -> EntitlementCatalog {
+        var catalog = EntitlementCatalog()
+        if let path = options.string("catalog") {
+            guard let data = FileManager.default.contents(atPath: path) else {
+                throw UsageError("--catalog: cannot read '\(path)'")
+            }
+            do {
+                catalog = try EntitlementCatalog(jsonBytes: Array(data))
+            } catch {
+                throw UsageError("--catalog: \(path): \(error.message)")
+            }
+        }
+        for text in options.strings("access-rule") {
+            do {
+                catalog.add(try AccessRule.parse(text))
+            } catch {
+                throw UsageError("--\(error.message)")
+            }
+        }
+        return catalog
+    }
 
     static let controllerOptions: [OptionDefinition] = [
         .option(
@@ -53,6 +90,9 @@ enum RunCommand {
         configuration.outcomesTopic = topics[1]
         configuration.entitlementsTopic = topics[2]
         configuration.deadLetterTopic = topics[3]
+        configuration.stateTopic = topics[4]
+        configuration.sourcesTopic = options.string("sources-topic")
+        configuration.catalog = try catalog(options)
         configuration.groupID = options.string("group-id") ?? configuration.groupID
         configuration.maxInFlight = try options.integer("max-in-flight", range: 1...1_000_000)
         configuration.bufferCapacity = try options.integer("buffer-size", range: 1...10_000_000)

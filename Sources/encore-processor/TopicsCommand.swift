@@ -31,10 +31,12 @@ enum TopicsCommand {
             print("configuration OK")
             return 0
         }
+        let stateTopic = options.string("state-topic")!
         let specifications = names.map { name in
             KafkaTopicSpecification(
                 name: name, partitions: partitions, replicationFactor: replication,
-                configs: ["retention.ms": String(retention)])
+                // The ledger's changelog keeps the latest state of every user, forever.
+                configs: name == stateTopic ? ["cleanup.policy": "compact"] : ["retention.ms": String(retention)])
         }
         let admin = try KafkaAdmin(configuration: kafka)
         try await admin.createTopics(specifications)

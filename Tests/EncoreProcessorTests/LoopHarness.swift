@@ -134,11 +134,16 @@ final class LoopHarness: Sendable {
     private let ticker: Task<Void, Never>
 
     /// Assigns partitions as a new owner would, with what a previous owner finished beyond its commit.
-    func assign(partitions: Int32, finished: [Int32: Set<Int64>]) {
+    func assign(
+        partitions: Int32, finished: [Int32: Set<Int64>], restored: [Int32: [EntitlementStateRecord]] = [:]
+    ) {
         assignedCount.withLock { $0 = partitions }
         inbox.post(
             .assigned(
-                (0..<partitions).map { KafkaTopicPartition(topic: Self.topic, partition: $0) }, finished: finished))
+                (0..<partitions).map { KafkaTopicPartition(topic: Self.topic, partition: $0) },
+                finished: Dictionary(
+                    uniqueKeysWithValues: finished.map { (InputPartition.requests($0.key), $0.value) }),
+                restored: restored))
     }
 
     func assign(partitions: Int32) {

@@ -109,7 +109,8 @@ enum Topics {
     static let outcomes = "encore.purchase-outcomes"
     static let deadLetters = "encore.dead-letters"
     static let entitlements = "encore.entitlement-changes"
-    static let all = [requests, outcomes, entitlements, deadLetters]
+    static let state = "encore.entitlement-state"
+    static let all = [requests, outcomes, entitlements, deadLetters, state]
 }
 
 /// Produces `count` generated requests; returns the records in production order.

@@ -1,0 +1,58 @@
+/// Reads partitions of a topic from their first record to their end at the time of the call:
+/// how a changelog is restored and how a compacted topic is queried. Joins no group, commits nothing.
+public enum KafkaPartitionReader {
+    /// Folds every record of `partitions` of `topic` (in offset order per partition) into `initial`.
+    /// Throws when the topic cannot be read or the end is not reached within `timeout`.
+    public static func fold<State: Sendable>(
+        configuration: KafkaConfiguration, topic: String, partitions: [Int32], timeout: Duration = .seconds(60),
+        into initial: State, _ update: @escaping @Sendable (inout State, KafkaMessage) -> Void
+    ) async throws(KafkaError) -> (state: State, records: Int) {
+        var configuration = configuration
+        configuration.setDefault("group.id", "encore-partition-reader")
+        configuration["enable.auto.commit"] = "false"
+        let admin = try KafkaAdmin(configuration: configuration)
+        var ends: [Int32: Int64] = [:]
+        for partition in partitions {
+            let marks = try await admin.watermarks(
+                of: KafkaTopicPartition(topic: topic, partition: partition), timeout: timeout)
+            if marks.high > marks.low { ends[partition] = marks.high }
+        }
+        guard !ends.isEmpty else { return (initial, 0) }
+        let targets = ends
+        let consumer = try KafkaConsumer(configuration: configuration, logger: Logger(label: "kafka.reader"))
+        try consumer.assign(
+            targets.keys.sorted().map { KafkaTopicPartitionOffset(topic: topic, partition: $0, offset: -2) })
+        let outcome = await withTaskGroup(of: (State, Int)?.self) { group in
+            group.addTask {
+                var state = initial
+                var remaining = targets
+                var records = 0
+                for await event in consumer.events {
+                    guard case .messages(let batch) = event else { continue }
+                    for message in batch {
+                        guard let end = remaining[message.partition], message.offset < end else { continue }
+                        update(&state, message)
+                        records += 1
+                        if message.offset + 1 >= end { remaining[message.partition] = nil }
+                    }
+                    if remaining.isEmpty { return (state, records) }
+                }
+                return nil
+            }
+            group.addTask {
+                try? await Task.sleep(for: timeout)
+                return nil
+            }
+            let first = await group.next() ?? nil
+            group.cancelAll()
+            return first
+        }
+        await consumer.close()
+        guard let (state, records) = outcome else {
+            throw KafkaError(
+                code: .timedOut, message: "reading '\(topic)' did not reach the end of its partitions within \(timeout)"
+            )
+        }
+        return (state, records)
+    }
+}
