@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """A stand-in billing service for the http controller in tests.
 
-Answers POST with {"result": "purchased"} after --delay-ms, logs each request id it was called
-with (one per line, flushed) to --log, and answers 503 to the first attempt of every request whose
-id ends in "7" (so retries are exercised). Prints "port=N" once listening; stops on SIGTERM.
+Answers POST with {"result": "purchased"} after --delay-ms (or with the result named in the
+request's attributes.answer, for scripted stories), logs each request id it was called with (one per
+line, flushed) to --log, and answers 503 to the first attempt of every request whose id ends in "7"
+(so retries are exercised). Prints "port=N" once listening; stops on SIGTERM.
 """
 import argparse
 import http.server
@@ -40,7 +41,8 @@ def main():
             if request["request_id"].endswith("7") and attempt == 1:
                 status, answer = 503, {"error": "busy"}
             else:
-                status, answer = 200, {"result": "purchased"}
+                result = (request.get("attributes") or {}).get("answer", "purchased")
+                status, answer = 200, {"result": result}
             payload = json.dumps(answer).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")

@@ -129,8 +129,9 @@ public final class PurchaseProcessor: Sendable {
             logger.error("outputs still undelivered at shutdown: \(error)")
         }
         await loop.commitTask?.value
+        let finalOffsets = loop.finalCommitOffsets
         do {
-            try await clients.consumer.commit(loop.finalCommitOffsets)
+            if !finalOffsets.isEmpty { try await clients.consumer.commit(finalOffsets) }
         } catch {
             logger.error("final offset commit failed: \(error)")
         }

@@ -8,6 +8,7 @@ let commands: [(definition: CommandDefinition, execute: (ParsedOptions) async th
     (TopicsCommand.definition, TopicsCommand.execute),
     (BrokerCommand.definition, BrokerCommand.execute),
     (BenchCommand.definition, BenchCommand.execute),
+    (EntitlementsCommand.definition, EntitlementsCommand.execute),
 ]
 
 @MainActor func overview() -> String {
@@ -16,7 +17,7 @@ let commands: [(definition: CommandDefinition, execute: (ParsedOptions) async th
         "Usage: encore-processor <command> [options]", "", "Commands:",
     ]
     for (definition, _) in commands {
-        lines.append("  " + definition.name.padding(toLength: 10, withPad: " ", startingAt: 0) + definition.summary)
+        lines.append("  " + definition.name.padding(toLength: 14, withPad: " ", startingAt: 0) + definition.summary)
     }
     lines += ["", "Run 'encore-processor <command> --help' for a command's options."]
     return lines.joined(separator: "\n")

@@ -60,26 +60,57 @@ final class FakeConsumer: ConsumerControl {
 final class FakeProducer: OutputProducer {
     private let records = Mutex<[KafkaProducerRecord]>([])
     private let failures = Mutex<[KafkaError]>([])
+    private let calls = Mutex<[KafkaProducerRecord]>([])
     private let queue = DispatchQueue(label: "fake.producer")
+    /// Topics whose acknowledgements are held back, and the held deliveries.
+    private let held = Mutex<(topics: Set<String>, deliveries: [@Sendable () -> Void])>(([], []))
 
     func failNext(_ errors: [KafkaError]) { failures.withLock { $0 += errors } }
+
+    /// Holds back the broker's acknowledgement of records of `topic` until ``release(_:)``.
+    func hold(_ topic: String) { held.withLock { _ = $0.topics.insert(topic) } }
+
+    /// Acknowledges what was held for `topic` and stops holding it.
+    func release(_ topic: String) {
+        let deliveries = held.withLock { held in
+            held.topics.remove(topic)
+            defer { held.deliveries = [] }
+            return held.deliveries
+        }
+        for delivery in deliveries { queue.async(execute: delivery) }
+    }
 
     func produce(
         _ record: KafkaProducerRecord, onDelivery: @escaping @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void
     ) throws(KafkaError) {
+        calls.withLock { $0.append(record) }
         let failure = failures.withLock { $0.isEmpty ? nil : $0.removeFirst() }
-        queue.async { [self] in
-            if let failure {
-                onDelivery(.failure(failure))
-                return
-            }
-            let offset = records.withLock { records in
-                records.append(record)
-                return Int64(records.count - 1)
-            }
-            onDelivery(.success(KafkaDeliveryReport(topic: record.topic, partition: 0, offset: offset)))
+        let holding = held.withLock { held in
+            guard held.topics.contains(record.topic) else { return false }
+            held.deliveries.append { [self] in self.acknowledge(record, failure: nil, onDelivery) }
+            return true
         }
+        if holding { return }
+        queue.async { [self] in acknowledge(record, failure: failure, onDelivery) }
     }
+
+    private func acknowledge(
+        _ record: KafkaProducerRecord, failure: KafkaError?,
+        _ onDelivery: @escaping @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void
+    ) {
+        if let failure {
+            onDelivery(.failure(failure))
+            return
+        }
+        let offset = records.withLock { records in
+            records.append(record)
+            return Int64(records.count - 1)
+        }
+        onDelivery(.success(KafkaDeliveryReport(topic: record.topic, partition: record.partition ?? 0, offset: offset)))
+    }
+
+    /// Records handed to the producer, acknowledged or not, in order.
+    var handedOver: [KafkaProducerRecord] { calls.withLock { $0 } }
 
     var produced: [KafkaProducerRecord] { records.withLock { $0 } }
 
@@ -135,12 +166,15 @@ final class LoopHarness: Sendable {
 
     /// Assigns partitions as a new owner would, with what a previous owner finished beyond its commit.
     func assign(
-        partitions: Int32, finished: [Int32: Set<Int64>], restored: [Int32: [EntitlementStateRecord]] = [:]
+        partitions: Int32, finished: [Int32: Set<Int64>], restored: [Int32: [EntitlementStateRecord]] = [:],
+        alsoOf topics: [String] = []
     ) {
         assignedCount.withLock { $0 = partitions }
         inbox.post(
             .assigned(
-                (0..<partitions).map { KafkaTopicPartition(topic: Self.topic, partition: $0) },
+                ([Self.topic] + topics).flatMap { topic in
+                    (0..<partitions).map { KafkaTopicPartition(topic: topic, partition: $0) }
+                },
                 finished: Dictionary(
                     uniqueKeysWithValues: finished.map { (InputPartition.requests($0.key), $0.value) }),
                 restored: restored))
@@ -153,17 +187,18 @@ final class LoopHarness: Sendable {
                 .partitionsAssigned((0..<partitions).map { KafkaTopicPartition(topic: Self.topic, partition: $0) })))
     }
 
-    /// Feeds one record to `partition` at the next offset of that partition.
-    func feed(_ value: [UInt8], key: String, partition: Int32 = 0) {
+    /// Feeds one record to `partition` of `topic` at the next offset of that partition.
+    func feed(_ value: [UInt8], key: String, partition: Int32 = 0, topic: String = LoopHarness.topic) {
         let offset = offsets.withLock { offsets in
-            defer { offsets[partition, default: 0] += 1 }
-            return offsets[partition, default: 0]
+            let slot = topic == Self.topic ? partition : -1 - partition
+            defer { offsets[slot, default: 0] += 1 }
+            return offsets[slot, default: 0]
         }
         inbox.post(
             .consumer(
                 .messages([
                     KafkaMessage(
-                        topic: Self.topic, partition: partition, offset: offset, key: Array(key.utf8), value: value,
+                        topic: topic, partition: partition, offset: offset, key: Array(key.utf8), value: value,
                         headers: [KafkaHeader(key: "trace", string: "t-\(offset)")])
                 ])))
     }

@@ -92,3 +92,44 @@ struct EndToEndTests {
         withExtendedLifetime(cluster) {}
     }
 }
+
+@Suite("Topic checks at start")
+struct TopicCheckTests {
+    static func failure(of processor: PurchaseProcessor) async -> ProcessorError? {
+        do {
+            try await processor.run()
+            return nil
+        } catch {
+            return error
+        }
+    }
+
+    @Test("refuses to run when the ledger's changelog is not co-partitioned with the requests")
+    func coPartitioning() async throws {
+        let cluster = try EmbeddedKafkaCluster()
+        try cluster.createTopic(Topics.requests, partitions: 4)
+        try cluster.createTopic(Topics.state, partitions: 2)
+        let processor = try simulatedProcessor(
+            bootstrap: cluster.bootstrapServers, group: "copartition", latency: .zero, maxInFlight: 1)
+        let error = await Self.failure(of: processor)
+        #expect(error?.code == .invalidConfiguration)
+        #expect(
+            error?.message
+                == "state-topic: 'encore.entitlement-state' has 2 partitions but 'encore.purchase-requests' has 4; they must be co-partitioned (same key, same partition count) so one member owns all of a user's records"
+        )
+    }
+
+    @Test("refuses to run when the sources topic is not co-partitioned with the requests")
+    func sourcesCoPartitioning() async throws {
+        // (The mock broker creates any topic asked about, so a missing topic cannot be shown here.)
+        let cluster = try EmbeddedKafkaCluster()
+        try cluster.createTopic(Topics.requests, partitions: 2)
+        try cluster.createTopic(Topics.state, partitions: 2)
+        try cluster.createTopic("encore.entitlement-sources", partitions: 3)
+        let processor = try simulatedProcessor(
+            bootstrap: cluster.bootstrapServers, group: "sources", latency: .zero, maxInFlight: 1
+        ) { $0.sourcesTopic = "encore.entitlement-sources" }
+        let error = await Self.failure(of: processor)
+        #expect(error?.message.hasPrefix("sources-topic: 'encore.entitlement-sources' has 3 partitions") == true)
+    }
+}

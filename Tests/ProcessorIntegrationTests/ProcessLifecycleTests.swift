@@ -59,15 +59,8 @@ struct ProcessLifecycleTests {
     func gracefulStop() async throws {
         let (broker, bootstrap) = try await startBroker()
         defer { Task { await broker.stop() } }
-        let log = FileManager.default.temporaryDirectory.appendingPathComponent("billing-\(UUID()).log")
-        let billing = try ChildProcess(
-            URL(fileURLWithPath: "/usr/bin/env"),
-            [
-                "python3", repositoryRoot.appendingPathComponent("scripts/fake_billing.py").path, "--log", log.path,
-                "--delay-ms", "30",
-            ])
+        let (billing, port, log) = try await startFakeBilling(delayMs: 30)
         defer { Task { await billing.stop() } }
-        let port = try await billing.waitForLine(prefix: "port=")
         var options = RequestGenerator.Options()
         options.users = 2000
         options.seed = 12

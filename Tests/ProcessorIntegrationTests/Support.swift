@@ -98,8 +98,8 @@ final class ChildProcess: Sendable {
 }
 
 /// `encore-processor broker`: an embedded broker in its own process, so processors can be killed.
-func startBroker(partitions: Int = 8) async throws -> (ChildProcess, String) {
-    let broker = try ChildProcess(try processorBinary(), ["broker", "--partitions", String(partitions)])
+func startBroker(partitions: Int = 8, arguments: [String] = []) async throws -> (ChildProcess, String) {
+    let broker = try ChildProcess(try processorBinary(), ["broker", "--partitions", String(partitions)] + arguments)
     let servers = try await broker.waitForLine(prefix: "bootstrap.servers=")
     return (broker, servers)
 }
@@ -173,6 +173,19 @@ func committedOffsets(bootstrap: String, group: String, topic: String, partition
         (0..<partitions).map { KafkaTopicPartition(topic: topic, partition: $0) })
     await consumer.close()
     return Dictionary(uniqueKeysWithValues: committed.map { ($0.partition, $0.offset) })
+}
+
+/// Starts `scripts/fake_billing.py`; returns it, the port it listens on and its call log.
+func startFakeBilling(delayMs: Int = 0) async throws -> (ChildProcess, String, URL) {
+    let log = FileManager.default.temporaryDirectory.appendingPathComponent("billing-\(UUID()).log")
+    let billing = try ChildProcess(
+        URL(fileURLWithPath: "/usr/bin/env"),
+        [
+            "python3", repositoryRoot.appendingPathComponent("scripts/fake_billing.py").path, "--log", log.path,
+            "--delay-ms", String(delayMs),
+        ])
+    let port = try await billing.waitForLine(prefix: "port=")
+    return (billing, port, log)
 }
 
 /// Validates record values with the independent Python validator; returns its output on failure.
