@@ -65,6 +65,24 @@ struct RebalanceTests {
         // rebalance, so here what finished after the last periodic commit that landed is repeated.
         #expect(first.statistics.alreadyFinished + second.statistics.alreadyFinished > 0)
         #expect(outcomes.count - ids.count < ids.count / 2, "\(outcomes.count - ids.count) repeated outcomes")
+        // The ledger moved with the partitions: every user's changes are numbered 1...n with no gap
+        // (a request redone by the new owner may publish a change again, under the same number),
+        // and the changelog's latest state of each user is at that user's last change.
+        let changes = try await readTopic(bootstrap: bootstrap, topic: Topics.entitlements).map {
+            try EntitlementChangeEvent(jsonBytes: $0.value)
+        }
+        #expect(!changes.isEmpty)
+        var sequences: [String: Set<Int64>] = [:]
+        for change in changes { sequences[change.key, default: []].insert(change.sequence) }
+        let gaps = sequences.filter { $0.value != Set(1...Int64($0.value.count)) }
+        #expect(gaps.isEmpty, "users with gaps: \(gaps.prefix(3))")
+        var latest: [String: EntitlementStateRecord] = [:]
+        for message in try await readTopic(bootstrap: bootstrap, topic: Topics.state) {
+            let state = try EntitlementStateRecord(jsonBytes: message.value)
+            latest[state.key] = state
+        }
+        let behind = sequences.filter { Int64($0.value.count) != latest[$0.key]?.sequence }
+        #expect(behind.isEmpty, "changelog behind the published changes: \(behind.prefix(3))")
         withExtendedLifetime(cluster) {}
     }
 }
