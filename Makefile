@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` and `make test`. Both install what they need first.
-.PHONY: deps build demo test lint deploy-check bench
+.PHONY: deps build demo test lint deploy-check bench bench-ledger
 
 # Where pip puts console scripts (pyenv shims may not be rehashed on a fresh machine).
 PYBIN := $(shell python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
@@ -23,6 +23,10 @@ lint:
 # limit.c and the processor side by side on the mock cluster and on Tansu (several minutes).
 bench: deps
 	scripts/bench.sh
+
+# Restore time and memory of the entitlement ledger for 100,000 users (about a minute).
+bench-ledger: build
+	python3 scripts/ledger_restore_bench.py --users 100000 --partitions 16
 
 # Deployment files cannot run here (no Docker engine): validate them instead.
 deploy-check: deps

@@ -160,7 +160,7 @@ final class ProcessorLoop {
         case .assigned(let partitions, let finished, let restored):
             // The ledger knows the partitions' users before any of their records is handled.
             for (partition, states) in restored {
-                for state in states { ledger.restore(state, partition: partition) }
+                for state in states.values { ledger.restore(state, partition: partition) }
             }
             assign(partitions)
             for (partition, offsets) in finished where !offsets.isEmpty {

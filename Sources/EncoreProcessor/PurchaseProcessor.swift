@@ -176,7 +176,7 @@ public final class PurchaseProcessor: Sendable {
     /// Unreadable state stops nothing but is logged: those users start from an empty state.
     private static func restoreLedger(
         of partitions: [Int32], configuration: ProcessorConfiguration, logger: Logger
-    ) async -> [Int32: [EntitlementStateRecord]] {
+    ) async -> [Int32: [String: EntitlementStateRecord]] {
         guard !partitions.isEmpty else { return [:] }
         let clock = ContinuousClock()
         let started = clock.now
@@ -198,7 +198,7 @@ public final class PurchaseProcessor: Sendable {
             logger.info(
                 "restored the ledger state of \(users) users from \(records) changelog records of \(partitions.count) partitions in \(clock.now - started)"
             )
-            return latest.mapValues { Array($0.values) }
+            return latest
         } catch {
             logger.error(
                 "cannot restore the ledger state from '\(configuration.stateTopic)' (\(error)); its users start empty")
@@ -288,7 +288,8 @@ enum ProcessorInput: Sendable {
     /// Partitions assigned, with the offsets their previous owner finished beyond its commit and
     /// the ledger state of their users, read back from the changelog (by requests partition).
     case assigned(
-        [KafkaTopicPartition], finished: [InputPartition: Set<Int64>], restored: [Int32: [EntitlementStateRecord]])
+        [KafkaTopicPartition], finished: [InputPartition: Set<Int64>],
+        restored: [Int32: [String: EntitlementStateRecord]])
     case commitFinished
     case commitFailed([InputPartition])
     case consumer(KafkaConsumerEvent)

@@ -10,6 +10,8 @@ public enum KafkaPartitionReader {
         var configuration = configuration
         configuration.setDefault("group.id", "encore-partition-reader")
         configuration["enable.auto.commit"] = "false"
+        // Folding keeps up with fetching: a small prefetch keeps a large topic from passing through memory at once.
+        configuration.setDefault("queued.max.messages.kbytes", "4096")
         let admin = try KafkaAdmin(configuration: configuration)
         var ends: [Int32: Int64] = [:]
         for partition in partitions {

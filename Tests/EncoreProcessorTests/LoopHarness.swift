@@ -177,7 +177,9 @@ final class LoopHarness: Sendable {
                 },
                 finished: Dictionary(
                     uniqueKeysWithValues: finished.map { (InputPartition.requests($0.key), $0.value) }),
-                restored: restored))
+                restored: restored.mapValues { states in
+                    Dictionary(states.map { ($0.key, $0) }, uniquingKeysWith: { $1 })
+                }))
     }
 
     func assign(partitions: Int32) {
