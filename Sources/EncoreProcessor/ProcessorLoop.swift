@@ -584,7 +584,10 @@ final class ProcessorLoop {
         let now = clock.now
         revocations.removeAll { pending in
             // A periodic commit still in flight could land after this one and set the offsets back.
-            let idle = pending.partitions.allSatisfy { busy[$0] == nil } && commitTask == nil
+            // Ledger updates of no record (expiries) must reach the changelog before the next owner reads it.
+            let idle =
+                pending.partitions.allSatisfy { busy[$0] == nil } && commitTask == nil
+                && !pendingUpdates.values.contains { pending.partitions.contains(.requests($0.partition)) }
             guard idle || now >= pending.deadline else { return false }
             if !idle { logger.warning("revocation drain timed out; releasing partitions with work still running") }
             // The consumer commits these, finished offsets included, before letting the partitions go.
@@ -638,7 +641,10 @@ final class ProcessorLoop {
             }
         }
         if !isDraining, let due = ledger.nextExpiryMs, due <= currentTimeMs() {
-            for update in ledger.expire(nowMs: currentTimeMs()) { publish(update, for: nil) }
+            // Users of partitions being handed over are left to the next owner, which restores them.
+            for update in ledger.expire(nowMs: currentTimeMs()) where assigned.contains(.requests(update.partition)) {
+                publish(update, for: nil)
+            }
         }
         if !revocations.isEmpty { checkRevocations() }
         if !isDraining && revocations.isEmpty { commitIfDue(now: now) }

@@ -101,6 +101,7 @@ enum DemoCommand {
         }
         lines.append(row("dead letters", "\(statistics.deadLetters) (\(statistics.invalid) invalid input)"))
         lines.append(row("duplicates skipped", "\(statistics.duplicates)"))
+        lines.append(row("entitlement changes", "\(statistics.entitlementChanges)"))
         lines.append(row("controller calls", "\(statistics.controllerCalls) (peak \(statistics.peakInFlight) at once)"))
         lines.append(row("throughput", String(format: "%.0f requests/s", statistics.throughput)))
         lines.append(

@@ -183,6 +183,7 @@ struct EntitlementStoryTests {
         let nobody = try ChildProcess(
             try processorBinary(), ["entitlements", "--bootstrap-servers", bootstrap, "--user", "app:nobody"])
         #expect(await nobody.waitForExit() == 1 && nobody.stderr.contains("no ledger state for 'app:nobody'"))
+        await feed.producer.close()
         await billing.stop()
         await broker.stop()
     }
