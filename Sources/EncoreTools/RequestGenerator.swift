@@ -137,19 +137,22 @@ public struct RequestGenerator: Sendable {
             key: Array(request.key.utf8), value: request.jsonBytes(), kind: .valid, requestID: request.requestID)
     }
 
+    /// The grants offers carry; each product's offer is one of them.
+    static let offers: [Entitlement] = [
+        Entitlement(type: .freeTrial, value: 7, unit: .days), Entitlement(type: .freeTrial, value: 14, unit: .days),
+        Entitlement(type: .freeTrial, value: 1, unit: .months), Entitlement(type: .discount, value: 20, unit: .percent),
+        Entitlement(type: .discount, value: 50, unit: .percent), Entitlement(type: .credit, value: 5, unit: .dollars),
+    ]
+
     private mutating func makeRequest(nowMs: Int64) -> PurchaseRequestEvent {
         let user =
             options.skew > 0
             ? Self.pick(userCumulative, random.nextUnit()) : Int(random.next() % UInt64(options.users))
         let product = options.products[Self.pick(productCumulative, random.nextUnit())].id
         let placement = Self.placements[Int(random.next() % UInt64(Self.placements.count))]
+        // Three in four requests come from an offer; an offer grants what its product stands for.
         let entitlement: Entitlement? =
-            switch random.next() % 4 {
-            case 0: Entitlement(type: .freeTrial, value: [3, 7, 14, 30][Int(random.next() % 4)], unit: .days)
-            case 1: Entitlement(type: .discount, value: [20, 50][Int(random.next() % 2)], unit: .percent)
-            case 2: Entitlement(type: .credit, value: 5, unit: .dollars)
-            default: nil
-            }
+            random.next() % 4 == 3 ? nil : Self.offers[Int(fnv1a(product) % UInt64(Self.offers.count))]
         return PurchaseRequestEvent(
             requestID: "req-\(options.seed)-\(sequence)", appID: options.appID,
             appUserID: "user-\(String(user, radix: 10))", productID: product,

@@ -69,6 +69,16 @@ public struct EntitlementLedger: Sendable {
         }
         guard let entitlement = offered ?? catalog.entitlement(for: outcome.productID) else { return nil }
         let now = outcome.completedAtMs
+        // The common case: the same grant again, nothing due to expire. Nothing to build.
+        if let held = users[userKey(appID: outcome.appID, appUserID: outcome.appUserID)]?.state,
+            held.grants.contains(where: {
+                $0.isActive && $0.productID == outcome.productID && $0.entitlement == entitlement
+                    && ($0.status == .verified || status == .provisional)
+            }),
+            !held.grants.contains(where: { $0.isActive && ($0.expiresAtMs.map { $0 <= now } ?? false) })
+        {
+            return nil
+        }
         return mutate(outcome.appID, outcome.appUserID, partition: partition, nowMs: now) { state, changes in
             let grant = EntitlementStateRecord.Grant(
                 productID: outcome.productID, entitlement: entitlement, status: status, isActive: true,
