@@ -68,6 +68,13 @@ public struct ProcessorConfiguration: Sendable {
             try require(
                 sourcesTopic != requestsTopic && !outputs.contains(sourcesTopic), "sources-topic",
                 "must differ from the requests and output topics")
+            // Only the range assignor gives one member the same partitions of both topics, so the
+            // member that owns a user's requests also owns the user's source states.
+            let strategy = kafka["partition.assignment.strategy"] ?? "range"
+            try require(
+                strategy == "range", "sources-topic",
+                "needs -X partition.assignment.strategy=range (got '\(strategy)'): a member must own the same partitions of the requests and sources topics"
+            )
         }
         do {
             try kafka.validate()

@@ -134,19 +134,20 @@ final class ProcessorLoop {
     private func commitIfDue(now: ContinuousClock.Instant) {
         guard now >= nextCommit, commitTask == nil else { return }
         nextCommit = now.advanced(by: configuration.commitInterval)
-        let partitions = assigned.filter { partition in
-            commitOffsets(for: [partition]).first.map { lastCommitted[partition] != $0 } ?? false
+        // Only what changed since the last commit that was made.
+        let changed = assigned.sorted().compactMap { partition in
+            commitOffsets(for: [partition]).first.flatMap { lastCommitted[partition] == $0 ? nil : (partition, $0) }
         }
-        guard !partitions.isEmpty else { return }
-        let offsets = commitOffsets(for: partitions)
-        for (partition, offset) in zip(partitions.sorted(), offsets) { lastCommitted[partition] = offset }
+        guard !changed.isEmpty else { return }
+        let (partitions, offsets) = (changed.map(\.0), changed.map(\.1))
+        for (partition, offset) in changed { lastCommitted[partition] = offset }
         let (consumer, inbox, logger) = (self.consumer, self.inbox, self.logger)
         commitTask = Task {
             do {
                 try await consumer.commit(offsets)
             } catch {
                 logger.warning("offset commit failed (retried at the next interval): \(error)")
-                inbox.post(.commitFailed(partitions.sorted()))
+                inbox.post(.commitFailed(partitions))
             }
             inbox.post(.commitFinished)
         }

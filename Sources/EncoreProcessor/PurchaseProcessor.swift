@@ -266,6 +266,10 @@ public final class PurchaseProcessor: Sendable {
         consumerConfiguration.groupID = configuration.groupID
         // The processor commits itself, with the finished offsets beyond the commit as metadata.
         consumerConfiguration.setDefault("enable.auto.commit", "false")
+        if configuration.sourcesTopic != nil {
+            // Co-partitioned topics stay together only under the range assignor (checked in validate()).
+            consumerConfiguration.setDefault("partition.assignment.strategy", "range")
+        }
         // librdkafka's own prefetch (64 MiB by default) adds to the processor's buffer.
         consumerConfiguration.setDefault("queued.max.messages.kbytes", "16384")
         do {

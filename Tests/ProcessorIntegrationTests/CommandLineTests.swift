@@ -12,7 +12,8 @@ func runBinary(
 
 @Suite("Command line")
 struct CommandLineTests {
-    @Test("every command has --help", arguments: ["run", "demo", "generate", "topics", "broker", "bench"])
+    @Test(
+        "every command has --help", arguments: ["run", "demo", "generate", "topics", "broker", "bench", "entitlements"])
     func help(command: String) async throws {
         let (status, output, _) = try await runBinary([command, "--help"])
         #expect(status == 0)
@@ -37,6 +38,16 @@ struct CommandLineTests {
             (["generate", "--count", "10", "--duration", "5"], "--count"),
             (["topics", "create", "--partitions", "-1"], "--partitions"),
             (["frobnicate"], "frobnicate"),
+            (["run", "--catalog", "/no/such/catalog.json"], "--catalog: cannot read '/no/such/catalog.json'"),
+            (["run", "--access-rule", "pro = encore:gold"], "unknown Encore entitlement 'gold'"),
+            (["run", "--access-rule", "pro"], "--access rule 'pro'"),
+            (["run", "--state-topic", "encore.purchase-outcomes"], "must all differ"),
+            (
+                ["run", "--sources-topic", "s", "-X", "partition.assignment.strategy=cooperative-sticky"],
+                "partition.assignment.strategy=range"
+            ),
+            (["entitlements", "--bootstrap-servers", "k:9092"], "--user"),
+            (["entitlements", "--bootstrap-servers", "k:9092", "--user", "nocolon"], "APP_ID:APP_USER_ID"),
         ])
     func badArguments(arguments: [String], named: String) async throws {
         let (status, _, error) = try await runBinary(arguments)
@@ -54,6 +65,26 @@ struct CommandLineTests {
         ])
         #expect(status == 0, "\(error)")
         #expect(output.contains("configuration OK"))
+    }
+
+    @Test("a catalog with an entry that is not an entitlement fails at start naming the entry")
+    func badCatalog() async throws {
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("catalog-\(UUID()).json")
+        try Data(#"{"products": {"rc_*": {"type": "freeTrial", "value": 7, "unit": "weeks"}}}"#.utf8).write(to: file)
+        defer { try? FileManager.default.removeItem(at: file) }
+        let (status, _, error) = try await runBinary(["run", "--check", "--catalog", file.path])
+        #expect(status == 2)
+        #expect(error.contains("products.rc_*.unit"), "\(error)")
+        let good = FileManager.default.temporaryDirectory.appendingPathComponent("catalog-\(UUID()).json")
+        try Data(
+            #"{"products": {"rc_*": {"type": "freeTrial", "value": 7, "unit": "days"}}, "access_rules": {"pro": "revenuecat:pro | encore:freeTrial"}}"#
+                .utf8
+        ).write(to: good)
+        defer { try? FileManager.default.removeItem(at: good) }
+        let (okStatus, output, okError) = try await runBinary([
+            "run", "--check", "--catalog", good.path, "--sources-topic", "encore.entitlement-sources",
+        ])
+        #expect(okStatus == 0 && output.contains("configuration OK"), "\(okError)")
     }
 
     @Test("ENCORE_BOOTSTRAP_SERVERS stands in for --bootstrap-servers")
