@@ -15,6 +15,9 @@ public struct ProcessorConfiguration: Sendable {
     public var sourcesTopic: String? = nil
     /// What products grant, and the access rules merging grants with other sources.
     public var catalog = EntitlementCatalog()
+    /// The entitlement ledger: change events, the changelog and its restore. Off, the processor
+    /// publishes outcomes and dead letters only.
+    public var ledgerEnabled = true
     /// Controller calls running at once, across users.
     public var maxInFlight = 256
     /// Records held between the consumer and the broker's acknowledgement of their outputs;
@@ -65,6 +68,7 @@ public struct ProcessorConfiguration: Sendable {
             !outputs.contains(requestsTopic) && Set(outputs).count == outputs.count, "requests-topic",
             "the requests, outcomes, entitlements, dead-letter and state topics must all differ")
         if let sourcesTopic {
+            try require(ledgerEnabled, "sources-topic", "needs the entitlement ledger (drop --no-ledger)")
             try require(
                 sourcesTopic != requestsTopic && !outputs.contains(sourcesTopic), "sources-topic",
                 "must differ from the requests and output topics")

@@ -371,9 +371,10 @@ final class ProcessorLoop {
         send(for: item.ref, output: .outcome(result, requestedAtMs: item.request.requestedAtMs)) {
             encoder.record(for: outcome)
         }
-        if let update = ledger.apply(
-            outcome: outcome, entitlement: item.request.entitlement, campaignID: item.request.campaignID,
-            offerID: item.request.offerID, partition: item.ref.partition.number)
+        if configuration.ledgerEnabled,
+            let update = ledger.apply(
+                outcome: outcome, entitlement: item.request.entitlement, campaignID: item.request.campaignID,
+                offerID: item.request.offerID, partition: item.ref.partition.number)
         {
             publish(update, for: item.ref)
         }

@@ -95,9 +95,11 @@ public final class PurchaseProcessor: Sendable {
                     // and the ledger state of their users.
                     let finished = await Self.finishedOffsets(
                         of: partitions, configuration: configuration, consumer: clients.consumer, logger: logger)
-                    let restored = await Self.restoreLedger(
-                        of: partitions.filter { $0.topic == configuration.requestsTopic }.map(\.partition),
-                        configuration: configuration, logger: logger)
+                    let restored =
+                        configuration.ledgerEnabled
+                        ? await Self.restoreLedger(
+                            of: partitions.filter { $0.topic == configuration.requestsTopic }.map(\.partition),
+                            configuration: configuration, logger: logger) : [:]
                     inbox.post(.assigned(partitions, finished: finished, restored: restored))
                 default:
                     inbox.post(.consumer(event))
@@ -220,6 +222,7 @@ public final class PurchaseProcessor: Sendable {
                     "requests-topic: '\(configuration.requestsTopic)' does not exist (create the topics with `encore-processor topics create`)"
                 )
             }
+            guard configuration.ledgerEnabled else { return }
             var state = try await admin.partitionCount(of: configuration.stateTopic)
             if state == nil {
                 logger.info("creating the ledger's changelog '\(configuration.stateTopic)' with \(requests) partitions")

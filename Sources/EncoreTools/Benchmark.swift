@@ -1,6 +1,7 @@
 import EncoreEvents
 import EncoreProcessor
 import Foundation
+import Synchronization
 import Kafka
 
 /// A measured scenario: pre-fill (or a steady offered rate), then the processor with the simulated
@@ -21,6 +22,8 @@ public enum Benchmark {
         /// The requests topic already holds `count` requests (e.g. written by `limit fill`).
         public var prefilledTopic: String? = nil
         public var timeout: Duration = .seconds(600)
+        /// The entitlement ledger runs (change events and changelog writes are part of the work).
+        public var ledger = true
         public init() {}
     }
 
@@ -42,6 +45,8 @@ public enum Benchmark {
         public var peakRSSMegabytes: Double
         public var allCommitted: Bool
         public var joinSeconds: Double
+        public var ledger: Bool
+        public var entitlementChanges: Int
 
         public var fields: [(String, String)] {
             [
@@ -60,6 +65,7 @@ public enum Benchmark {
                 ("peak RSS", String(format: "%.1f MB", peakRSSMegabytes)),
                 ("all offsets committed", allCommitted ? "yes" : "NO"),
                 ("group join", String(format: "%.1f s", joinSeconds)),
+                ("entitlement ledger", ledger ? "on (\(entitlementChanges) changes)" : "off"),
             ]
         }
 
@@ -70,6 +76,7 @@ public enum Benchmark {
                 "offered_rate": offeredRate, "processed": processed, "elapsed_s": elapsedSeconds,
                 "throughput": throughput, "latency_ms": latencyMs, "cpu_s": cpuSeconds,
                 "peak_rss_mb": peakRSSMegabytes, "all_committed": allCommitted, "join_s": joinSeconds,
+                "ledger": ledger, "entitlement_changes": entitlementChanges,
             ]
             let data = try! JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
             return String(decoding: data, as: UTF8.self)
@@ -122,6 +129,7 @@ public enum Benchmark {
         configuration.entitlementsTopic = outputs[1]
         configuration.deadLetterTopic = outputs[2]
         configuration.stateTopic = outputs[3]
+        configuration.ledgerEnabled = options.ledger
         configuration.maxInFlight = options.maxInFlight
         configuration.bufferCapacity = options.bufferCapacity
         // The mock cluster and Tansu hold a fetch for its whole wait instead of answering when
@@ -139,11 +147,15 @@ public enum Benchmark {
         let processor = try PurchaseProcessor(configuration: configuration, router: router)
         let started = Date()
         let cpuBefore = cpuSeconds()
-        async let running: Void = processor.run()
+        let ended = RunEnded()
+        let running = Task {
+            defer { ended.set() }
+            try await processor.run()
+        }
         if options.rate > 0 {
             // Offer load only once the group is joined, so the join does not count as latency.
             let joinDeadline = ContinuousClock.now.advanced(by: .seconds(120))
-            while processor.statistics.assignedPartitions == 0 && ContinuousClock.now < joinDeadline {
+            while processor.statistics.assignedPartitions == 0 && ContinuousClock.now < joinDeadline && !ended.isSet {
                 try await Task.sleep(for: .milliseconds(10))
             }
             // Warm-up: the first fetches of a fresh assignment (offset lookups) are not steady state.
@@ -160,13 +172,15 @@ public enum Benchmark {
             } : nil
         let clock = ContinuousClock()
         let deadline = clock.now.advanced(by: options.timeout)
-        while processor.statistics.finished < options.count && clock.now < deadline {
+        // A processor that stops on its own (a topic check failed) ends the run with its error.
+        while processor.statistics.finished < options.count && clock.now < deadline && !ended.isSet {
             try await Task.sleep(for: .milliseconds(10))
         }
         let statistics = processor.statistics
         let cpu = cpuSeconds() - cpuBefore
         processor.shutdown()
-        try await running
+        generating?.cancel()
+        try await running.value
         try await generating?.value
         let committed = try await committedTotal(
             kafka: kafka, group: configuration.groupID, topic: requests,
@@ -188,7 +202,8 @@ public enum Benchmark {
                 "max": Double(latency.max) / 1000,
             ],
             cpuSeconds: cpu, peakRSSMegabytes: peakRSSMegabytes(), allCommitted: committed == Int64(options.count),
-            joinSeconds: Double(first) / 1000 - started.timeIntervalSince1970)
+            joinSeconds: Double(first) / 1000 - started.timeIntervalSince1970, ledger: options.ledger,
+            entitlementChanges: statistics.entitlementChanges)
     }
 
     private static func committedTotal(
@@ -202,6 +217,13 @@ public enum Benchmark {
         await consumer.close()
         return committed.map { max($0.offset, 0) }.reduce(0, +)
     }
+}
+
+/// Set once the processor's `run()` returned.
+private final class RunEnded: Sendable {
+    private let flag = Mutex(false)
+    var isSet: Bool { flag.withLock { $0 } }
+    func set() { flag.withLock { $0 = true } }
 }
 
 /// User plus system CPU seconds of this process.

@@ -21,6 +21,9 @@ enum BenchCommand {
                 "prefilled-topic", value: "TOPIC",
                 "Consume this topic, already holding --count requests (e.g. from limit fill)."),
             .option("timeout-s", value: "S", default: "600", "Give up after this long."),
+            .flag(
+                "no-ledger",
+                "Run without the entitlement ledger (for brokers that cannot create the co-partitioned changelog)."),
             .flag("json", "Print the report as one JSON object."),
         ])
 
@@ -39,6 +42,7 @@ enum BenchCommand {
         benchmark.rate = try options.number("rate", range: 0...1e8)
         benchmark.prefilledTopic = options.string("prefilled-topic")
         benchmark.timeout = .seconds(try options.integer("timeout-s", range: 1...86_400))
+        benchmark.ledger = !options.flag("no-ledger")
         if benchmark.prefilledTopic != nil && benchmark.rate > 0 {
             throw UsageError("--prefilled-topic and --rate exclude each other")
         }

@@ -29,6 +29,7 @@ enum RunCommand {
         .option(
             "catalog", value: "FILE", environment: "ENCORE_CATALOG",
             "JSON file: what each product (id or prefix*) grants, and access rules."),
+        .flag("no-ledger", "Publish outcomes only: no entitlement changes, no changelog."),
         .option(
             "access-rule", value: "RULE", repeatable: true,
             "NAME = SOURCE:ID | ... (encore:TYPE, encore:TYPE@verified, SOURCE:*); adds to the catalog's rules."),
@@ -93,6 +94,7 @@ enum RunCommand {
         configuration.stateTopic = topics[4]
         configuration.sourcesTopic = options.string("sources-topic")
         configuration.catalog = try catalog(options)
+        configuration.ledgerEnabled = !options.flag("no-ledger")
         configuration.groupID = options.string("group-id") ?? configuration.groupID
         configuration.maxInFlight = try options.integer("max-in-flight", range: 1...1_000_000)
         configuration.bufferCapacity = try options.integer("buffer-size", range: 1...10_000_000)

@@ -42,7 +42,7 @@ struct ToolsTests {
         for key in [
             "broker", "librdkafka", "count", "partitions", "controller_latency_ms", "max_in_flight", "users",
             "offered_rate", "processed", "elapsed_s", "throughput", "latency_ms", "cpu_s", "peak_rss_mb",
-            "all_committed", "join_s",
+            "all_committed", "join_s", "ledger", "entitlement_changes",
         ] {
             #expect(object[key] != nil, "missing \(key)")
         }
