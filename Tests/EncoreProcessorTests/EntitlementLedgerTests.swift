@@ -335,3 +335,30 @@ struct EntitlementLedgerTests {
         #expect(ledger.userCount == 1)
     }
 }
+
+@Suite("Entitlement ledger: expiry queue")
+struct ExpiryQueueTests {
+    @Test("updates of a user do not pile up in the expiry queue; a settled expiry is not repeated")
+    func bounded() throws {
+        var catalog = EntitlementCatalog()
+        catalog.add(try AccessRule.parse("pro = revenuecat:pro | superwall:active"))
+        var ledger = EntitlementLedger(catalog: catalog)
+        // Many updates, all with the same upcoming expiry: one live entry.
+        for index in 0..<1000 {
+            _ = ledger.apply(
+                source: EntitlementSourceEvent(
+                    appID: "app", appUserID: "u1", source: "superwall", entitlementID: "active", isActive: true,
+                    expiresAtMs: 50_000, eventID: "e\(index)", occurredAtMs: Int64(index)),
+                partition: 0, nowMs: Int64(index))
+        }
+        #expect(ledger.pendingExpiries == 1)
+        // RevenueCat keeps access: the superwall expiry flips nothing, and is settled once.
+        _ = ledger.apply(
+            source: EntitlementSourceEvent(
+                appID: "app", appUserID: "u1", source: "revenuecat", entitlementID: "pro", isActive: true,
+                eventID: "rc", occurredAtMs: 2000), partition: 0, nowMs: 2000)
+        #expect(ledger.expire(nowMs: 60_000).isEmpty)
+        #expect(ledger.nextExpiryMs == nil && ledger.pendingExpiries == 0)
+        #expect(ledger.expire(nowMs: 70_000).isEmpty)
+    }
+}

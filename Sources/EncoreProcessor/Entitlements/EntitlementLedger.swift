@@ -22,11 +22,14 @@ public struct EntitlementLedger: Sendable {
     private struct UserEntry: Sendable {
         var state: EntitlementStateRecord
         var partition: Int32
+        /// When this user's entry in `expiries` is due; other entries of the user there are stale.
+        var scheduledAtMs: Int64? = nil
     }
 
     public let catalog: EntitlementCatalog
     private var users: [String: UserEntry] = [:]
-    /// Upcoming expiries (grants and source states), earliest first; entries may be stale.
+    /// Upcoming expiries (grants and source states), earliest first; at most one live entry per
+    /// user (the one at its `scheduledAtMs`), so the queue grows with users, not with updates.
     private var expiries = TimerQueue<Int64, String>()
 
     public init(catalog: EntitlementCatalog) {
@@ -38,6 +41,9 @@ public struct EntitlementLedger: Sendable {
     /// The state of one user, if the ledger has any.
     public func state(ofUser key: String) -> EntitlementStateRecord? { users[key]?.state }
 
+    /// Entries in the expiry queue (live and stale).
+    var pendingExpiries: Int { expiries.count }
+
     /// The earliest time an expiry may be due, if any.
     public var nextExpiryMs: Int64? { expiries.firstDue }
 
@@ -46,7 +52,7 @@ public struct EntitlementLedger: Sendable {
     /// Takes a user's state read back from the changelog (the latest record of the key wins).
     public mutating func restore(_ state: EntitlementStateRecord, partition: Int32) {
         users[state.key] = UserEntry(state: state, partition: partition)
-        schedule(state)
+        schedule(state.key)
     }
 
     /// Forgets the users of partitions this processor no longer owns.
@@ -135,7 +141,10 @@ public struct EntitlementLedger: Sendable {
     public mutating func expire(nowMs: Int64) -> [LedgerUpdate] {
         let due = Set(expiries.popDue(now: nowMs))
         return due.sorted().compactMap { key in
-            guard let entry = users[key] else { return nil }
+            // Entries of forgotten users, or superseded by a later schedule, are stale.
+            guard let entry = users[key], let scheduled = entry.scheduledAtMs, scheduled <= nowMs else { return nil }
+            users[key]?.scheduledAtMs = nil
+            defer { schedule(key, after: nowMs) }
             return mutate(entry.state.appID, entry.state.appUserID, partition: entry.partition, nowMs: nowMs) { _, _ in
             }
         }
@@ -183,8 +192,8 @@ public struct EntitlementLedger: Sendable {
             changes[index].sequence = state.sequence
         }
         state.updatedAtMs = max(state.updatedAtMs, nowMs)
-        users[key] = UserEntry(state: state, partition: partition)
-        schedule(state)
+        users[key] = UserEntry(state: state, partition: partition, scheduledAtMs: users[key]?.scheduledAtMs)
+        schedule(key)
         return LedgerUpdate(changes: changes, state: state, partition: partition)
     }
 
@@ -234,15 +243,21 @@ public struct EntitlementLedger: Sendable {
         return answers
     }
 
-    private mutating func schedule(_ state: EntitlementStateRecord) {
-        // Active grants past their time expire at the next settle; source states only matter
-        // when they expire after the last update. Only the earliest is queued: settling it queues the next.
+    /// Queues the user's earliest upcoming expiry; source states that ran out by `floor` (or before
+    /// the last update) were settled already.
+    private mutating func schedule(_ key: String, after floor: Int64 = .min) {
+        guard let entry = users[key] else { return }
+        let state = entry.state
+        // Active grants past their time expire at the next settle. Only the earliest is queued:
+        // settling it queues the next.
         let grantExpiries = state.grants.filter(\.isActive).compactMap(\.expiresAtMs)
         let sourceExpiries = state.sources.filter(\.isActive).compactMap(\.expiresAtMs).filter {
-            $0 > state.updatedAtMs
+            $0 > max(state.updatedAtMs, floor)
         }
-        guard let earliest = (grantExpiries + sourceExpiries).min() else { return }
-        expiries.schedule(state.key, at: earliest)
+        let earliest = (grantExpiries + sourceExpiries).min()
+        guard earliest != entry.scheduledAtMs else { return }
+        users[key]?.scheduledAtMs = earliest
+        if let earliest { expiries.schedule(key, at: earliest) }
     }
 
     private static func change(
