@@ -79,6 +79,8 @@ final class ProcessorLoop {
     private var statistics = ProcessorStatistics()
     private let encoder: OutputEncoder
     private let outputQueue = DispatchQueue(label: "encore.processor.outputs")
+    /// Outputs of the batch being handled, handed to the output queue together at its end.
+    private var unsent: [@Sendable () -> Void] = []
     /// Offsets a previous owner finished beyond its commit (from the commit metadata), per partition.
     private var finishedByPreviousOwner: [InputPartition: Set<Int64>] = [:]
     /// What was last committed per partition, to commit only what changed.
@@ -115,6 +117,7 @@ final class ProcessorLoop {
     /// Handles a batch of inputs; while draining, checks whether everything is done.
     func handle(_ batch: [ProcessorInput]) {
         for event in batch { handle(event) }
+        flushOutputs()
         if isDraining { checkDrained() }
     }
 
@@ -153,7 +156,7 @@ final class ProcessorLoop {
         }
     }
 
-    func handle(_ event: ProcessorInput) {
+    private func handle(_ event: ProcessorInput) {
         switch event {
         case .records(let records):
             // Admitted by the reader of the consumer already.
@@ -431,8 +434,16 @@ final class ProcessorLoop {
     ) {
         if counted, let ref { pendingOutputs[ref, default: 0] += 1 }
         let (producer, inbox) = (self.producer, self.inbox)
+        unsent.append { Self.produce(build(), ref: ref, output: output, producer: producer, inbox: inbox) }
+    }
+
+    /// One hop to the output queue per batch rather than one per record; order is kept.
+    private func flushOutputs() {
+        guard !unsent.isEmpty else { return }
+        let outputs = unsent
+        unsent.removeAll(keepingCapacity: true)
         outputQueue.async(execute: {
-            Self.produce(build(), ref: ref, output: output, producer: producer, inbox: inbox)
+            for output in outputs { output() }
         })
     }
 
