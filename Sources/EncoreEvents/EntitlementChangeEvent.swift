@@ -107,17 +107,12 @@ public struct EntitlementChangeEvent: EncoreEvent, Hashable {
         writer.field("campaign_id", campaignID)
         writer.field("offer_id", offerID)
         if let sources {
-            writer.key("sources")
-            writer.beginArray()
-            for source in sources {
-                writer.beginObject()
+            writer.objects("sources", sources) { writer, source in
                 writer.field("source", source.source)
                 writer.field("is_active", source.isActive)
                 writer.field("entitlement_id", source.entitlementID)
                 writer.field("expires_at_ms", source.expiresAtMs)
-                writer.endObject()
             }
-            writer.endArray()
         }
         writer.endObject()
         return writer.bytes

@@ -118,10 +118,7 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
         writer.field("app_user_id", appUserID)
         writer.field("sequence", sequence)
         writer.field("updated_at_ms", updatedAtMs)
-        writer.key("grants")
-        writer.beginArray()
-        for grant in grants {
-            writer.beginObject()
+        writer.objects("grants", grants) { writer, grant in
             writer.field("product_id", grant.productID)
             grant.entitlement.write("entitlement", to: &writer)
             writer.field("status", grant.status)
@@ -131,31 +128,19 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
             writer.field("request_id", grant.requestID)
             writer.field("campaign_id", grant.campaignID)
             writer.field("offer_id", grant.offerID)
-            writer.endObject()
         }
-        writer.endArray()
-        writer.key("sources")
-        writer.beginArray()
-        for source in sources {
-            writer.beginObject()
+        writer.objects("sources", sources) { writer, source in
             writer.field("source", source.source)
             writer.field("entitlement_id", source.entitlementID)
             writer.field("is_active", source.isActive)
             writer.field("expires_at_ms", source.expiresAtMs)
             writer.field("event_id", source.eventID)
             writer.field("occurred_at_ms", source.occurredAtMs)
-            writer.endObject()
         }
-        writer.endArray()
-        writer.key("access")
-        writer.beginArray()
-        for (rule, isActive) in access.sorted(by: { $0.key < $1.key }) {
-            writer.beginObject()
-            writer.field("rule", rule)
-            writer.field("is_active", isActive)
-            writer.endObject()
+        writer.objects("access", access.sorted(by: { $0.key < $1.key })) { writer, access in
+            writer.field("rule", access.key)
+            writer.field("is_active", access.value)
         }
-        writer.endArray()
         writer.endObject()
         return writer.bytes
     }

@@ -150,4 +150,18 @@ struct JSONWriter {
     mutating func field<E: RawRepresentable<String>>(_ name: StaticString, _ value: E?) {
         if let value { field(name, value.rawValue) }
     }
+
+    /// Writes `name` as an array with one object per item, its fields written by `body`.
+    mutating func objects<Item>(
+        _ name: StaticString, _ items: some Sequence<Item>, _ body: (inout JSONWriter, Item) -> Void
+    ) {
+        key(name)
+        beginArray()
+        for item in items {
+            beginObject()
+            body(&self, item)
+            endObject()
+        }
+        endArray()
+    }
 }
