@@ -191,6 +191,7 @@ final class ProcessorLoop {
         case .attemptFinished(let call, let attempt, let result): attemptFinished(call, attempt, result)
         case .delivered(let delivery): delivered(delivery.ref, delivery.output, delivery.result, delivery.record)
         case .tick: tick()
+        case .failed(let error): fail(error)
         case .shutdown:
             if !isDraining {
                 logger.info("shutting down: draining \(calls.count) running calls")

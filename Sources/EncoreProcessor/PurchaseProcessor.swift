@@ -95,11 +95,18 @@ public final class PurchaseProcessor: Sendable {
                     // and the ledger state of their users.
                     let finished = await Self.finishedOffsets(
                         of: partitions, configuration: configuration, consumer: clients.consumer, logger: logger)
-                    let restored =
-                        configuration.ledgerEnabled
-                        ? await Self.restoreLedger(
-                            of: partitions.filter { $0.topic == configuration.requestsTopic }.map(\.partition),
-                            configuration: configuration, logger: logger) : [:]
+                    var restored: [Int32: [String: EntitlementStateRecord]] = [:]
+                    if configuration.ledgerEnabled {
+                        do throws(ProcessorError) {
+                            restored = try await Self.restoreLedger(
+                                of: partitions.filter { $0.topic == configuration.requestsTopic }.map(\.partition),
+                                configuration: configuration, logger: logger)
+                        } catch {
+                            // Processing without the users' state would overwrite it: stop instead.
+                            inbox.post(.failed(error))
+                            continue
+                        }
+                    }
                     inbox.post(.assigned(partitions, finished: finished, restored: restored))
                 default:
                     inbox.post(.consumer(event))
@@ -175,37 +182,53 @@ public final class PurchaseProcessor: Sendable {
     }
 
     /// Reads the users' ledger state of `partitions` from the changelog: the latest record per user.
-    /// Unreadable state stops nothing but is logged: those users start from an empty state.
+    /// A record that is not a valid state is skipped (logged); a changelog that cannot be read after
+    /// three attempts is an error, since going on without the state would overwrite it.
     private static func restoreLedger(
         of partitions: [Int32], configuration: ProcessorConfiguration, logger: Logger
-    ) async -> [Int32: [String: EntitlementStateRecord]] {
+    ) async throws(ProcessorError) -> [Int32: [String: EntitlementStateRecord]] {
         guard !partitions.isEmpty else { return [:] }
         let clock = ContinuousClock()
         let started = clock.now
-        do {
-            let (latest, records) = try await KafkaPartitionReader.fold(
-                configuration: configuration.kafka, topic: configuration.stateTopic, partitions: partitions,
-                into: [Int32: [String: EntitlementStateRecord]]()
-            ) { latest, message in
-                do {
-                    let state = try EntitlementStateRecord(jsonBytes: message.value)
-                    latest[message.partition, default: [:]][state.key] = state
-                } catch {
-                    Logger(label: "encore.ledger").warning(
-                        "changelog record \(message.topic)[\(message.partition)]@\(message.offset) is not a valid state (\(error)); skipped"
-                    )
-                }
+        var attempt = 1
+        while true {
+            do {
+                return try await readLedger(
+                    of: partitions, configuration: configuration, logger: logger, since: started, clock: clock)
+            } catch  where attempt < 3 {
+                logger.warning("cannot read the changelog '\(configuration.stateTopic)' (\(error)); trying again")
+                try? await Task.sleep(for: .seconds(attempt))
+                attempt += 1
+            } catch {
+                throw ProcessorError(
+                    .kafka, "cannot restore the ledger state from '\(configuration.stateTopic)': \(error)")
             }
-            let users = latest.values.reduce(0) { $0 + $1.count }
-            logger.info(
-                "restored the ledger state of \(users) users from \(records) changelog records of \(partitions.count) partitions in \(clock.now - started)"
-            )
-            return latest
-        } catch {
-            logger.error(
-                "cannot restore the ledger state from '\(configuration.stateTopic)' (\(error)); its users start empty")
-            return [:]
         }
+    }
+
+    private static func readLedger(
+        of partitions: [Int32], configuration: ProcessorConfiguration, logger: Logger,
+        since started: ContinuousClock.Instant, clock: ContinuousClock
+    ) async throws(KafkaError) -> [Int32: [String: EntitlementStateRecord]] {
+        let (latest, records) = try await KafkaPartitionReader.fold(
+            configuration: configuration.kafka, topic: configuration.stateTopic, partitions: partitions,
+            into: [Int32: [String: EntitlementStateRecord]]()
+        ) { latest, message in
+            do {
+                let state = try EntitlementStateRecord(jsonBytes: message.value)
+                latest[message.partition, default: [:]][state.key] = state
+            } catch {
+                // An older valid record of the user, if any, stands.
+                Logger(label: "encore.ledger").warning(
+                    "changelog record \(message.topic)[\(message.partition)]@\(message.offset) is not a valid state (\(error)); skipped"
+                )
+            }
+        }
+        let users = latest.values.reduce(0) { $0 + $1.count }
+        logger.info(
+            "restored the ledger state of \(users) users from \(records) changelog records of \(partitions.count) partitions in \(clock.now - started)"
+        )
+        return latest
     }
 
     /// The ledger's changelog must be co-partitioned with the requests (and the sources topic
@@ -305,6 +328,8 @@ enum ProcessorInput: Sendable {
     case delivered(Delivery)
     case tick
     case shutdown
+    /// The processor cannot go on (the ledger's state could not be restored).
+    case failed(ProcessorError)
 }
 
 /// A partition the processor reads: of the requests topic, or of the optional sources topic.

@@ -133,3 +133,20 @@ struct TopicCheckTests {
         #expect(error?.message.hasPrefix("sources-topic: 'encore.entitlement-sources' has 3 partitions") == true)
     }
 }
+
+@Suite("Ledger restore failure")
+struct RestoreFailureTests {
+    @Test("a changelog that cannot be read stops the processor rather than overwrite the users' state")
+    func unreadableChangelog() async throws {
+        let cluster = try embeddedClusterWithTopics(partitions: 2)
+        // Every ListOffsets (the changelog's watermarks) is refused: TOPIC_AUTHORIZATION_FAILED.
+        cluster.pushRequestErrors(apiKey: 2, Array(repeating: KafkaError.Code(rawValue: 29), count: 200))
+        let processor = try simulatedProcessor(
+            bootstrap: cluster.bootstrapServers, group: "restore-failure", latency: .zero, maxInFlight: 1)
+        let error = await TopicCheckTests.failure(of: processor)
+        #expect(
+            error?.message.hasPrefix("cannot restore the ledger state from 'encore.entitlement-state'") == true,
+            "\(String(describing: error))")
+        #expect(processor.statistics.received == 0)
+    }
+}
