@@ -18,9 +18,10 @@ enum EntitlementsCommand {
             .flag("check", "Validate the arguments and exit."),
         ],
         discussion: """
-            Reads every partition of the changelog up to its current end and keeps the user's latest
-            record: what the processor would restore. Exit status 1 when the ledger has no state
-            for the user.
+            Reads the changelog up to its current end and keeps the user's latest record: what the
+            processor would restore. The user's partition under Kafka's default partitioner is read
+            first, every other one only if the user is not there. Exit status 1 when the ledger has
+            no state for the user.
             """)
 
     static func execute(_ options: ParsedOptions) async throws -> Int32 {
@@ -47,11 +48,17 @@ enum EntitlementsCommand {
             return 1
         }
         let key = Array(user.utf8)
-        let (latest, records) = try await KafkaPartitionReader.fold(
-            configuration: kafka, topic: topic, partitions: Array(0..<Int32(partitions)), timeout: timeout,
-            into: [UInt8]?.none
-        ) { latest, message in
-            if message.key == key { latest = message.value }
+        // The user's partition under Kafka's default (murmur2) partitioner first; the others only
+        // when the requests were partitioned some other way.
+        let likely = KafkaPartitioner.murmur2Partition(key: key, partitions: Int32(partitions))
+        var (latest, records): ([UInt8]?, Int) = (nil, 0)
+        for group in [[likely], (0..<Int32(partitions)).filter { $0 != likely }] where latest == nil && !group.isEmpty {
+            let read = try await KafkaPartitionReader.fold(
+                configuration: kafka, topic: topic, partitions: group, timeout: timeout, into: [UInt8]?.none
+            ) { latest, message in
+                if message.key == key { latest = message.value }
+            }
+            (latest, records) = (read.state, records + read.records)
         }
         guard let value = latest else {
             FileHandle.standardError.write(

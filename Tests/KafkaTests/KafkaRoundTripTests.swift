@@ -188,3 +188,21 @@ struct KafkaErrorTests {
         await producer.close(timeout: .seconds(1))
     }
 }
+
+@Suite("Partitioner")
+struct PartitionerTests {
+    @Test("murmur2 places keys where librdkafka's murmur2 partitioner does")
+    func agreesWithLibrdkafka() async throws {
+        let broker = try TestCluster(topics: ["p": 7])
+        var configuration = broker.producerConfiguration
+        configuration["partitioner"] = "murmur2"
+        let producer = try KafkaProducer(configuration: configuration)
+        // Keys of every length modulo 4, and non-ASCII bytes.
+        let keys = (0..<60).map { Array("app_\($0 % 3):user-\(String(repeating: "x", count: $0 % 9))ü\($0)".utf8) }
+        for key in keys {
+            let report = try await producer.send(KafkaProducerRecord(topic: "p", key: key, value: [1]))
+            #expect(report.partition == KafkaPartitioner.murmur2Partition(key: key, partitions: 7), "\(key)")
+        }
+        await producer.close()
+    }
+}
