@@ -178,8 +178,9 @@ public enum Benchmark {
         }
         let statistics = processor.statistics
         let cpu = cpuSeconds() - cpuBefore
+        // Load for a processor that stopped on its own has nowhere to go.
+        if ended.isSet { generating?.cancel() }
         processor.shutdown()
-        generating?.cancel()
         try await running.value
         try await generating?.value
         let committed = try await committedTotal(
