@@ -34,6 +34,13 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
 
     /// The latest state one other source reported for one of its entitlements.
     public struct Source: Sendable, Hashable {
+        /// The state `event` reports.
+        public init(_ event: EntitlementSourceEvent) {
+            self.init(
+                source: event.source, entitlementID: event.entitlementID, isActive: event.isActive,
+                expiresAtMs: event.expiresAtMs, eventID: event.eventID, occurredAtMs: event.occurredAtMs)
+        }
+
         public var source: String
         public var entitlementID: String
         public var isActive: Bool

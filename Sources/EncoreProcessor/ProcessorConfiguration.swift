@@ -60,9 +60,6 @@ public struct ProcessorConfiguration: Sendable {
                     && topic.allSatisfy { $0.isASCII && ($0.isLetter || $0.isNumber || "._-".contains($0)) },
                 name, "'\(topic)' is not a valid Kafka topic name")
         }
-        try require(
-            requestsTopic != outcomesTopic && requestsTopic != deadLetterTopic, "requests-topic",
-            "must differ from the outcomes and dead-letter topics")
         let outputs = [outcomesTopic, entitlementsTopic, deadLetterTopic, stateTopic]
         try require(
             !outputs.contains(requestsTopic) && Set(outputs).count == outputs.count, "requests-topic",

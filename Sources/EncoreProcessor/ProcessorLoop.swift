@@ -654,9 +654,10 @@ final class ProcessorLoop {
                 send(for: ref, output: output, counted: false) { record }
             }
         }
-        if !isDraining, let due = ledger.nextExpiryMs, due <= currentTimeMs() {
+        let nowMs = currentTimeMs()
+        if !isDraining, let due = ledger.nextExpiryMs, due <= nowMs {
             // Users of partitions being handed over are left to the next owner, which restores them.
-            for update in ledger.expire(nowMs: currentTimeMs()) where assigned.contains(.requests(update.partition)) {
+            for update in ledger.expire(nowMs: nowMs) where assigned.contains(.requests(update.partition)) {
                 publish(update, for: nil)
             }
         }

@@ -48,6 +48,10 @@ struct LedgerLoopTests {
         harness.producer.release("encore.entitlement-changes")
         #expect(await eventually { harness.consumer.snapshot.stored.values.first == 1 })
         let produced = harness.producer.produced
+        // Acknowledgements arrive in `produced` order: had the state been written before the held
+        // changes were acknowledged, its record would stand before them.
+        let stateIndex = try #require(produced.firstIndex { $0.topic == "encore.entitlement-state" })
+        #expect(produced.lastIndex { $0.topic == "encore.entitlement-changes" }.map { $0 < stateIndex } == true)
         let changes = produced.filter { $0.topic == "encore.entitlement-changes" }.map {
             try! EntitlementChangeEvent(jsonBytes: $0.value)
         }

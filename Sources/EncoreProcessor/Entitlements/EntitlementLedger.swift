@@ -75,8 +75,9 @@ public struct EntitlementLedger: Sendable {
         }
         guard let entitlement = offered ?? catalog.entitlement(for: outcome.productID) else { return nil }
         let now = outcome.completedAtMs
+        let key = outcome.key
         // The common case: the same grant again, nothing due to expire. Nothing to build.
-        if let held = users[userKey(appID: outcome.appID, appUserID: outcome.appUserID)]?.state,
+        if let held = users[key]?.state,
             held.grants.contains(where: {
                 $0.isActive && $0.productID == outcome.productID && $0.entitlement == entitlement
                     && ($0.status == .verified || status == .provisional)
@@ -85,7 +86,7 @@ public struct EntitlementLedger: Sendable {
         {
             return nil
         }
-        return mutate(outcome.appID, outcome.appUserID, partition: partition, nowMs: now) { state, changes in
+        return mutate(key, outcome.appID, outcome.appUserID, partition: partition, nowMs: now) { state, changes in
             let grant = EntitlementStateRecord.Grant(
                 productID: outcome.productID, entitlement: entitlement, status: status, isActive: true,
                 grantedAtMs: now, expiresAtMs: Self.expiry(of: entitlement, from: now), requestID: outcome.requestID,
@@ -127,12 +128,9 @@ public struct EntitlementLedger: Sendable {
                 || (event.occurredAtMs == held.occurredAtMs && event.eventID > held.eventID)
             guard isNewer else { return nil }
         }
-        return mutate(event.appID, event.appUserID, partition: partition, nowMs: nowMs) { state, _ in
-            let reported = EntitlementStateRecord.Source(
-                source: event.source, entitlementID: event.entitlementID, isActive: event.isActive,
-                expiresAtMs: event.expiresAtMs, eventID: event.eventID, occurredAtMs: event.occurredAtMs)
+        return mutate(key, event.appID, event.appUserID, partition: partition, nowMs: nowMs) { state, _ in
             state.sources.removeAll { $0.source == event.source && $0.entitlementID == event.entitlementID }
-            state.sources.append(reported)
+            state.sources.append(EntitlementStateRecord.Source(event))
         }
     }
 
@@ -145,7 +143,8 @@ public struct EntitlementLedger: Sendable {
             guard let entry = users[key], let scheduled = entry.scheduledAtMs, scheduled <= nowMs else { return nil }
             users[key]?.scheduledAtMs = nil
             defer { schedule(key, after: nowMs) }
-            return mutate(entry.state.appID, entry.state.appUserID, partition: entry.partition, nowMs: nowMs) { _, _ in
+            return mutate(key, entry.state.appID, entry.state.appUserID, partition: entry.partition, nowMs: nowMs) {
+                _, _ in
             }
         }
     }
@@ -155,10 +154,9 @@ public struct EntitlementLedger: Sendable {
     /// Runs `body` on the user's state after settling expiries due at `nowMs`, re-evaluates the
     /// access rules, and returns the update when the state changed.
     private mutating func mutate(
-        _ appID: String, _ appUserID: String, partition: Int32, nowMs: Int64,
+        _ key: String, _ appID: String, _ appUserID: String, partition: Int32, nowMs: Int64,
         _ body: (inout EntitlementStateRecord, inout [EntitlementChangeEvent]) -> Void
     ) -> LedgerUpdate? {
-        let key = userKey(appID: appID, appUserID: appUserID)
         let before = users[key]?.state ?? EntitlementStateRecord(appID: appID, appUserID: appUserID)
         var state = before
         var changes: [EntitlementChangeEvent] = []
