@@ -26,6 +26,16 @@ struct OutputEncoder: Sendable {
         self.templates = templates
     }
 
+    func record(for output: UnsentOutput) -> KafkaProducerRecord {
+        switch output {
+        case .outcome(let outcome): record(for: outcome)
+        case .change(let change): record(for: change)
+        case .state(let state, let partition): record(forState: state, partition: partition)
+        case .deadLetter(let letter, let key): record(for: letter, key: key)
+        case .record(let record): record
+        }
+    }
+
     func record(for outcome: PurchaseOutcomeEvent) -> KafkaProducerRecord {
         KafkaProducerRecord(
             topic: outcomesTopic, key: Array(outcome.key.utf8), value: outcome.jsonBytes(),

@@ -80,7 +80,10 @@ final class ProcessorLoop {
     private let encoder: OutputEncoder
     private let outputQueue = DispatchQueue(label: "encore.processor.outputs")
     /// Outputs of the batch being handled, handed to the output queue together at its end.
-    private var unsent: [@Sendable () -> Void] = []
+    private var unsent: [(token: UInt, output: UnsentOutput)] = []
+    /// Outputs waiting for the broker's answer, indexed by the token they were produced with.
+    private var outputSlots: [OutputSlot?] = []
+    private var freeSlots: [Int] = []
     /// Offsets a previous owner finished beyond its commit (from the commit metadata), per partition.
     private var finishedByPreviousOwner: [InputPartition: Set<Int64>] = [:]
     /// What was last committed per partition, to commit only what changed.
@@ -189,7 +192,7 @@ final class ProcessorLoop {
         case .consumerEnded:
             if !isDraining { beginDrain() }
         case .attemptFinished(let call, let attempt, let result): attemptFinished(call, attempt, result)
-        case .delivered(let delivery): delivered(delivery.ref, delivery.output, delivery.result, delivery.record)
+        case .delivered(let deliveries): delivered(deliveries)
         case .tick: tick()
         case .failed(let error): fail(error)
         case .shutdown:
@@ -371,10 +374,7 @@ final class ProcessorLoop {
             request: item.request, result: result, attempts: attempts, completedAtMs: currentTimeMs(),
             controller: controller, error: error)
         recent.insert(item.request.requestID)
-        let encoder = self.encoder
-        send(for: item.ref, output: .outcome(result, requestedAtMs: item.request.requestedAtMs)) {
-            encoder.record(for: outcome)
-        }
+        send(for: item.ref, output: .outcome(result, requestedAtMs: item.request.requestedAtMs), .outcome(outcome))
         if configuration.ledgerEnabled,
             let update = ledger.apply(
                 outcome: outcome, entitlement: item.request.entitlement, campaignID: item.request.campaignID,
@@ -394,9 +394,8 @@ final class ProcessorLoop {
         updateOrder[update.state.key, default: FIFO()].append(id)
         // The changelog record is counted now, so the record cannot finish before it is written.
         if let ref { pendingOutputs[ref, default: 0] += 1 }
-        let encoder = self.encoder
         for change in update.changes {
-            send(for: ref, output: .entitlementChange(update: id)) { encoder.record(for: change) }
+            send(for: ref, output: .entitlementChange(update: id), .change(change))
         }
         writeStateIfReady(ofUser: update.state.key)
     }
@@ -407,35 +406,36 @@ final class ProcessorLoop {
             !update.isWritten
         else { return }
         pendingUpdates[id]?.isWritten = true
-        let encoder = self.encoder
-        send(for: update.ref, output: .entitlementState(update: id), counted: false) {
-            encoder.record(forState: update.state, partition: update.partition)
-        }
+        send(
+            for: update.ref, output: .entitlementState(update: id), counted: false,
+            .state(update.state, partition: update.partition))
     }
 
     private func publishDeadLetter(
         for message: KafkaMessage, ref: RecordRef, failure: DeadLetterEvent.Failure, attempts: Int, requestID: String?
     ) {
-        let failedAt = currentTimeMs()
-        let encoder = self.encoder
-        send(for: ref, output: .deadLetter) {
-            let letter = DeadLetterEvent(
-                topic: message.topic, partition: message.partition, offset: message.offset, key: message.key,
-                value: message.value, headers: message.headers.map { ($0.key, $0.value) }, error: failure,
-                attempts: attempts, failedAtMs: failedAt, requestID: requestID)
-            return encoder.record(for: letter, key: message.key)
-        }
+        let letter = DeadLetterEvent(
+            topic: message.topic, partition: message.partition, offset: message.offset, key: message.key,
+            value: message.value, headers: message.headers.map { ($0.key, $0.value) }, error: failure,
+            attempts: attempts, failedAtMs: currentTimeMs(), requestID: requestID)
+        send(for: ref, output: .deadLetter, .deadLetter(letter, key: message.key))
     }
 
-    /// Encodes and enqueues an output on the output queue, in the order outputs are sent, so one
-    /// user's outcomes keep their order; the broker's answer comes back through the inbox.
-    private func send(
-        for ref: RecordRef?, output: Output, counted: Bool = true,
-        _ build: @escaping @Sendable () -> KafkaProducerRecord
-    ) {
+    /// Queues an output for the output queue, which encodes and produces in the order outputs are
+    /// sent, so one user's outcomes keep their order; the broker's answer comes back through the
+    /// inbox with the output's token.
+    private func send(for ref: RecordRef?, output: Output, counted: Bool = true, _ unsentOutput: UnsentOutput) {
         if counted, let ref { pendingOutputs[ref, default: 0] += 1 }
-        let (producer, inbox) = (self.producer, self.inbox)
-        unsent.append { Self.produce(build(), ref: ref, output: output, producer: producer, inbox: inbox) }
+        let slot = OutputSlot(ref: ref, output: output)
+        let token: Int
+        if let free = freeSlots.popLast() {
+            token = free
+            outputSlots[token] = slot
+        } else {
+            token = outputSlots.count
+            outputSlots.append(slot)
+        }
+        unsent.append((UInt(token), unsentOutput))
     }
 
     /// One hop to the output queue per batch rather than one per record; order is kept.
@@ -443,26 +443,28 @@ final class ProcessorLoop {
         guard !unsent.isEmpty else { return }
         let outputs = unsent
         unsent.removeAll(keepingCapacity: true)
-        outputQueue.async(execute: {
-            for output in outputs { output() }
-        })
+        let (encoder, producer, inbox) = (self.encoder, self.producer, self.inbox)
+        outputQueue.async(execute: { Self.produce(outputs, encoder: encoder, producer: producer, inbox: inbox) })
     }
 
     private static func produce(
-        _ record: KafkaProducerRecord, ref: RecordRef?, output: Output, producer: any OutputProducer,
+        _ outputs: [(token: UInt, output: UnsentOutput)], encoder: OutputEncoder, producer: any OutputProducer,
         inbox: Inbox<ProcessorInput>
     ) {
-        do {
-            try producer.produce(record) { result in
-                inbox.post(.delivered(Delivery(ref: ref, output: output, result: result, record: record)))
+        var refused: [KafkaDelivery] = []
+        for (token, output) in outputs {
+            let record = encoder.record(for: output)
+            do {
+                try producer.produce(record, token: token)
+            } catch {
+                // Reported like a failed delivery: a full local queue is tried again, anything else stops.
+                let failure = KafkaError(
+                    code: error.code, message: "cannot enqueue output: \(error.message)",
+                    isRetriable: error.isRetriable || error.code == .queueFull, isFatal: error.isFatal)
+                refused.append(KafkaDelivery(token: token, error: failure, record: record))
             }
-        } catch {
-            // Reported like a failed delivery: a full local queue is tried again, anything else stops.
-            let failure = KafkaError(
-                code: error.code, message: "cannot enqueue output: \(error.message)",
-                isRetriable: error.isRetriable || error.code == .queueFull, isFatal: error.isFatal)
-            inbox.post(.delivered(Delivery(ref: ref, output: output, result: .failure(failure), record: record)))
         }
+        if !refused.isEmpty { inbox.post(.delivered(refused)) }
     }
 
     /// Waits until every output handed to the output queue has been given to the producer.
@@ -472,47 +474,61 @@ final class ProcessorLoop {
         }
     }
 
-    private func delivered(
-        _ ref: RecordRef?, _ output: Output, _ result: Result<KafkaDeliveryReport, KafkaError>,
-        _ record: KafkaProducerRecord
-    ) {
-        switch result {
-        case .success:
-            switch output {
-            case .outcome(let result, let requestedAtMs):
-                statistics.outcomes[result, default: 0] += 1
-                statistics.latency.record(UInt64(max(0, currentTimeMs() - requestedAtMs)) * 1000)
-            case .deadLetter:
-                statistics.deadLetters += 1
-            case .entitlementChange(let id):
-                statistics.entitlementChanges += 1
-                if let update = pendingUpdates[id] {
-                    pendingUpdates[id]?.unacknowledgedChanges -= 1
-                    writeStateIfReady(ofUser: update.state.key)
-                }
-            case .entitlementState(let id):
-                if let update = pendingUpdates.removeValue(forKey: id) {
-                    let key = update.state.key
-                    _ = updateOrder[key]?.popFirst()
-                    if updateOrder[key]?.isEmpty ?? false { updateOrder[key] = nil }
-                    writeStateIfReady(ofUser: key)
-                }
-            }
-            guard let ref else { return }
-            let remaining = (pendingOutputs[ref] ?? 1) - 1
-            if remaining > 0 {
-                pendingOutputs[ref] = remaining
+    private func delivered(_ deliveries: [KafkaDelivery]) {
+        let nowMs = currentTimeMs()
+        for delivery in deliveries {
+            let token = Int(delivery.token)
+            guard token < outputSlots.count, let slot = outputSlots[token] else { continue }
+            outputSlots[token] = nil
+            freeSlots.append(token)
+            if let error = delivery.error {
+                deliveryFailed(slot, error, delivery.record)
             } else {
-                pendingOutputs[ref] = nil
-                endWork(ref)
-                finish(ref)
+                acknowledged(slot, nowMs: nowMs)
             }
-        case .failure(let error) where error.isRetriable && !error.isFatal:
-            logger.warning("delivery to \(record.topic) failed (\(error)); producing again")
-            timers.schedule(.redeliver(ref, output, record), at: clock.now.advanced(by: .milliseconds(500)))
-        case .failure(let error):
+        }
+    }
+
+    private func deliveryFailed(_ slot: OutputSlot, _ error: KafkaError, _ record: KafkaProducerRecord?) {
+        let topic = record?.topic ?? "?"
+        if error.isRetriable && !error.isFatal, let record {
+            logger.warning("delivery to \(topic) failed (\(error)); producing again")
+            timers.schedule(.redeliver(slot.ref, slot.output, record), at: clock.now.advanced(by: .milliseconds(500)))
+        } else {
             // Committing past this record would lose its output; stop instead and let a restart redo it.
-            fail(ProcessorError(.outputLost, "cannot deliver to '\(record.topic)': \(error)"))
+            fail(ProcessorError(.outputLost, "cannot deliver to '\(topic)': \(error)"))
+        }
+    }
+
+    private func acknowledged(_ slot: OutputSlot, nowMs: Int64) {
+        switch slot.output {
+        case .outcome(let result, let requestedAtMs):
+            statistics.outcomes[result, default: 0] += 1
+            statistics.latency.record(UInt64(max(0, nowMs - requestedAtMs)) * 1000)
+        case .deadLetter:
+            statistics.deadLetters += 1
+        case .entitlementChange(let id):
+            statistics.entitlementChanges += 1
+            if let update = pendingUpdates[id] {
+                pendingUpdates[id]?.unacknowledgedChanges -= 1
+                writeStateIfReady(ofUser: update.state.key)
+            }
+        case .entitlementState(let id):
+            if let update = pendingUpdates.removeValue(forKey: id) {
+                let key = update.state.key
+                _ = updateOrder[key]?.popFirst()
+                if updateOrder[key]?.isEmpty ?? false { updateOrder[key] = nil }
+                writeStateIfReady(ofUser: key)
+            }
+        }
+        guard let ref = slot.ref else { return }
+        let remaining = (pendingOutputs[ref] ?? 1) - 1
+        if remaining > 0 {
+            pendingOutputs[ref] = remaining
+        } else {
+            pendingOutputs[ref] = nil
+            endWork(ref)
+            finish(ref)
         }
     }
 
@@ -651,7 +667,7 @@ final class ProcessorLoop {
                 call.attempt += 1
                 launch(id)
             case .redeliver(let ref, let output, let record):
-                send(for: ref, output: output, counted: false) { record }
+                send(for: ref, output: output, counted: false, .record(record))
             }
         }
         let nowMs = currentTimeMs()
@@ -715,11 +731,10 @@ protocol ConsumerControl: Sendable {
     func commit(_ offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError)
 }
 
-/// What the loop needs of the producer. ``KafkaProducer`` provides it.
+/// What the loop needs of the producer. ``KafkaProducer`` provides it; the answers reach the
+/// loop's inbox as ``ProcessorInput/delivered(_:)`` batches, with the token.
 protocol OutputProducer: Sendable {
-    func produce(
-        _ record: KafkaProducerRecord, onDelivery: @escaping @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void
-    ) throws(KafkaError)
+    func produce(_ record: KafkaProducerRecord, token: UInt) throws(KafkaError)
 }
 
 extension KafkaConsumer: ConsumerControl {}

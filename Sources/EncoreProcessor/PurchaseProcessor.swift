@@ -299,8 +299,10 @@ public final class PurchaseProcessor: Sendable {
         // librdkafka's own prefetch (64 MiB by default) adds to the processor's buffer.
         consumerConfiguration.setDefault("queued.max.messages.kbytes", "16384")
         do {
+            let inbox = self.inbox
             let producer = try KafkaProducer(
-                configuration: producerConfiguration, logger: Logger(label: "encore.producer"))
+                configuration: producerConfiguration, logger: Logger(label: "encore.producer"),
+                onDeliveries: { inbox.post(.delivered($0)) })
             let consumer = try KafkaConsumer(
                 configuration: consumerConfiguration, revocationTimeout: configuration.drainTimeout + .seconds(5),
                 logger: Logger(label: "encore.consumer"))
@@ -325,7 +327,8 @@ enum ProcessorInput: Sendable {
     case consumer(KafkaConsumerEvent)
     case consumerEnded
     case attemptFinished(call: Int, attempt: Int, Result<PurchaseResult, any Error>)
-    case delivered(Delivery)
+    /// The broker's answers for outputs, by the token they were produced with.
+    case delivered([KafkaDelivery])
     case tick
     case shutdown
     /// The processor cannot go on (the ledger's state could not be restored).
@@ -380,22 +383,21 @@ struct IncomingRecord: Sendable {
     }
 }
 
-/// The broker's answer for one produced output (a class: it travels through the inbox).
-final class Delivery: Sendable {
-    /// The input record the output belongs to; `nil` for outputs of no record (expiries).
-    let ref: RecordRef?
-    let output: Output
-    let result: Result<KafkaDeliveryReport, KafkaError>
-    let record: KafkaProducerRecord
+/// An output waiting for the broker's answer: the input record it belongs to (`nil` for outputs
+/// of no record, such as expiries) and what it is.
+struct OutputSlot {
+    var ref: RecordRef?
+    var output: Output
+}
 
-    init(
-        ref: RecordRef?, output: Output, result: Result<KafkaDeliveryReport, KafkaError>, record: KafkaProducerRecord
-    ) {
-        self.ref = ref
-        self.output = output
-        self.result = result
-        self.record = record
-    }
+/// An output as the loop hands it to the output queue, which encodes it off the loop.
+enum UnsentOutput: Sendable {
+    case outcome(PurchaseOutcomeEvent)
+    case change(EntitlementChangeEvent)
+    case state(EntitlementStateRecord, partition: Int32)
+    case deadLetter(DeadLetterEvent, key: [UInt8]?)
+    /// Already encoded (produced again after a failed delivery).
+    case record(KafkaProducerRecord)
 }
 
 /// What a produced record was, for statistics and the ledger's write order.

@@ -158,21 +158,9 @@ public final class KafkaConsumer: Sendable {
             client.logger.warning("consumer error \(error)")
             return .error(error)
         }
-        let value = m.payload.map { Array(UnsafeRawBufferPointer(start: $0, count: m.len)) } ?? []
-        let key = m.key.map { Array(UnsafeRawBufferPointer(start: $0, count: m.key_len)) }
-        var headers: [KafkaHeader] = []
-        var native: OpaquePointer? = nil
-        if rd_kafka_message_headers(message, &native) == RD_KAFKA_RESP_ERR_NO_ERROR, let native {
-            var index = 0
-            var name: UnsafePointer<CChar>? = nil
-            var bytes: UnsafeRawPointer? = nil
-            var size = 0
-            while rd_kafka_header_get_all(native, index, &name, &bytes, &size) == RD_KAFKA_RESP_ERR_NO_ERROR {
-                let headerValue = bytes.map { Array(UnsafeRawBufferPointer(start: $0, count: size)) }
-                headers.append(KafkaHeader(key: name.map { String(cString: $0) } ?? "", value: headerValue))
-                index += 1
-            }
-        }
+        let value = RDKafkaMessage.value(message)
+        let key = RDKafkaMessage.key(message)
+        let headers = RDKafkaMessage.headers(message)
         var timestampType = RD_KAFKA_TIMESTAMP_NOT_AVAILABLE
         let timestamp = rd_kafka_message_timestamp(message, &timestampType)
         return .message(

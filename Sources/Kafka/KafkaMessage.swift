@@ -78,6 +78,22 @@ public struct KafkaDeliveryReport: Sendable, Hashable {
     }
 }
 
+/// The broker's answer for a record produced with a token (``KafkaProducer/produce(_:token:)``).
+public struct KafkaDelivery: Sendable {
+    /// The token the record was produced with.
+    public var token: UInt
+    /// Why delivery failed; `nil` when the broker acknowledged the record.
+    public var error: KafkaError?
+    /// The record as it was produced, when delivery failed (to produce it again).
+    public var record: KafkaProducerRecord?
+
+    public init(token: UInt, error: KafkaError?, record: KafkaProducerRecord?) {
+        self.token = token
+        self.error = error
+        self.record = record
+    }
+}
+
 /// A topic and partition.
 public struct KafkaTopicPartition: Sendable, Hashable, Comparable, CustomStringConvertible {
     public var topic: String

@@ -56,14 +56,20 @@ final class FakeConsumer: ConsumerControl {
     var snapshot: State { state.withLock { $0 } }
 }
 
-/// Acknowledges produced records asynchronously, or fails the first ones when told to.
+/// Acknowledges produced records asynchronously (in batches, as the real producer does), or fails
+/// the first ones when told to.
 final class FakeProducer: OutputProducer {
     private let records = Mutex<[KafkaProducerRecord]>([])
     private let failures = Mutex<[KafkaError]>([])
     private let calls = Mutex<[KafkaProducerRecord]>([])
     private let queue = DispatchQueue(label: "fake.producer")
+    private let onDeliveries: @Sendable ([KafkaDelivery]) -> Void
     /// Topics whose acknowledgements are held back, and the held deliveries.
-    private let held = Mutex<(topics: Set<String>, deliveries: [@Sendable () -> Void])>(([], []))
+    private let held = Mutex<(topics: Set<String>, deliveries: [(KafkaProducerRecord, UInt)])>(([], []))
+
+    init(onDeliveries: @escaping @Sendable ([KafkaDelivery]) -> Void) {
+        self.onDeliveries = onDeliveries
+    }
 
     func failNext(_ errors: [KafkaError]) { failures.withLock { $0 += errors } }
 
@@ -77,36 +83,25 @@ final class FakeProducer: OutputProducer {
             defer { held.deliveries = [] }
             return held.deliveries
         }
-        for delivery in deliveries { queue.async(execute: delivery) }
+        queue.async { [self] in onDeliveries(deliveries.map { acknowledge($0.0, token: $0.1, failure: nil) }) }
     }
 
-    func produce(
-        _ record: KafkaProducerRecord, onDelivery: @escaping @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void
-    ) throws(KafkaError) {
+    func produce(_ record: KafkaProducerRecord, token: UInt) throws(KafkaError) {
         calls.withLock { $0.append(record) }
         let failure = failures.withLock { $0.isEmpty ? nil : $0.removeFirst() }
         let holding = held.withLock { held in
             guard held.topics.contains(record.topic) else { return false }
-            held.deliveries.append { [self] in self.acknowledge(record, failure: nil, onDelivery) }
+            held.deliveries.append((record, token))
             return true
         }
         if holding { return }
-        queue.async { [self] in acknowledge(record, failure: failure, onDelivery) }
+        queue.async { [self] in onDeliveries([acknowledge(record, token: token, failure: failure)]) }
     }
 
-    private func acknowledge(
-        _ record: KafkaProducerRecord, failure: KafkaError?,
-        _ onDelivery: @escaping @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void
-    ) {
-        if let failure {
-            onDelivery(.failure(failure))
-            return
-        }
-        let offset = records.withLock { records in
-            records.append(record)
-            return Int64(records.count - 1)
-        }
-        onDelivery(.success(KafkaDeliveryReport(topic: record.topic, partition: record.partition ?? 0, offset: offset)))
+    private func acknowledge(_ record: KafkaProducerRecord, token: UInt, failure: KafkaError?) -> KafkaDelivery {
+        if let failure { return KafkaDelivery(token: token, error: failure, record: record) }
+        records.withLock { $0.append(record) }
+        return KafkaDelivery(token: token, error: nil, record: nil)
     }
 
     /// Records handed to the producer, acknowledged or not, in order.
@@ -127,7 +122,7 @@ final class FakeProducer: OutputProducer {
 final class LoopHarness: Sendable {
     static let topic = "encore.purchase-requests"
     let consumer = FakeConsumer()
-    let producer = FakeProducer()
+    let producer: FakeProducer
     let recorder = StatisticsRecorder()
     let inbox = Inbox<ProcessorInput>()
     private let pump: Task<Void, Never>
@@ -139,7 +134,9 @@ final class LoopHarness: Sendable {
         configuration.retry = RetryPolicy(
             maxAttempts: 3, initialBackoff: .milliseconds(5), maxBackoff: .milliseconds(20))
         configure(&configuration)
-        let (consumer, producer, recorder, inbox) = (self.consumer, self.producer, self.recorder, self.inbox)
+        let inbox = self.inbox
+        producer = FakeProducer { inbox.post(.delivered($0)) }
+        let (consumer, producer, recorder) = (self.consumer, self.producer, self.recorder)
         let assignedCount = self.assignedCount
         let flow = FlowControl(capacity: configuration.bufferCapacity) { paused in
             let partitions = (0..<assignedCount.withLock { $0 }).map {

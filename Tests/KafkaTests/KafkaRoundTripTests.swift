@@ -1,5 +1,6 @@
 import Foundation
 import Kafka
+import Synchronization
 import Testing
 
 @Suite("Kafka layer on the embedded broker")
@@ -169,6 +170,46 @@ struct KafkaErrorTests {
             try await producer.send(KafkaProducerRecord(topic: "down", key: nil, value: [2]))
         }
         #expect(error?.isRetriable == true)
+        await producer.close(timeout: .seconds(1))
+    }
+
+    @Test("records produced with a token are answered in batches, every token once; a failure hands the record back")
+    func tokenDeliveries() async throws {
+        let broker = try TestCluster(topics: ["tok": 2])
+        var configuration = broker.producerConfiguration
+        configuration["message.timeout.ms"] = "2000"
+        let answers = Mutex<(batches: Int, deliveries: [KafkaDelivery])>((0, []))
+        let producer = try KafkaProducer(configuration: configuration) { batch in
+            answers.withLock {
+                $0.batches += 1
+                $0.deliveries += batch
+            }
+        }
+        let count = 2000
+        for token in 0..<UInt(count) {
+            try producer.produce(
+                KafkaProducerRecord(topic: "tok", key: Array("k\(token % 7)".utf8), value: Array("\(token)".utf8)),
+                token: token)
+        }
+        #expect(await eventually { answers.withLock { $0.deliveries.count } == count })
+        let (batches, deliveries) = answers.withLock { ($0.batches, $0.deliveries) }
+        #expect(Set(deliveries.map(\.token)) == Set(0..<UInt(count)))
+        #expect(deliveries.allSatisfy { $0.error == nil && $0.record == nil })
+        #expect(batches < count / 10, "deliveries are handed over in batches (\(batches) batches)")
+
+        broker.cluster.setTopicError("gone", .unknownTopicOrPartition)
+        let headers = [KafkaHeader(key: "h", string: "v")]
+        try producer.produce(
+            KafkaProducerRecord(topic: "gone", partition: 0, key: [1], value: [2, 3], headers: headers), token: 99_999)
+        #expect(await eventually { answers.withLock { $0.deliveries.count } == count + 1 })
+        let failed = try #require(answers.withLock { $0.deliveries.last })
+        #expect(failed.token == 99_999)
+        #expect(failed.error?.message.contains("gone") == true)
+        #expect(failed.record?.topic == "gone")
+        #expect(failed.record?.partition == 0)
+        #expect(failed.record?.key == [1])
+        #expect(failed.record?.value == [2, 3])
+        #expect(failed.record?.headers == headers)
         await producer.close(timeout: .seconds(1))
     }
 

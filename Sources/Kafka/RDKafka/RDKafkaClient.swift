@@ -1,5 +1,6 @@
 import CRdKafka
 import Foundation
+import Synchronization
 
 /// The Swift-side state librdkafka's C callbacks reach through the handle's opaque pointer.
 ///
@@ -10,17 +11,21 @@ final class RDKafkaCallbacks: Sendable {
     let onError: (@Sendable (KafkaError) -> Void)?
     let onRebalance:
         (@Sendable (OpaquePointer, rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>) -> Void)?
+    /// Where deliveries of records produced with a token gather until the poll that served them ends.
+    let deliveries: RDKafkaDeliveryBatch?
 
     init(
         logger: Logger, onError: (@Sendable (KafkaError) -> Void)? = nil,
         onRebalance: (
             @Sendable (OpaquePointer, rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>) ->
                 Void
-        )? = nil
+        )? = nil,
+        deliveries: RDKafkaDeliveryBatch? = nil
     ) {
         self.logger = logger
         self.onError = onError
         self.onRebalance = onRebalance
+        self.deliveries = deliveries
     }
 
     static func from(_ opaque: UnsafeMutableRawPointer?) -> RDKafkaCallbacks? {
@@ -34,6 +39,46 @@ final class RDKafkaDelivery: Sendable {
 
     init(_ completion: @escaping @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void) {
         self.completion = completion
+    }
+}
+
+/// Deliveries of records produced with a token, handed to the producer's handler together once
+/// the poll that served them returns: one call per batch of broker answers instead of one per record.
+final class RDKafkaDeliveryBatch: Sendable {
+    private let handler: @Sendable ([KafkaDelivery]) -> Void
+    private let pending = Mutex<[KafkaDelivery]>([])
+
+    init(_ handler: @escaping @Sendable ([KafkaDelivery]) -> Void) {
+        self.handler = handler
+    }
+
+    func append(_ delivery: KafkaDelivery) {
+        pending.withLock { $0.append(delivery) }
+    }
+
+    /// Hands over what gathered. Under the lock, so batches reach the handler in the order they gathered.
+    func flush() {
+        pending.withLock { pending in
+            guard !pending.isEmpty else { return }
+            let batch = pending
+            pending.removeAll(keepingCapacity: true)
+            handler(batch)
+        }
+    }
+}
+
+/// How a message's opaque says what it carries: a retained ``RDKafkaDelivery`` (an aligned,
+/// even address) or a caller's token, stored shifted with the low bit set.
+enum RDKafkaOpaque {
+    static let largestToken = UInt.max >> 1
+
+    static func token(_ token: UInt) -> UnsafeMutableRawPointer {
+        UnsafeMutableRawPointer(bitPattern: token << 1 | 1)!
+    }
+
+    static func token(of opaque: UnsafeMutableRawPointer) -> UInt? {
+        let bits = UInt(bitPattern: opaque)
+        return bits & 1 == 1 ? bits >> 1 : nil
     }
 }
 
@@ -88,8 +133,23 @@ final class RDKafkaClient: @unchecked Sendable {
             callbacks.onError?(error)
         }
         if deliveryReports {
-            rd_kafka_conf_set_dr_msg_cb(conf) { _, message, _ in
+            rd_kafka_conf_set_dr_msg_cb(conf) { _, message, clientOpaque in
                 guard let message, let opaque = message.pointee._private else { return }
+                if let token = RDKafkaOpaque.token(of: opaque) {
+                    let m = message.pointee
+                    guard let batch = RDKafkaCallbacks.from(clientOpaque)?.deliveries else { return }
+                    if m.err == RD_KAFKA_RESP_ERR_NO_ERROR {
+                        batch.append(KafkaDelivery(token: token, error: nil, record: nil))
+                    } else {
+                        let record = KafkaProducerRecord(delivered: message)
+                        batch.append(
+                            KafkaDelivery(
+                                token: token,
+                                error: KafkaError(m.err, context: "delivery to topic '\(record.topic)' failed"),
+                                record: record))
+                    }
+                    return
+                }
                 let delivery = Unmanaged<RDKafkaDelivery>.fromOpaque(opaque).takeRetainedValue()
                 let m = message.pointee
                 if m.err == RD_KAFKA_RESP_ERR_NO_ERROR {

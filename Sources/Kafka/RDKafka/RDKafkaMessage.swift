@@ -1,0 +1,41 @@
+import CRdKafka
+
+/// Reading fields of an `rd_kafka_message_t` (consumed, or handed back in a delivery report).
+enum RDKafkaMessage {
+    static func value(_ message: UnsafePointer<rd_kafka_message_t>) -> [UInt8] {
+        let m = message.pointee
+        return m.payload.map { Array(UnsafeRawBufferPointer(start: $0, count: m.len)) } ?? []
+    }
+
+    static func key(_ message: UnsafePointer<rd_kafka_message_t>) -> [UInt8]? {
+        let m = message.pointee
+        return m.key.map { Array(UnsafeRawBufferPointer(start: $0, count: m.key_len)) }
+    }
+
+    static func headers(_ message: UnsafePointer<rd_kafka_message_t>) -> [KafkaHeader] {
+        var native: OpaquePointer? = nil
+        guard rd_kafka_message_headers(message, &native) == RD_KAFKA_RESP_ERR_NO_ERROR, let native else { return [] }
+        var headers: [KafkaHeader] = []
+        var index = 0
+        var name: UnsafePointer<CChar>? = nil
+        var bytes: UnsafeRawPointer? = nil
+        var size = 0
+        while rd_kafka_header_get_all(native, index, &name, &bytes, &size) == RD_KAFKA_RESP_ERR_NO_ERROR {
+            let value = bytes.map { Array(UnsafeRawBufferPointer(start: $0, count: size)) }
+            headers.append(KafkaHeader(key: name.map { String(cString: $0) } ?? "", value: value))
+            index += 1
+        }
+        return headers
+    }
+}
+
+extension KafkaProducerRecord {
+    /// The record a delivery report is about, as it was produced (to produce it again).
+    init(delivered message: UnsafePointer<rd_kafka_message_t>) {
+        let m = message.pointee
+        self.init(
+            topic: m.rkt.map { String(cString: rd_kafka_topic_name($0)) } ?? "?",
+            partition: m.partition >= 0 ? m.partition : nil, key: RDKafkaMessage.key(message),
+            value: RDKafkaMessage.value(message), headers: RDKafkaMessage.headers(message))
+    }
+}
