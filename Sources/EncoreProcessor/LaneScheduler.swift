@@ -90,18 +90,20 @@ struct LaneScheduler<Item, LaneKey: Hashable> {
     }
 }
 
-/// A user's lane: the user key with its hash computed once, since lanes are looked up several
-/// times per request.
-struct UserLane: Hashable, Sendable {
-    let key: String
+/// A string with its hash computed once: user lanes and request ids are looked up several times
+/// per request, and a probe compares the stored hashes before any bytes.
+struct HashedString: Hashable, Sendable {
+    let value: String
     private let hashCode: Int
 
-    init(_ key: String) {
-        self.key = key
-        hashCode = key.hashValue
+    init(_ value: String) {
+        self.value = value
+        hashCode = value.hashValue
     }
 
     func hash(into hasher: inout Hasher) { hasher.combine(hashCode) }
 
-    static func == (lhs: UserLane, rhs: UserLane) -> Bool { lhs.hashCode == rhs.hashCode && lhs.key == rhs.key }
+    static func == (lhs: HashedString, rhs: HashedString) -> Bool {
+        lhs.hashCode == rhs.hashCode && lhs.value == rhs.value
+    }
 }

@@ -52,7 +52,7 @@ final class ProcessorLoop {
     private let clock = ContinuousClock()
     private var random = SystemRandomNumberGenerator()
 
-    private var scheduler: LaneScheduler<WorkItem, UserLane>
+    private var scheduler: LaneScheduler<WorkItem, HashedString>
     private var tracker = OffsetTracker<InputPartition>()
     private var recent: RecentRequests
     private let flow: FlowControl
@@ -250,7 +250,7 @@ final class ProcessorLoop {
     private func start(_ first: WorkItem) {
         var ready = [first]
         while let item = ready.popLast() {
-            if recent.contains(item.request.requestID) {
+            if recent.contains(item.requestID) {
                 statistics.duplicates += 1
                 finish(item.ref)
                 ready += scheduler.finish(lane: item.lane)
@@ -373,7 +373,7 @@ final class ProcessorLoop {
         let outcome = PurchaseOutcomeEvent(
             request: item.request, result: result, attempts: attempts, completedAtMs: currentTimeMs(),
             controller: controller, error: error)
-        recent.insert(item.request.requestID)
+        recent.insert(item.requestID)
         send(for: item.ref, output: .outcome(result, requestedAtMs: item.request.requestedAtMs), .outcome(outcome))
         if configuration.ledgerEnabled,
             let update = ledger.apply(

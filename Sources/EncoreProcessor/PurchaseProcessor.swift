@@ -416,13 +416,16 @@ final class WorkItem: Sendable {
     let request: PurchaseRequestEvent
     let message: KafkaMessage
     /// The user key `{app_id}:{app_user_id}`: one lane per user.
-    let lane: UserLane
+    let lane: HashedString
+    /// The request id, for the duplicate window.
+    let requestID: HashedString
 
     init(ref: RecordRef, request: PurchaseRequestEvent, message: KafkaMessage) {
         self.ref = ref
         self.request = request
         self.message = message
-        self.lane = UserLane(request.key)
+        self.lane = HashedString(request.key)
+        self.requestID = HashedString(request.requestID)
     }
 }
 

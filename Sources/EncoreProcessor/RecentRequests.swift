@@ -4,17 +4,17 @@
 /// sent to a controller again and produces no new outcome.
 struct RecentRequests {
     let capacity: Int
-    private var order = FIFO<String>()
-    private var members = Set<String>()
+    private var order = FIFO<HashedString>()
+    private var members = Set<HashedString>()
 
     init(capacity: Int) {
         precondition(capacity > 0)
         self.capacity = capacity
     }
 
-    func contains(_ requestID: String) -> Bool { members.contains(requestID) }
+    func contains(_ requestID: HashedString) -> Bool { members.contains(requestID) }
 
-    mutating func insert(_ requestID: String) {
+    mutating func insert(_ requestID: HashedString) {
         guard members.insert(requestID).inserted else { return }
         order.append(requestID)
         if order.count > capacity, let oldest = order.popFirst() {
