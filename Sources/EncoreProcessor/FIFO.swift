@@ -1,39 +1,43 @@
-/// A first-in first-out queue with amortized O(1) push and pop.
+/// A first-in first-out queue: a ring buffer, so push and pop never move the other elements.
 struct FIFO<Element> {
-    private var storage: [Element] = []
+    /// A power-of-two number of slots (or none); the elements are `count` slots from `head`, wrapping.
+    private var slots: [Element?] = []
     private var head = 0
+    private(set) var count = 0
 
-    var isEmpty: Bool { head == storage.count }
-    var count: Int { storage.count - head }
-    var first: Element? { isEmpty ? nil : storage[head] }
+    var isEmpty: Bool { count == 0 }
+    var first: Element? { isEmpty ? nil : slots[head] }
 
     mutating func append(_ element: Element) {
-        storage.append(element)
+        if count == slots.count { grow() }
+        slots[(head + count) & (slots.count - 1)] = element
+        count += 1
     }
 
     mutating func popFirst() -> Element? {
-        guard head < storage.count else { return nil }
-        let element = storage[head]
-        head += 1
-        if head == storage.count {
-            storage.removeAll(keepingCapacity: storage.count <= 64)
-            head = 0
-        } else if head >= 64 && head * 2 >= storage.count {
-            storage.removeFirst(head)
-            head = 0
-        }
+        guard count > 0 else { return nil }
+        let element = slots[head].take()
+        head = (head + 1) & (slots.count - 1)
+        count -= 1
+        if count == 0 { head = 0 }
         return element
     }
 
     /// Removes the elements matching `predicate`, keeping the order of the rest; returns the removed ones.
     mutating func removeAll(where predicate: (Element) -> Bool) -> [Element] {
-        var kept: [Element] = []
+        var kept = FIFO()
         var removed: [Element] = []
-        for element in storage[head...] {
+        while let element = popFirst() {
             if predicate(element) { removed.append(element) } else { kept.append(element) }
         }
-        storage = kept
-        head = 0
+        self = kept
         return removed
+    }
+
+    private mutating func grow() {
+        var larger = [Element?](repeating: nil, count: max(4, slots.count * 2))
+        for index in 0..<count { larger[index] = slots[(head + index) & (slots.count - 1)].take() }
+        slots = larger
+        head = 0
     }
 }

@@ -162,31 +162,34 @@ public final class KafkaProducer: Sendable {
         let error: OpaquePointer? = record.topic.withCString { topic in
             record.value.withUnsafeBytes { value in
                 withOptionalBytes(record.key) { key in
-                    var fields = [rd_kafka_vu_t](repeating: rd_kafka_vu_t(), count: 7)
-                    fields[0].vtype = RD_KAFKA_VTYPE_TOPIC
-                    fields[0].u.cstr = topic
-                    fields[1].vtype = RD_KAFKA_VTYPE_VALUE
-                    fields[1].u.mem.ptr = UnsafeMutableRawPointer(mutating: value.baseAddress)
-                    fields[1].u.mem.size = value.count
-                    fields[2].vtype = RD_KAFKA_VTYPE_KEY
-                    fields[2].u.mem.ptr = UnsafeMutableRawPointer(mutating: key?.baseAddress)
-                    fields[2].u.mem.size = key?.count ?? 0
-                    fields[3].vtype = RD_KAFKA_VTYPE_MSGFLAGS
-                    fields[3].u.i = RD_KAFKA_MSG_F_COPY
-                    fields[4].vtype = RD_KAFKA_VTYPE_OPAQUE
-                    fields[4].u.ptr = opaque
-                    var count = 5
-                    if let partition = record.partition {
-                        fields[count].vtype = RD_KAFKA_VTYPE_PARTITION
-                        fields[count].u.i32 = partition
-                        count += 1
+                    // On the stack: a produce allocates nothing of its own.
+                    withUnsafeTemporaryAllocation(of: rd_kafka_vu_t.self, capacity: 7) { fields in
+                        fields.initialize(repeating: rd_kafka_vu_t())
+                        fields[0].vtype = RD_KAFKA_VTYPE_TOPIC
+                        fields[0].u.cstr = topic
+                        fields[1].vtype = RD_KAFKA_VTYPE_VALUE
+                        fields[1].u.mem.ptr = UnsafeMutableRawPointer(mutating: value.baseAddress)
+                        fields[1].u.mem.size = value.count
+                        fields[2].vtype = RD_KAFKA_VTYPE_KEY
+                        fields[2].u.mem.ptr = UnsafeMutableRawPointer(mutating: key?.baseAddress)
+                        fields[2].u.mem.size = key?.count ?? 0
+                        fields[3].vtype = RD_KAFKA_VTYPE_MSGFLAGS
+                        fields[3].u.i = RD_KAFKA_MSG_F_COPY
+                        fields[4].vtype = RD_KAFKA_VTYPE_OPAQUE
+                        fields[4].u.ptr = opaque
+                        var count = 5
+                        if let partition = record.partition {
+                            fields[count].vtype = RD_KAFKA_VTYPE_PARTITION
+                            fields[count].u.i32 = partition
+                            count += 1
+                        }
+                        if let headers {
+                            fields[count].vtype = RD_KAFKA_VTYPE_HEADERS
+                            fields[count].u.headers = headers
+                            count += 1
+                        }
+                        return rd_kafka_produceva(client.handle, fields.baseAddress, count)
                     }
-                    if let headers {
-                        fields[count].vtype = RD_KAFKA_VTYPE_HEADERS
-                        fields[count].u.headers = headers
-                        count += 1
-                    }
-                    return rd_kafka_produceva(client.handle, fields, count)
                 }
             }
         }

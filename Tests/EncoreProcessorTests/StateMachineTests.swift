@@ -107,7 +107,35 @@ struct PolicyTests {
         recent.insert(HashedString("a"))
         #expect(recent.contains(HashedString("a")) && recent.contains(HashedString("b")))
         recent.insert(HashedString("c"))
-        #expect(!recent.contains(HashedString("a")) && recent.contains(HashedString("b")) && recent.contains(HashedString("c")))
+        #expect(
+            !recent.contains(HashedString("a")) && recent.contains(HashedString("b"))
+                && recent.contains(HashedString("c")))
+    }
+
+    @Test("the ring-buffer queue keeps arrival order across wrap-around, growth and removal")
+    func fifo() {
+        var queue = FIFO<Int>()
+        var model: [Int] = []
+        var random = SystemRandomNumberGenerator()
+        var next = 0
+        // Random pushes and pops: the head wraps around many times and the buffer grows while wrapped.
+        for _ in 0..<20_000 {
+            if Int.random(in: 0..<5, using: &random) < 3 {
+                queue.append(next)
+                model.append(next)
+                next += 1
+            } else {
+                #expect(queue.popFirst() == model.first)
+                if !model.isEmpty { model.removeFirst() }
+            }
+            #expect(queue.count == model.count && queue.first == model.first)
+        }
+        let removed = queue.removeAll { $0 % 3 == 0 }
+        #expect(removed == model.filter { $0 % 3 == 0 })
+        model.removeAll { $0 % 3 == 0 }
+        var rest: [Int] = []
+        while let element = queue.popFirst() { rest.append(element) }
+        #expect(rest == model && queue.isEmpty && queue.popFirst() == nil)
     }
 
     @Test("the histogram's percentiles are within 2% of the true values")

@@ -34,7 +34,8 @@ struct JSONWriter {
         separate()
         bytes.append(UInt8(ascii: "\""))
         bytes.append(contentsOf: UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount))
-        bytes.append(contentsOf: [UInt8(ascii: "\""), UInt8(ascii: ":")])
+        bytes.append(UInt8(ascii: "\""))
+        bytes.append(UInt8(ascii: ":"))
         needsComma = false
     }
 
@@ -48,6 +49,19 @@ struct JSONWriter {
     mutating func string(_ value: String) {
         separate()
         bytes.append(UInt8(ascii: "\""))
+        // Most values need no escaping: copy them whole.
+        let copied =
+            value.utf8.withContiguousStorageIfAvailable { utf8 in
+                guard !utf8.contains(where: { $0 < 0x20 || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\\") })
+                else { return false }
+                bytes.append(contentsOf: utf8)
+                return true
+            } ?? false
+        if copied {
+            bytes.append(UInt8(ascii: "\""))
+            needsComma = true
+            return
+        }
         for byte in value.utf8 {
             switch byte {
             case UInt8(ascii: "\""): bytes.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "\"")])
