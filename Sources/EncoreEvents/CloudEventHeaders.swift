@@ -46,6 +46,11 @@ public struct CloudEventHeaders: Sendable, Hashable {
 
     /// Formats milliseconds since the epoch as `2026-11-30T04:07:23.123Z`.
     public static func rfc3339(ms: Int64) -> String {
+        String(decoding: rfc3339Bytes(ms: ms), as: UTF8.self)
+    }
+
+    /// ``rfc3339(ms:)`` as UTF-8 bytes, for a header value.
+    public static func rfc3339Bytes(ms: Int64) -> [UInt8] {
         var seconds = time_t(ms.quotientAndRemainder(dividingBy: 1000).quotient)
         let millis = Int(ms - Int64(seconds) * 1000)
         var parts = tm()
@@ -77,7 +82,7 @@ public struct CloudEventHeaders: Sendable, Hashable {
         text.append(UInt8(ascii: "."))
         digits(millis, 3)
         text.append(UInt8(ascii: "Z"))
-        return String(decoding: text, as: UTF8.self)
+        return text
     }
 
     /// Parses RFC 3339 timestamps (`Z` or numeric offsets, optional fraction) to milliseconds.

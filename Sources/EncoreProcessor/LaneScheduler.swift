@@ -42,8 +42,9 @@ struct LaneScheduler<Item, LaneKey: Hashable> {
         return nil
     }
 
-    /// The running item of `lane` finished; returns the items to start now.
-    mutating func finish(lane key: LaneKey) -> [Item] {
+    /// The running item of `lane` finished; returns the item to start now, if any (the one slot
+    /// freed starts at most one lane).
+    mutating func finish(lane key: LaneKey) -> Item? {
         precondition(lanes[key]?.isRunning == true, "finish(lane:) for a lane with nothing running")
         inFlight -= 1
         count -= 1
@@ -54,7 +55,7 @@ struct LaneScheduler<Item, LaneKey: Hashable> {
             lanes[key]!.isWaitingForSlot = true
             waiting.append(key)
         }
-        return fillSlots()
+        return startNextWaiting()
     }
 
     /// Removes items not yet started that match `predicate`; returns them.
@@ -76,17 +77,17 @@ struct LaneScheduler<Item, LaneKey: Hashable> {
         return removed
     }
 
-    private mutating func fillSlots() -> [Item] {
-        var started: [Item] = []
-        while inFlight < maxInFlight, let key = waiting.popFirst() {
+    private mutating func startNextWaiting() -> Item? {
+        guard inFlight < maxInFlight else { return nil }
+        while let key = waiting.popFirst() {
             // A lane emptied by removeWaiting may still be listed here.
             guard lanes[key]?.isWaitingForSlot == true, let item = lanes[key]!.queue.popFirst() else { continue }
             lanes[key]!.isWaitingForSlot = false
             lanes[key]!.isRunning = true
             inFlight += 1
-            started.append(item)
+            return item
         }
-        return started
+        return nil
     }
 }
 

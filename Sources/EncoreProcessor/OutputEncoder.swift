@@ -38,15 +38,16 @@ struct OutputEncoder: Sendable {
 
     func record(for outcome: PurchaseOutcomeEvent) -> KafkaProducerRecord {
         KafkaProducerRecord(
-            topic: outcomesTopic, key: Array(outcome.key.utf8), value: outcome.jsonBytes(),
-            headers: headers(id: "outcome:\(outcome.requestID)", type: .purchaseOutcome, timeMs: outcome.completedAtMs))
+            topic: outcomesTopic, key: Self.bytes(outcome.appID, ":", outcome.appUserID), value: outcome.jsonBytes(),
+            headers: headers(
+                id: Self.bytes("outcome:", outcome.requestID), type: .purchaseOutcome, timeMs: outcome.completedAtMs))
     }
 
     func record(for letter: DeadLetterEvent, key: [UInt8]?) -> KafkaProducerRecord {
         KafkaProducerRecord(
             topic: deadLetterTopic, key: key, value: letter.jsonBytes(),
             headers: headers(
-                id: "deadletter:\(letter.originalTopic)/\(letter.originalPartition)/\(letter.originalOffset)",
+                id: Array("deadletter:\(letter.originalTopic)/\(letter.originalPartition)/\(letter.originalOffset)".utf8),
                 type: .deadLetter, timeMs: letter.failedAtMs))
     }
 
@@ -56,7 +57,7 @@ struct OutputEncoder: Sendable {
         KafkaProducerRecord(
             topic: entitlementsTopic, key: Array(change.key.utf8), value: change.jsonBytes(),
             headers: headers(
-                id: "entitlement:\(change.key):\(change.sequence)", type: .entitlementChanged,
+                id: Array("entitlement:\(change.key):\(change.sequence)".utf8), type: .entitlementChanged,
                 timeMs: change.effectiveAtMs))
     }
 
@@ -65,17 +66,29 @@ struct OutputEncoder: Sendable {
         KafkaProducerRecord(
             topic: stateTopic, partition: partition, key: Array(state.key.utf8), value: state.jsonBytes(),
             headers: headers(
-                id: "state:\(state.key):\(state.sequence):\(state.updatedAtMs)", type: .entitlementState,
+                id: Array("state:\(state.key):\(state.sequence):\(state.updatedAtMs)".utf8), type: .entitlementState,
                 timeMs: state.updatedAtMs))
     }
 
-    private func headers(id: String, type: EventType, timeMs: Int64) -> [KafkaHeader] {
-        (templates[type] ?? []).map { header in
-            switch header.key {
-            case "ce_id": KafkaHeader(key: header.key, string: id)
-            case "ce_time": KafkaHeader(key: header.key, string: CloudEventHeaders.rfc3339(ms: timeMs))
-            default: header
+    private func headers(id: [UInt8], type: EventType, timeMs: Int64) -> [KafkaHeader] {
+        var headers = templates[type] ?? []
+        for index in headers.indices {
+            switch headers[index].key {
+            case "ce_id": headers[index].value = id
+            case "ce_time": headers[index].value = CloudEventHeaders.rfc3339Bytes(ms: timeMs)
+            default: break
             }
         }
+        return headers
+    }
+
+    /// The UTF-8 bytes of the strings one after the other, in one allocation (no variadic array).
+    private static func bytes(_ first: String, _ second: String, _ third: String = "") -> [UInt8] {
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(first.utf8.count + second.utf8.count + third.utf8.count)
+        bytes.append(contentsOf: first.utf8)
+        bytes.append(contentsOf: second.utf8)
+        bytes.append(contentsOf: third.utf8)
+        return bytes
     }
 }

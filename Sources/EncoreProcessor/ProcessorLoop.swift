@@ -219,7 +219,8 @@ final class ProcessorLoop {
         tracker.received(partition, offset: message.offset)
         statistics.received += 1
         if statistics.firstReceivedAtMs == nil { statistics.firstReceivedAtMs = currentTimeMs() }
-        if finishedByPreviousOwner[partition]?.remove(message.offset) != nil {
+        // (Checked for emptiness first: modifying through a missing key allocates.)
+        if !finishedByPreviousOwner.isEmpty, finishedByPreviousOwner[partition]?.remove(message.offset) != nil {
             // Done before a rebalance or restart (its outputs were acknowledged): not again.
             statistics.alreadyFinished += 1
             finish(ref)
@@ -248,12 +249,14 @@ final class ProcessorLoop {
     }
 
     private func start(_ first: WorkItem) {
-        var ready = [first]
-        while let item = ready.popLast() {
+        // An item that ends without a call frees its slot, which starts at most one other.
+        var ready: WorkItem? = first
+        while let item = ready {
+            ready = nil
             if recent.contains(item.requestID) {
                 statistics.duplicates += 1
                 finish(item.ref)
-                ready += scheduler.finish(lane: item.lane)
+                ready = scheduler.finish(lane: item.lane)
                 continue
             }
             beginWork(item.ref)
@@ -263,12 +266,12 @@ final class ProcessorLoop {
                     type: "deadline_exceeded", message: "deadline_at_ms \(deadline) passed before the purchase started",
                     retryable: false)
                 publishOutcome(item, result: .notAttempted, attempts: 0, controller: nil, error: error)
-                ready += scheduler.finish(lane: item.lane)
+                ready = scheduler.finish(lane: item.lane)
                 continue
             }
             guard let route = router.controller(for: item.request.productID) else {
                 publishOutcome(item, result: .notAttempted, attempts: 0, controller: nil, error: nil)
-                ready += scheduler.finish(lane: item.lane)
+                ready = scheduler.finish(lane: item.lane)
                 continue
             }
             let id = nextCallID
@@ -361,7 +364,7 @@ final class ProcessorLoop {
     /// Frees the item's lane and starts what may start now. While draining nothing is waiting
     /// (the queues were emptied and intake stopped), so nothing new starts.
     private func release(_ item: WorkItem) {
-        for next in scheduler.finish(lane: item.lane) { start(next) }
+        if let next = scheduler.finish(lane: item.lane) { start(next) }
     }
 
     // MARK: Outputs

@@ -152,10 +152,13 @@ public final class KafkaProducer: Sendable {
         if !record.headers.isEmpty {
             headers = rd_kafka_headers_new(record.headers.count)
             for header in record.headers {
-                if let value = header.value {
-                    value.withUnsafeBytes { _ = rd_kafka_header_add(headers, header.key, -1, $0.baseAddress, $0.count) }
-                } else {
-                    _ = rd_kafka_header_add(headers, header.key, -1, nil, 0)
+                // withCString: passing the String itself would copy it to the heap first.
+                header.key.withCString { key in
+                    if let value = header.value {
+                        value.withUnsafeBytes { _ = rd_kafka_header_add(headers, key, -1, $0.baseAddress, $0.count) }
+                    } else {
+                        _ = rd_kafka_header_add(headers, key, -1, nil, 0)
+                    }
                 }
             }
         }

@@ -14,10 +14,10 @@ struct LaneSchedulerTests {
         #expect(scheduler.enqueue(4, lane: "c") == nil)
         #expect(scheduler.inFlight == 2 && scheduler.count == 4)
         // "a" finishes: its next item waits behind "c", which asked first.
-        #expect(scheduler.finish(lane: "a") == [4])
-        #expect(scheduler.finish(lane: "b") == [2])
-        #expect(scheduler.finish(lane: "c") == [])
-        #expect(scheduler.finish(lane: "a") == [])
+        #expect(scheduler.finish(lane: "a") == 4)
+        #expect(scheduler.finish(lane: "b") == 2)
+        #expect(scheduler.finish(lane: "c") == nil)
+        #expect(scheduler.finish(lane: "a") == nil)
         #expect(scheduler.inFlight == 0 && scheduler.count == 0)
     }
 
@@ -30,9 +30,9 @@ struct LaneSchedulerTests {
         _ = scheduler.enqueue(4, lane: "b")
         #expect(scheduler.removeWaiting { $0 == 3 } == [3])
         #expect(scheduler.count == 3)
-        #expect(scheduler.finish(lane: "a") == [4])
-        #expect(scheduler.finish(lane: "b") == [2])
-        #expect(scheduler.finish(lane: "a") == [])
+        #expect(scheduler.finish(lane: "a") == 4)
+        #expect(scheduler.finish(lane: "b") == 2)
+        #expect(scheduler.finish(lane: "a") == nil)
     }
 }
 
