@@ -47,7 +47,8 @@ struct OutputEncoder: Sendable {
         KafkaProducerRecord(
             topic: deadLetterTopic, key: key, value: letter.jsonBytes(),
             headers: headers(
-                id: Array("deadletter:\(letter.originalTopic)/\(letter.originalPartition)/\(letter.originalOffset)".utf8),
+                id: Array(
+                    "deadletter:\(letter.originalTopic)/\(letter.originalPartition)/\(letter.originalOffset)".utf8),
                 type: .deadLetter, timeMs: letter.failedAtMs))
     }
 

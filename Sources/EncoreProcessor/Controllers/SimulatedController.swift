@@ -57,7 +57,8 @@ public struct SimulatedController: PurchaseController {
         let latencyUnit = generator.nextUnit()
         let answerUnit = generator.nextUnit()
         if meanLatency > .zero {
-            try await Task.sleep(for: meanLatency * (0.5 + latencyUnit))
+            // One shared timer thread rather than a dispatch timer per call (see SimulatedDelays).
+            try await SimulatedDelays.shared.sleep(for: meanLatency * (0.5 + latencyUnit))
         }
         let total = weights.reduce(0) { $0 + $1.weight }
         var threshold = answerUnit * total
