@@ -55,7 +55,8 @@ final class ProcessorLoop {
     private var scheduler: LaneScheduler<WorkItem, HashedString>
     private var tracker = OffsetTracker<InputPartition>()
     private var recent: RecentRequests
-    private let flow: FlowControl
+    /// Counts the records held (handed out by the consumer, not yet done); released here.
+    private let admission: KafkaAdmission
     /// Partitions of the requests topic and of the sources topic this processor owns.
     private var assigned = Set<InputPartition>()
     private var generations: [InputPartition: Int] = [:]
@@ -97,7 +98,8 @@ final class ProcessorLoop {
 
     init(
         configuration: ProcessorConfiguration, router: PurchaseRouter, recorder: StatisticsRecorder,
-        consumer: any ConsumerControl, producer: any OutputProducer, inbox: Inbox<ProcessorInput>, flow: FlowControl,
+        consumer: any ConsumerControl, producer: any OutputProducer, inbox: Inbox<ProcessorInput>,
+        admission: KafkaAdmission,
         logger: Logger
     ) {
         self.configuration = configuration
@@ -109,7 +111,7 @@ final class ProcessorLoop {
         self.logger = logger
         scheduler = LaneScheduler(maxInFlight: configuration.maxInFlight)
         recent = RecentRequests(capacity: configuration.duplicateWindow)
-        self.flow = flow
+        self.admission = admission
         encoder = OutputEncoder(configuration: configuration)
         ledger = EntitlementLedger(catalog: configuration.catalog)
         nextCommit = ContinuousClock.now.advanced(by: configuration.commitInterval)
@@ -179,7 +181,6 @@ final class ProcessorLoop {
         case .commitFailed(let partitions):
             for partition in partitions { lastCommitted[partition] = nil }
         case .consumer(.messages(let messages)):
-            flow.admit(messages.count)
             for message in messages {
                 receive(
                     message,
@@ -212,7 +213,7 @@ final class ProcessorLoop {
             assigned.contains(partition),
             let generation = generations[partition], !tracker.hasReceived(partition, offset: message.offset)
         else {
-            flow.release(1)
+            admission.release(1)
             return
         }
         let ref = RecordRef(partition: partition, offset: message.offset, generation: generation)
@@ -357,7 +358,7 @@ final class ProcessorLoop {
         guard let call = calls.removeValue(forKey: id) else { return }
         call.task?.cancel()
         endWork(call.item.ref)
-        flow.release(1)
+        admission.release(1)
         release(call.item)
     }
 
@@ -551,7 +552,7 @@ final class ProcessorLoop {
     private func finish(_ ref: RecordRef) {
         statistics.finished += 1
         statistics.lastFinishedAtMs = currentTimeMs()
-        flow.release(1)
+        admission.release(1)
         guard generations[ref.partition] == ref.generation,
             assigned.contains(ref.partition) || isRevoking(ref.partition)
         else { return }
@@ -592,11 +593,7 @@ final class ProcessorLoop {
             generations[partition, default: 0] += 1
             tracker.remove(partition)
         }
-        if isDraining {
-            pauseOrResume(partitions, pause: true)
-        } else {
-            flow.whilePaused { pauseOrResume(partitions, pause: true) }
-        }
+        if isDraining { pauseOrResume(partitions, pause: true) }
     }
 
     private func revoke(_ partitions: [KafkaTopicPartition], _ revocation: KafkaRevocation) {
@@ -604,7 +601,7 @@ final class ProcessorLoop {
         assigned.subtract(revoked)
         // Work not started stays unprocessed: the next owner reads it again.
         let dropped = scheduler.removeWaiting { revoked.contains($0.ref.partition) }
-        flow.release(dropped.count)
+        admission.release(dropped.count)
         if !dropped.isEmpty { logger.info("revoked: \(dropped.count) queued requests left to the next owner") }
         revocations.append(
             PendingRevocation(
@@ -689,7 +686,7 @@ final class ProcessorLoop {
     private func beginDrain() {
         drainDeadline = clock.now.advanced(by: configuration.drainTimeout)
         pauseOrResume(assigned, pause: true)
-        flow.release(scheduler.removeWaiting { _ in true }.count)
+        admission.release(scheduler.removeWaiting { _ in true }.count)
     }
 
     private func checkDrained() {

@@ -55,7 +55,9 @@ public final class PurchaseProcessor: Sendable {
             throw ProcessorError(.invalidConfiguration, "a processor runs once; create a new one")
         }
         try await checkTopics()
-        let clients = try makeClients()
+        // The consumer counts the records it hands out; the loop releases them when done.
+        let admission = KafkaAdmission(capacity: configuration.bufferCapacity)
+        let clients = try makeClients(admission: admission)
         let inputTopics = [configuration.requestsTopic] + (configuration.sourcesTopic.map { [$0] } ?? [])
         do {
             try clients.consumer.subscribe(topics: inputTopics)
@@ -69,22 +71,11 @@ public final class PurchaseProcessor: Sendable {
         let inbox = self.inbox
         let configuration = self.configuration
         let logger = self.logger
-        let flow = FlowControl(capacity: configuration.bufferCapacity) { [consumer = clients.consumer] paused in
-            do {
-                let partitions = try consumer.assignment().filter { inputTopics.contains($0.topic) }
-                if paused { try consumer.pause(partitions) } else { try consumer.resume(partitions) }
-                logger.debug("\(paused ? "paused" : "resumed") \(partitions.count) partitions")
-            } catch {
-                logger.warning("cannot \(paused ? "pause" : "resume") partitions: \(error)")
-            }
-        }
         let forwarder = Task {
             // Decoding happens here, beside the loop rather than on it.
             for await event in clients.consumer.events {
                 switch event {
                 case .messages(let messages):
-                    // Counted before they queue up for the loop, so a slow loop still pauses the consumer.
-                    flow.admit(messages.count)
                     inbox.post(
                         .records(
                             messages.map {
@@ -122,7 +113,7 @@ public final class PurchaseProcessor: Sendable {
         }
         let loop = ProcessorLoop(
             configuration: configuration, router: router, recorder: recorder, consumer: clients.consumer,
-            producer: clients.producer, inbox: inbox, flow: flow, logger: logger)
+            producer: clients.producer, inbox: inbox, admission: admission, logger: logger)
         let failure: ProcessorError? = await withTaskCancellationHandler {
             while !loop.isFinished { loop.handle(await inbox.next()) }
             return loop.failure
@@ -279,7 +270,9 @@ public final class PurchaseProcessor: Sendable {
         }
     }
 
-    private func makeClients() throws(ProcessorError) -> (consumer: KafkaConsumer, producer: KafkaProducer) {
+    private func makeClients(
+        admission: KafkaAdmission
+    ) throws(ProcessorError) -> (consumer: KafkaConsumer, producer: KafkaProducer) {
         var producerConfiguration = configuration.kafka
         producerConfiguration.setDefault("enable.idempotence", "true")
         producerConfiguration.setDefault("acks", "all")
@@ -305,7 +298,7 @@ public final class PurchaseProcessor: Sendable {
                 onDeliveries: { inbox.post(.delivered($0)) })
             let consumer = try KafkaConsumer(
                 configuration: consumerConfiguration, revocationTimeout: configuration.drainTimeout + .seconds(5),
-                logger: Logger(label: "encore.consumer"))
+                admission: admission, logger: Logger(label: "encore.consumer"))
             return (consumer, producer)
         } catch {
             throw ProcessorError(.invalidConfiguration, "-X: \(error.message)")

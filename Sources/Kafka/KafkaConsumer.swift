@@ -48,6 +48,7 @@ public final class KafkaConsumer: Sendable {
     private let sink: EventSink
     private let closing: ClosingFlag
     private let logger: Logger
+    private let admission: KafkaAdmission?
 
     /// Records and rebalance events; one reader.
     public let events: AsyncStream<KafkaConsumerEvent>
@@ -57,11 +58,13 @@ public final class KafkaConsumer: Sendable {
 
     /// Creates a consumer. `configuration` must name `bootstrap.servers` and `group.id`.
     ///
-    /// - Parameter revocationTimeout: how long a revocation waits for ``KafkaRevocation/acknowledge()``
-    ///   before the partitions are released anyway.
+    /// - Parameters:
+    ///   - revocationTimeout: how long a revocation waits for ``KafkaRevocation/acknowledge()``
+    ///     before the partitions are released anyway.
+    ///   - admission: bounds the records handed out and not yet released (``KafkaAdmission``).
     public init(
         configuration: KafkaConfiguration, revocationTimeout: Duration = .seconds(30),
-        logger: Logger = Logger(label: "kafka.consumer")
+        admission: KafkaAdmission? = nil, logger: Logger = Logger(label: "kafka.consumer")
     ) throws(KafkaError) {
         guard configuration.groupID != nil else {
             throw KafkaError(code: .invalidConfiguration, message: "a consumer needs 'group.id'")
@@ -72,6 +75,7 @@ public final class KafkaConsumer: Sendable {
         configuration.setDefault("auto.offset.reset", "earliest")
         configuration.setDefault("enable.partition.eof", "false")
         self.logger = logger
+        self.admission = admission
         let (events, continuation) = AsyncStream<KafkaConsumerEvent>.makeStream()
         self.events = events
         let sink = EventSink(continuation)
@@ -115,29 +119,82 @@ public final class KafkaConsumer: Sendable {
     private func startPolling() {
         poller.withLock { poller in
             guard poller == nil else { return }
-            let client = self.client
-            let sink = self.sink
+            let (client, sink, admission, logger) = (self.client, self.sink, self.admission, self.logger)
             poller = RDKafkaPollThread(name: "encore.kafka.consumer") {
                 // Wait for one record, then take what else is ready, and hand them over together.
                 var timeout: Int32 = 100
                 for _ in 0..<KafkaConsumer.maximumBatchSize {
+                    if let admission {
+                        guard KafkaConsumer.admit(admission, client: client, sink: sink, logger: logger) else { break }
+                    }
                     guard let message = rd_kafka_consumer_poll(client.handle, timeout) else { break }
                     timeout = 0
                     defer { rd_kafka_message_destroy(message) }
-                    KafkaConsumer.handle(message, client: client, sink: sink)
+                    if KafkaConsumer.handle(message, client: client, sink: sink) { admission?.admit(1) }
                 }
                 sink.flush()
             }
         }
     }
 
+    /// Whether to poll now; while the buffer is full, hands over what was gathered and waits a
+    /// little for room (see ``KafkaAdmission``).
+    private static func admit(
+        _ admission: KafkaAdmission, client: RDKafkaClient, sink: EventSink, logger: Logger
+    ) -> Bool {
+        var decision = admission.decide(slice: .zero)
+        if case .wait = decision {
+            sink.flush()
+            decision = admission.decide(slice: .milliseconds(100))
+        }
+        switch decision {
+        case .poll:
+            return true
+        case .resumeAndPoll(let partitions):
+            pauseOrResume(partitions, pause: false, client: client, logger: logger)
+            return true
+        case .pauseAndPoll:
+            var list: UnsafeMutablePointer<rd_kafka_topic_partition_list_t>? = nil
+            guard rd_kafka_assignment(client.handle, &list) == RD_KAFKA_RESP_ERR_NO_ERROR, let list else { return true }
+            defer { rd_kafka_topic_partition_list_destroy(list) }
+            let partitions = RDKafkaTopicPartitionList.entries(list).map(\.topicPartition)
+            logger.warning(
+                "buffer full for \(admission.stallLimit): pausing \(partitions.count) partitions until records are done"
+            )
+            pauseOrResume(partitions, pause: true, client: client, logger: logger)
+            admission.pausedForRoom(partitions)
+            return true
+        case .wait:
+            return false
+        }
+    }
+
+    private static func pauseOrResume(
+        _ partitions: [KafkaTopicPartition], pause: Bool, client: RDKafkaClient, logger: Logger
+    ) {
+        guard !partitions.isEmpty else { return }
+        let list = RDKafkaTopicPartitionList.make(partitions)
+        defer { rd_kafka_topic_partition_list_destroy(list) }
+        let err =
+            pause ? rd_kafka_pause_partitions(client.handle, list) : rd_kafka_resume_partitions(client.handle, list)
+        if err != RD_KAFKA_RESP_ERR_NO_ERROR {
+            logger.warning("cannot \(pause ? "pause" : "resume") partitions: \(KafkaError(err, context: ""))")
+        }
+    }
+
+    /// Hands the polled message to the sink; `true` when it was a record.
     private static func handle(
         _ message: UnsafeMutablePointer<rd_kafka_message_t>, client: RDKafkaClient, sink: EventSink
-    ) {
+    ) -> Bool {
         switch event(from: message, client: client) {
-        case .message(let record)?: sink.append(record)
-        case .error(let error)?: sink.yield(.error(error))
-        case nil: break
+        case .message(let record)?:
+            sink.append(record)
+            return true
+        case .error(let error)?:
+            sink.yield(.error(error))
+            return false
+        case nil:
+            return false
         }
     }
 

@@ -78,6 +78,7 @@ struct DispatcherTests {
         harness.feed(first)
         harness.feed(request(1, user: "v"))
         // The same offset 1 again, then the next one.
+        harness.admission.admit(1)
         harness.inbox.post(
             .consumer(
                 .messages([
@@ -92,20 +93,20 @@ struct DispatcherTests {
         await harness.stop()
     }
 
-    @Test("a full buffer pauses the partitions; draining resumes them")
-    func backpressure() async throws {
+    @Test("every record handed out is released once it is done, also duplicates and records of revoked partitions")
+    func recordsReleased() async throws {
         let gate = Gate()
         let controller = RecordingController(gate: gate)
         let harness = LoopHarness(configure: { $0.bufferCapacity = 50 }, router: router(controller))
         harness.assign(partitions: 2)
-        for index in 0..<200 { harness.feed(request(index, user: "user-\(index)"), partition: Int32(index % 2)) }
-        #expect(await eventually { harness.consumer.snapshot.pauseCount == 1 })
-        #expect(harness.consumer.snapshot.paused.count == 2)
-        #expect(harness.consumer.snapshot.resumeCount == 0)
+        for index in 0..<200 { harness.feed(request(index, user: "user-\(index % 150)"), partition: Int32(index % 2)) }
+        // A duplicate request id: released without a call.
+        harness.feed(request(7, user: "user-7"), partition: 1)
+        #expect(await eventually { controller.snapshot.calls >= 1 })
+        #expect(harness.admission.held == 201)
         gate.open()
-        #expect(await harness.waitForFinished(200))
-        #expect(
-            await eventually { harness.consumer.snapshot.resumeCount >= 1 && harness.consumer.snapshot.paused.isEmpty })
+        #expect(await harness.waitForFinished(201))
+        #expect(await eventually { harness.admission.held == 0 })
         await harness.stop()
     }
 

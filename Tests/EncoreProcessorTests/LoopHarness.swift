@@ -127,7 +127,8 @@ final class LoopHarness: Sendable {
     let inbox = Inbox<ProcessorInput>()
     private let pump: Task<Void, Never>
     private let offsets = Mutex<[Int32: Int64]>([:])
-    private let assignedCount = SharedCount()
+    /// Counts what the harness feeds as the consumer would; the loop releases it.
+    let admission: KafkaAdmission
 
     init(configure: (inout ProcessorConfiguration) -> Void = { _ in }, router: PurchaseRouter) {
         var configuration = ProcessorConfiguration(kafka: KafkaConfiguration())
@@ -137,17 +138,12 @@ final class LoopHarness: Sendable {
         let inbox = self.inbox
         producer = FakeProducer { inbox.post(.delivered($0)) }
         let (consumer, producer, recorder) = (self.consumer, self.producer, self.recorder)
-        let assignedCount = self.assignedCount
-        let flow = FlowControl(capacity: configuration.bufferCapacity) { paused in
-            let partitions = (0..<assignedCount.withLock { $0 }).map {
-                KafkaTopicPartition(topic: Self.topic, partition: $0)
-            }
-            if paused { try? consumer.pause(partitions) } else { try? consumer.resume(partitions) }
-        }
+        let admission = KafkaAdmission(capacity: configuration.bufferCapacity)
+        self.admission = admission
         pump = Task { [configuration] in
             let loop = ProcessorLoop(
                 configuration: configuration, router: router, recorder: recorder, consumer: consumer,
-                producer: producer, inbox: inbox, flow: flow, logger: Logger(label: "test.loop"))
+                producer: producer, inbox: inbox, admission: admission, logger: Logger(label: "test.loop"))
             while !loop.isFinished { loop.handle(await inbox.next()) }
             loop.cancelRemainingCalls()
         }
@@ -166,7 +162,6 @@ final class LoopHarness: Sendable {
         partitions: Int32, finished: [Int32: Set<Int64>], restored: [Int32: [EntitlementStateRecord]] = [:],
         alsoOf topics: [String] = []
     ) {
-        assignedCount.withLock { $0 = partitions }
         inbox.post(
             .assigned(
                 ([Self.topic] + topics).flatMap { topic in
@@ -180,7 +175,6 @@ final class LoopHarness: Sendable {
     }
 
     func assign(partitions: Int32) {
-        assignedCount.withLock { $0 = partitions }
         inbox.post(
             .consumer(
                 .partitionsAssigned((0..<partitions).map { KafkaTopicPartition(topic: Self.topic, partition: $0) })))
@@ -193,6 +187,7 @@ final class LoopHarness: Sendable {
             defer { offsets[slot, default: 0] += 1 }
             return offsets[slot, default: 0]
         }
+        admission.admit(1)
         inbox.post(
             .consumer(
                 .messages([
@@ -315,11 +310,4 @@ func router(_ controller: any PurchaseController, routes: [PurchaseRouter.Match]
     router.register("recording", controller)
     for match in routes { router.route(match, to: "recording") }
     return router
-}
-
-/// A number shared between the harness and the flow control's pause callback.
-final class SharedCount: Sendable {
-    private let value = Mutex<Int32>(0)
-
-    func withLock<R>(_ body: (inout Int32) -> R) -> R { value.withLock { body(&$0) } }
 }

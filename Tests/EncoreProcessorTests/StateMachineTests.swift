@@ -89,16 +89,6 @@ struct PolicyTests {
         #expect(policy.allowsRetry(after: 3) && !policy.allowsRetry(after: 4))
     }
 
-    @Test("backpressure pauses at capacity and resumes at half")
-    func backpressure() {
-        var gate = Backpressure(capacity: 10)
-        #expect(gate.update(held: 9) == nil)
-        #expect(gate.update(held: 10) == .pause)
-        #expect(gate.update(held: 12) == nil)
-        #expect(gate.update(held: 6) == nil)
-        #expect(gate.update(held: 5) == .resume)
-    }
-
     @Test("recent request ids are a bounded window")
     func recent() {
         var recent = RecentRequests(capacity: 2)

@@ -97,6 +97,75 @@ struct KafkaRoundTripTests {
         await two.close()
     }
 
+    @Test("an admission stops delivery at its capacity until records are released; nothing is fetched twice")
+    func admission() async throws {
+        let broker = try TestCluster(topics: ["adm": 2])
+        let producer = try KafkaProducer(configuration: broker.producerConfiguration)
+        for index in 0..<300 {
+            try producer.produce(
+                KafkaProducerRecord(topic: "adm", partition: Int32(index % 2), key: nil, value: Array("\(index)".utf8))
+            ) { _ in }
+        }
+        try await producer.flush()
+        // A stall limit longer than the test: the consumer must stop polling, not pause.
+        let admission = KafkaAdmission(capacity: 20, stallLimit: .seconds(600))
+        let probe = ConsumerProbe(
+            consumer: try KafkaConsumer(configuration: broker.consumerConfiguration(group: "ag"), admission: admission))
+        try probe.consumer.subscribe(topics: ["adm"])
+        #expect(await probe.waitForMessages(20).count >= 20)
+        // Several poll cycles with a full buffer: no more than the capacity is handed out.
+        let overflowed = await eventually(timeout: .seconds(1)) { probe.messages.count > 20 }
+        #expect(!overflowed, "\(probe.messages.count) records handed out with capacity 20")
+        #expect(admission.held == 20)
+        var released = 0
+        while released < 300 {
+            // The buffer refills to its capacity, never beyond it.
+            let expected = min(released + 20, 300)
+            #expect(await eventually { probe.messages.count >= expected })
+            #expect(probe.messages.count == expected)
+            admission.release(expected - released)
+            released = expected
+        }
+        let all = probe.messages
+        #expect(all.count == 300)
+        // Each record exactly once: waiting for room never discards and refetches what was prefetched.
+        for partition in Int32(0)..<2 {
+            #expect(all.filter { $0.partition == partition }.map(\.offset) == Array(0..<150))
+        }
+        #expect(admission.held == 0)
+        await probe.close()
+        await producer.close()
+    }
+
+    @Test("an admission that stays full pauses the partitions after its stall limit and resumes them when released")
+    func admissionStall() async throws {
+        let broker = try TestCluster(topics: ["stall": 1])
+        let producer = try KafkaProducer(configuration: broker.producerConfiguration)
+        for index in 0..<50 {
+            try await producer.send(KafkaProducerRecord(topic: "stall", key: nil, value: Array("\(index)".utf8)))
+        }
+        let admission = KafkaAdmission(capacity: 10, stallLimit: .milliseconds(300))
+        let probe = ConsumerProbe(
+            consumer: try KafkaConsumer(configuration: broker.consumerConfiguration(group: "sg"), admission: admission))
+        try probe.consumer.subscribe(topics: ["stall"])
+        #expect(await probe.waitForMessages(10).count >= 10)
+        // Paused past the stall limit, the consumer polls on (serving rebalances) without new records.
+        let overflowed = await eventually(timeout: .seconds(1)) { probe.messages.count > 10 }
+        #expect(!overflowed, "\(probe.messages.count) records handed out with capacity 10")
+        var released = 0
+        while released < 50 {
+            let received = probe.messages.count
+            admission.release(received - released)
+            released = received
+            if released < 50 { #expect(await eventually { probe.messages.count > received }) }
+        }
+        let all = probe.messages
+        #expect(all.count == 50)
+        #expect(all.map(\.offset) == Array(0..<50))
+        await probe.close()
+        await producer.close()
+    }
+
     @Test("pause stops delivery and resume restarts it")
     func pauseAndResume() async throws {
         let broker = try TestCluster(topics: ["p": 1])
