@@ -39,6 +39,11 @@ public final class PurchaseProcessor: Sendable {
         self.logger = logger
     }
 
+    private var outputTopics: [String] {
+        [configuration.outcomesTopic, configuration.deadLetterTopic]
+            + (configuration.ledgerEnabled ? [configuration.entitlementsTopic, configuration.stateTopic] : [])
+    }
+
     /// A snapshot of the counters and latency histogram.
     public var statistics: ProcessorStatistics { recorder.snapshot }
 
@@ -58,6 +63,14 @@ public final class PurchaseProcessor: Sendable {
         // The consumer counts the records it hands out; the loop releases them when done.
         let admission = KafkaAdmission(capacity: configuration.bufferCapacity)
         let clients = try makeClients(admission: admission)
+        // The first outputs would otherwise wait for their topics' metadata (a start-up stall).
+        for topic in outputTopics {
+            do {
+                try await clients.producer.prepare(topic: topic, timeout: .seconds(5))
+            } catch {
+                logger.warning("cannot read the metadata of '\(topic)' yet: \(error)")
+            }
+        }
         let inputTopics = [configuration.requestsTopic] + (configuration.sourcesTopic.map { [$0] } ?? [])
         do {
             try clients.consumer.subscribe(topics: inputTopics)

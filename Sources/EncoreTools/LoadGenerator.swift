@@ -43,6 +43,14 @@ public struct LoadGenerator: Sendable {
         report: (Progress) -> Void = { _ in }
     ) async throws -> Progress {
         let counters = DeliveryCounters()
+        // The first records would otherwise wait for the topic's metadata: a start-up stall that
+        // a steady-rate measurement would count as processing latency.
+        do {
+            try await producer.prepare(topic: topic)
+        } catch {
+            Logger(label: "encore.generate").warning(
+                "cannot read the metadata of '\(topic)' before producing: \(error)")
+        }
         let clock = ContinuousClock()
         let start = clock.now
         var progress = Progress()

@@ -76,6 +76,27 @@ public final class KafkaProducer: Sendable {
         }
     }
 
+    /// Fetches `topic`'s metadata (partitions and their leaders) now, so the first records produced
+    /// to it do not wait for it. Returns the number of partitions.
+    @discardableResult
+    public func prepare(topic: String, timeout: Duration = .seconds(10)) async throws(KafkaError) -> Int {
+        let client = self.client
+        return try await RDKafkaBlocking.run { () throws(KafkaError) in
+            guard let handle = rd_kafka_topic_new(client.handle, topic, nil) else {
+                throw KafkaError(code: .invalidConfiguration, message: "cannot use topic '\(topic)'")
+            }
+            defer { rd_kafka_topic_destroy(handle) }
+            var metadata: UnsafePointer<rd_kafka_metadata>? = nil
+            let err = rd_kafka_metadata(client.handle, 0, handle, &metadata, Int32(timeout.milliseconds))
+            guard err == RD_KAFKA_RESP_ERR_NO_ERROR, let metadata else {
+                throw KafkaError(err, context: "metadata of topic '\(topic)'")
+            }
+            defer { rd_kafka_metadata_destroy(metadata) }
+            guard metadata.pointee.topic_cnt > 0 else { return 0 }
+            return Int(metadata.pointee.topics[0].partition_cnt)
+        }
+    }
+
     /// Waits until every enqueued record was delivered or failed.
     public func flush(timeout: Duration = .seconds(30)) async throws(KafkaError) {
         let client = self.client

@@ -97,6 +97,15 @@ struct KafkaRoundTripTests {
         await two.close()
     }
 
+    @Test("prepare reads a topic's metadata before the first record (its partition count)")
+    func prepareTopic() async throws {
+        let broker = try TestCluster(topics: ["prep": 5])
+        let producer = try KafkaProducer(configuration: broker.producerConfiguration)
+        #expect(try await producer.prepare(topic: "prep") == 5)
+        try await producer.send(KafkaProducerRecord(topic: "prep", key: nil, value: [1]))
+        await producer.close()
+    }
+
     @Test("an admission stops delivery at its capacity until records are released; nothing is fetched twice")
     func admission() async throws {
         let broker = try TestCluster(topics: ["adm": 2])
