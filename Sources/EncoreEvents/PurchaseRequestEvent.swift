@@ -45,7 +45,17 @@ public struct PurchaseRequestEvent: EncoreEvent, Hashable {
     public var key: String { userKey(appID: appID, appUserID: appUserID) }
 
     public init(jsonBytes: some Collection<UInt8>) throws(EventValidationError) {
-        self = try Self.decode(jsonBytes) { (json) throws(EventValidationError) in
+        // The common shape in one pass; anything else (errors included) takes the general path below.
+        if let decoded = jsonBytes.withContiguousStorageIfAvailable(PurchaseRequestFastDecoder.decode) ?? nil {
+            self = decoded
+            return
+        }
+        self = try Self.decodeGeneral(jsonBytes)
+    }
+
+    /// The general decoder: any valid JSON, and the errors that name the field at fault.
+    static func decodeGeneral(_ jsonBytes: some Collection<UInt8>) throws(EventValidationError) -> Self {
+        try Self.decode(jsonBytes) { (json) throws(EventValidationError) in
             try PurchaseRequestEvent(
                 requestID: json.string("request_id"), appID: json.string("app_id"),
                 appUserID: json.string("app_user_id"), productID: json.string("product_id"),
