@@ -1,5 +1,6 @@
 import EncoreEvents
 import Kafka
+import Synchronization
 
 /// Turns outcomes and dead letters into records with their CloudEvents headers. Pure and
 /// `Sendable`, so encoding runs beside the processor's loop rather than on it.
@@ -10,6 +11,8 @@ struct OutputEncoder: Sendable {
     let stateTopic: String
     /// The headers that never change, per event type (`ce_id` and `ce_time` are filled per record).
     private let templates: [EventType: [KafkaHeader]]
+    /// The last `ce_time` value: outputs of the same millisecond share it.
+    private let lastTime = LastTime()
 
     init(configuration: ProcessorConfiguration) {
         outcomesTopic = configuration.outcomesTopic
@@ -76,7 +79,7 @@ struct OutputEncoder: Sendable {
         for index in headers.indices {
             switch headers[index].key {
             case "ce_id": headers[index].value = id
-            case "ce_time": headers[index].value = CloudEventHeaders.rfc3339Bytes(ms: timeMs)
+            case "ce_time": headers[index].value = lastTime.rfc3339(ms: timeMs)
             default: break
             }
         }
@@ -91,5 +94,17 @@ struct OutputEncoder: Sendable {
         bytes.append(contentsOf: second.utf8)
         bytes.append(contentsOf: third.utf8)
         return bytes
+    }
+}
+
+/// `ce_time` of the latest millisecond asked for, formatted once for all outputs of that millisecond.
+private final class LastTime: Sendable {
+    private let last = Mutex<(ms: Int64, bytes: [UInt8])>((-1, []))
+
+    func rfc3339(ms: Int64) -> [UInt8] {
+        last.withLock { last in
+            if last.ms != ms { last = (ms, CloudEventHeaders.rfc3339Bytes(ms: ms)) }
+            return last.bytes
+        }
     }
 }

@@ -5,22 +5,6 @@ import Kafka
 /// The processor's state and its reaction to each input. Owned by the task running
 /// ``PurchaseProcessor/run()``; never shared.
 final class ProcessorLoop {
-    /// A controller call in progress (a class: it is looked up and updated on every event).
-    private final class ActiveCall {
-        let item: WorkItem
-        let controllerName: String
-        let controller: any PurchaseController
-        var attempt = 1
-        var task: Task<Void, Never>? = nil
-        var isBackingOff = false
-
-        init(item: WorkItem, controllerName: String, controller: any PurchaseController) {
-            self.item = item
-            self.controllerName = controllerName
-            self.controller = controller
-        }
-    }
-
     private struct PendingRevocation {
         var partitions: Set<InputPartition>
         var revocation: KafkaRevocation
@@ -52,7 +36,7 @@ final class ProcessorLoop {
     private let clock = ContinuousClock()
     private var random = SystemRandomNumberGenerator()
 
-    private var scheduler: LaneScheduler<WorkItem, HashedString>
+    private var scheduler: LaneScheduler<WorkItem, UserLane>
     private var tracker = OffsetTracker<InputPartition>()
     private var recent: RecentRequests
     /// Counts the records held (handed out by the consumer, not yet done); released here.
@@ -64,7 +48,8 @@ final class ProcessorLoop {
     private var busy: [InputPartition: Int] = [:]
     /// Outputs not yet acknowledged, per record.
     private var pendingOutputs: [RecordRef: Int] = [:]
-    private var calls: [Int: ActiveCall] = [:]
+    /// Items in a controller call (or backing off before the next attempt), by call id.
+    private var calls: [Int: WorkItem] = [:]
     private var nextCallID = 0
     private var callDeadlines = FIFO<(deadline: ContinuousClock.Instant, call: Int, attempt: Int)>()
     private var timers = TimerQueue<ContinuousClock.Instant, Timer>()
@@ -277,16 +262,17 @@ final class ProcessorLoop {
             }
             let id = nextCallID
             nextCallID += 1
-            calls[id] = ActiveCall(item: item, controllerName: route.name, controller: route.controller)
+            item.controllerName = route.name
+            item.controller = route.controller
+            calls[id] = item
             launch(id)
         }
         statistics.peakInFlight = max(statistics.peakInFlight, scheduler.inFlight)
     }
 
     private func launch(_ id: Int) {
-        guard let call = calls[id] else { return }
-        let request = PurchaseRequest(event: call.item.request, attempt: call.attempt)
-        let controller = call.controller
+        guard let call = calls[id], let controller = call.controller else { return }
+        let request = PurchaseRequest(event: call.request, attempt: call.attempt)
         let attempt = call.attempt
         let inbox = self.inbox
         // Immediate: a controller that answers without suspending (a cache, a no-op) costs no thread hop.
@@ -342,24 +328,24 @@ final class ProcessorLoop {
     /// Ends a call with an outcome and frees its lane.
     private func settle(_ id: Int, result: OutcomeResult, error: PurchaseOutcomeEvent.Failure?) {
         guard let call = calls.removeValue(forKey: id) else { return }
-        publishOutcome(call.item, result: result, attempts: call.attempt, controller: call.controllerName, error: error)
+        publishOutcome(call, result: result, attempts: call.attempt, controller: call.controllerName, error: error)
         if result == .failed, let error {
             publishDeadLetter(
-                for: call.item.message, ref: call.item.ref,
+                for: call.message, ref: call.ref,
                 failure: .init(
                     stage: .controller, errorClass: error.type, message: error.message, retryable: error.retryable),
-                attempts: call.attempt, requestID: call.item.request.requestID)
+                attempts: call.attempt, requestID: call.request.requestID)
         }
-        release(call.item)
+        release(call)
     }
 
     /// Ends a call without an outcome (shutdown or revoke): the record is read again by the next owner.
     private func interrupt(_ id: Int) {
         guard let call = calls.removeValue(forKey: id) else { return }
         call.task?.cancel()
-        endWork(call.item.ref)
+        endWork(call.ref)
         admission.release(1)
-        release(call.item)
+        release(call)
     }
 
     /// Frees the item's lane and starts what may start now. While draining nothing is waiting

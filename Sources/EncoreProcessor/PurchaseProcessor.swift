@@ -416,21 +416,29 @@ enum Output: Sendable {
     case entitlementState(update: Int)
 }
 
-/// A valid request waiting for, or in, its controller call (a class: queues move it around).
-final class WorkItem: Sendable {
+/// A valid request waiting for, or in, its controller call: a class, since queues move it around
+/// and the loop updates its call in place. Owned by the loop.
+final class WorkItem {
     let ref: RecordRef
     let request: PurchaseRequestEvent
     let message: KafkaMessage
-    /// The user key `{app_id}:{app_user_id}`: one lane per user.
-    let lane: HashedString
+    /// One lane per user.
+    let lane: UserLane
     /// The request id, for the duplicate window.
     let requestID: HashedString
+
+    /// The routed controller, once the call started.
+    var controllerName = ""
+    var controller: (any PurchaseController)? = nil
+    var attempt = 1
+    var task: Task<Void, Never>? = nil
+    var isBackingOff = false
 
     init(ref: RecordRef, request: PurchaseRequestEvent, message: KafkaMessage) {
         self.ref = ref
         self.request = request
         self.message = message
-        self.lane = HashedString(request.key)
+        self.lane = UserLane(appID: request.appID, appUserID: request.appUserID)
         self.requestID = HashedString(request.requestID)
     }
 }
