@@ -40,6 +40,30 @@ public struct ProcessorStatistics: Sendable {
     }
 
     public var outcomeCount: Int { outcomes.values.reduce(0, +) }
+
+    /// The statistics of several workers as one: counts added, histograms merged, the earliest
+    /// first receipt and the latest finish.
+    static func combined(_ parts: [ProcessorStatistics]) -> ProcessorStatistics {
+        guard var total = parts.first else { return ProcessorStatistics() }
+        for part in parts.dropFirst() {
+            total.received += part.received
+            total.sourceEvents += part.sourceEvents
+            total.entitlementChanges += part.entitlementChanges
+            total.outcomes.merge(part.outcomes, uniquingKeysWith: +)
+            total.deadLetters += part.deadLetters
+            total.invalid += part.invalid
+            total.duplicates += part.duplicates
+            total.alreadyFinished += part.alreadyFinished
+            total.controllerCalls += part.controllerCalls
+            total.finished += part.finished
+            total.latency.merge(part.latency)
+            total.assignedPartitions += part.assignedPartitions
+            total.peakInFlight += part.peakInFlight
+            total.firstReceivedAtMs = [total.firstReceivedAtMs, part.firstReceivedAtMs].compactMap { $0 }.min()
+            total.lastFinishedAtMs = [total.lastFinishedAtMs, part.lastFinishedAtMs].compactMap { $0 }.max()
+        }
+        return total
+    }
 }
 
 /// The processor's live statistics; the processor writes, anyone reads a snapshot.

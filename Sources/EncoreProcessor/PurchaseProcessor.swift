@@ -19,9 +19,15 @@ public final class PurchaseProcessor: Sendable {
     let configuration: ProcessorConfiguration
     let router: PurchaseRouter
     let logger: Logger
-    let recorder = StatisticsRecorder()
-    private let inbox = Inbox<ProcessorInput>()
+    /// One per dispatch loop (``ProcessorConfiguration/workers``).
+    private let workers: [Worker]
     private let hasRun = Atomic<Bool>(false)
+
+    /// A dispatch loop's mailbox and published statistics.
+    private final class Worker: Sendable {
+        let inbox = Inbox<ProcessorInput>()
+        let recorder = StatisticsRecorder()
+    }
 
     public init(
         configuration: ProcessorConfiguration, router: PurchaseRouter,
@@ -37,6 +43,7 @@ public final class PurchaseProcessor: Sendable {
         self.configuration = configuration
         self.router = router
         self.logger = logger
+        workers = (0..<configuration.workers).map { _ in Worker() }
     }
 
     private var outputTopics: [String] {
@@ -45,12 +52,12 @@ public final class PurchaseProcessor: Sendable {
     }
 
     /// A snapshot of the counters and latency histogram.
-    public var statistics: ProcessorStatistics { recorder.snapshot }
+    public var statistics: ProcessorStatistics { .combined(workers.map(\.recorder.snapshot)) }
 
     /// Asks ``run()`` to stop: no new work, running calls finish (within the drain timeout), their
     /// outputs are delivered and offsets committed, then `run()` returns. Safe from any thread.
     public func shutdown() {
-        inbox.post(.shutdown)
+        for worker in workers { worker.inbox.post(.shutdown) }
     }
 
     /// Processes until ``shutdown()`` is called (or the task is cancelled), then drains and returns.
@@ -60,9 +67,40 @@ public final class PurchaseProcessor: Sendable {
             throw ProcessorError(.invalidConfiguration, "a processor runs once; create a new one")
         }
         try await checkTopics()
+        let share = configuration.perWorker
+        let workers = self.workers
+        let failure = await withTaskGroup(of: ProcessorError?.self) { group in
+            for (index, worker) in workers.enumerated() {
+                group.addTask {
+                    do throws(ProcessorError) {
+                        try await self.run(worker, index: index, configuration: share)
+                        return nil
+                    } catch {
+                        return error
+                    }
+                }
+            }
+            // One worker that cannot go on stops the others: they drain and commit what they did.
+            var first: ProcessorError? = nil
+            for await failure in group where failure != nil && first == nil {
+                first = failure
+                for worker in workers { worker.inbox.post(.shutdown) }
+            }
+            return first
+        }
+        let statistics = self.statistics
+        logger.info(
+            "stopped: \(statistics.received) received, \(statistics.outcomeCount) outcomes, \(statistics.deadLetters) dead letters, \(statistics.duplicates) duplicates"
+        )
+        if let failure { throw failure }
+    }
+
+    /// One worker: its consumer (a member of the group), producer, forwarder and dispatch loop.
+    private func run(_ worker: Worker, index: Int, configuration: ProcessorConfiguration) async throws(ProcessorError) {
+        let (inbox, recorder) = (worker.inbox, worker.recorder)
         // The consumer counts the records it hands out; the loop releases them when done.
         let admission = KafkaAdmission(capacity: configuration.bufferCapacity)
-        let clients = try makeClients(admission: admission)
+        let clients = try makeClients(configuration: configuration, admission: admission, inbox: inbox)
         // The first outputs would otherwise wait for their topics' metadata (a start-up stall).
         for topic in outputTopics {
             do {
@@ -78,11 +116,11 @@ public final class PurchaseProcessor: Sendable {
             throw ProcessorError(
                 .kafka, "cannot subscribe to \(inputTopics.map { "'\($0)'" }.joined(separator: ", ")): \(error)")
         }
-        logger.info(
-            "processing \(configuration.requestsTopic) as group '\(configuration.groupID)' (max in flight \(configuration.maxInFlight))"
-        )
-        let inbox = self.inbox
-        let configuration = self.configuration
+        if index == 0 {
+            logger.info(
+                "processing \(configuration.requestsTopic) as group '\(configuration.groupID)' (\(workers.count) workers, max in flight \(configuration.maxInFlight * workers.count))"
+            )
+        }
         let logger = self.logger
         let forwarder = Task {
             // Decoding happens here, beside the loop rather than on it.
@@ -153,10 +191,6 @@ public final class PurchaseProcessor: Sendable {
         await forwarder.value
         await ticker.value
         await clients.producer.close(timeout: .seconds(5))
-        let statistics = self.statistics
-        logger.info(
-            "stopped: \(statistics.received) received, \(statistics.outcomeCount) outcomes, \(statistics.deadLetters) dead letters, \(statistics.duplicates) duplicates"
-        )
         if let failure { throw failure }
     }
 
@@ -284,7 +318,7 @@ public final class PurchaseProcessor: Sendable {
     }
 
     private func makeClients(
-        admission: KafkaAdmission
+        configuration: ProcessorConfiguration, admission: KafkaAdmission, inbox: Inbox<ProcessorInput>
     ) throws(ProcessorError) -> (consumer: KafkaConsumer, producer: KafkaProducer) {
         var producerConfiguration = configuration.kafka
         producerConfiguration.setDefault("enable.idempotence", "true")
@@ -305,7 +339,6 @@ public final class PurchaseProcessor: Sendable {
         // librdkafka's own prefetch (64 MiB by default) adds to the processor's buffer.
         consumerConfiguration.setDefault("queued.max.messages.kbytes", "16384")
         do {
-            let inbox = self.inbox
             let producer = try KafkaProducer(
                 configuration: producerConfiguration, logger: Logger(label: "encore.producer"),
                 onDeliveries: { inbox.post(.delivered($0)) })

@@ -15,6 +15,7 @@ public enum Benchmark {
         public var partitions = 8
         public var controllerLatency: Duration = .zero
         public var maxInFlight = 256
+        public var workers = 1
         public var bufferCapacity = 10_000
         public var users = 10_000
         /// Offered load in requests/s while processing; 0 pre-fills everything before the clock starts.
@@ -34,6 +35,7 @@ public enum Benchmark {
         public var partitions: Int
         public var controllerLatencyMs: Double
         public var maxInFlight: Int
+        public var workers: Int
         public var users: Int
         public var offeredRate: Double
         public var processed: Int
@@ -52,7 +54,7 @@ public enum Benchmark {
             [
                 ("broker", broker), ("librdkafka", librdkafka), ("requests", "\(count)"),
                 ("partitions", "\(partitions)"), ("controller latency", "\(controllerLatencyMs) ms"),
-                ("max in flight", "\(maxInFlight)"), ("users", "\(users)"),
+                ("max in flight", "\(maxInFlight)"), ("workers", "\(workers)"), ("users", "\(users)"),
                 ("offered rate", offeredRate > 0 ? String(format: "%.0f/s", offeredRate) : "backlog"),
                 ("processed", "\(processed)"), ("elapsed", String(format: "%.3f s", elapsedSeconds)),
                 ("throughput", String(format: "%.0f requests/s", throughput)),
@@ -72,7 +74,8 @@ public enum Benchmark {
         public var json: String {
             let object: [String: Any] = [
                 "broker": broker, "librdkafka": librdkafka, "count": count, "partitions": partitions,
-                "controller_latency_ms": controllerLatencyMs, "max_in_flight": maxInFlight, "users": users,
+                "controller_latency_ms": controllerLatencyMs, "max_in_flight": maxInFlight, "workers": workers,
+                "users": users,
                 "offered_rate": offeredRate, "processed": processed, "elapsed_s": elapsedSeconds,
                 "throughput": throughput, "latency_ms": latencyMs, "cpu_s": cpuSeconds,
                 "peak_rss_mb": peakRSSMegabytes, "all_committed": allCommitted, "join_s": joinSeconds,
@@ -131,6 +134,7 @@ public enum Benchmark {
         configuration.stateTopic = outputs[3]
         configuration.ledgerEnabled = options.ledger
         configuration.maxInFlight = options.maxInFlight
+        configuration.workers = options.workers
         configuration.bufferCapacity = options.bufferCapacity
         // The mock cluster and Tansu hold a fetch for its whole wait instead of answering when
         // data arrives; a short wait keeps that out of the latency figures.
@@ -195,7 +199,7 @@ public enum Benchmark {
             partitions: options.partitions,
             controllerLatencyMs: Double(options.controllerLatency.components.attoseconds) / 1e15
                 + Double(options.controllerLatency.components.seconds) * 1000,
-            maxInFlight: options.maxInFlight, users: options.users, offeredRate: options.rate,
+            maxInFlight: options.maxInFlight, workers: options.workers, users: options.users, offeredRate: options.rate,
             processed: statistics.finished, elapsedSeconds: elapsed, throughput: statistics.throughput,
             latencyMs: [
                 "p50": Double(latency.percentile(0.5)) / 1000, "p90": Double(latency.percentile(0.9)) / 1000,

@@ -14,6 +14,7 @@ enum BenchCommand {
             .option("partitions", value: "N", default: "8", "Partitions of the topics."),
             .option("latency-ms", value: "MS", default: "0", "Mean latency of the simulated controller."),
             .option("max-in-flight", value: "N", default: "256", "Controller calls at once."),
+            .option("workers", value: "N", default: "1", "Dispatch loops (consumer-group members) of the processor."),
             .option("buffer-size", value: "N", default: "10000", "Records held before partitions pause."),
             .option("users", value: "N", default: "10000", "Distinct users."),
             .option("rate", value: "R", default: "0", "Offered requests/s while processing; 0 = pre-filled backlog."),
@@ -37,6 +38,7 @@ enum BenchCommand {
         benchmark.partitions = try options.integer("partitions", range: 1...10_000)
         benchmark.controllerLatency = try options.milliseconds("latency-ms")
         benchmark.maxInFlight = try options.integer("max-in-flight", range: 1...1_000_000)
+        benchmark.workers = try options.integer("workers", range: 1...64)
         benchmark.bufferCapacity = try options.integer("buffer-size", range: 1...10_000_000)
         benchmark.users = try options.integer("users", range: 1...10_000_000)
         benchmark.rate = try options.number("rate", range: 0...1e8)

@@ -66,6 +66,9 @@ enum RunCommand {
             "Endpoint of an http controller (named NAME, default 'http')."),
         .option("route", value: "PREFIX=NAME", repeatable: true, "Route products to a named controller."),
         .option("max-in-flight", value: "N", default: "256", "Controller calls running at once, across users."),
+        .option(
+            "workers", value: "N", default: "1",
+            "Dispatch loops in this process, each a consumer-group member with its own share of the partitions."),
         .option("buffer-size", value: "N", default: "10000", "Records held before partitions are paused."),
         .option("call-timeout-ms", value: "MS", default: "300000", "Timeout of one controller call."),
         .option("max-attempts", value: "N", default: "5", "Calls per request when errors are retryable."),
@@ -97,6 +100,7 @@ enum RunCommand {
         configuration.ledgerEnabled = !options.flag("no-ledger")
         configuration.groupID = options.string("group-id") ?? configuration.groupID
         configuration.maxInFlight = try options.integer("max-in-flight", range: 1...1_000_000)
+        configuration.workers = try options.integer("workers", range: 1...64)
         configuration.bufferCapacity = try options.integer("buffer-size", range: 1...10_000_000)
         configuration.callTimeout = try options.milliseconds("call-timeout-ms", minimum: 1)
         configuration.drainTimeout = try options.milliseconds("drain-timeout-ms", minimum: 0)

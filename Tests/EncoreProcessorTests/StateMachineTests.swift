@@ -89,6 +89,36 @@ struct PolicyTests {
         #expect(policy.allowsRetry(after: 3) && !policy.allowsRetry(after: 4))
     }
 
+    @Test("workers share out the in-flight bound, the buffer and the duplicate window; statistics add up")
+    func workerShares() throws {
+        var configuration = ProcessorConfiguration(kafka: KafkaConfiguration())
+        configuration.workers = 3
+        configuration.maxInFlight = 1000
+        configuration.bufferCapacity = 10
+        configuration.duplicateWindow = 200_000
+        let share = configuration.perWorker
+        #expect(share.maxInFlight == 334 && share.bufferCapacity == 4 && share.duplicateWindow == 66_667)
+        configuration.maxInFlight = 2
+        #expect(throws: ProcessorError.self) { try configuration.validate() }
+
+        var first = ProcessorStatistics()
+        first.finished = 3
+        first.outcomes = [.purchased: 2, .cancelled: 1]
+        first.latency.record(10)
+        first.firstReceivedAtMs = 100
+        first.lastFinishedAtMs = 500
+        var second = ProcessorStatistics()
+        second.finished = 4
+        second.outcomes = [.purchased: 4]
+        second.latency.record(30)
+        second.firstReceivedAtMs = 50
+        second.lastFinishedAtMs = 400
+        let total = ProcessorStatistics.combined([first, second])
+        #expect(total.finished == 7 && total.outcomes == [.purchased: 6, .cancelled: 1])
+        #expect(total.latency.count == 2 && total.latency.max == 30)
+        #expect(total.firstReceivedAtMs == 50 && total.lastFinishedAtMs == 500)
+    }
+
     @Test("recent request ids are a bounded window")
     func recent() {
         var recent = RecentRequests(capacity: 2)

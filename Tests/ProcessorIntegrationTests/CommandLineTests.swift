@@ -25,6 +25,8 @@ struct CommandLineTests {
         arguments: [
             (["run", "--max-in-flight", "zero"], "--max-in-flight"),
             (["run", "--max-in-flight", "0"], "--max-in-flight"),
+            (["run", "--workers", "0"], "--workers"),
+            (["run", "--workers", "4", "--max-in-flight", "2"], "4 workers need"),
             (["run", "--no-such-flag"], "--no-such-flag"),
             (["run", "-X", "no.such.property=1"], "no.such.property"),
             (["run", "-X", "acks=sometimes"], "acks"),

@@ -8,7 +8,8 @@ import Testing
 @Suite("Processor end to end on the embedded broker")
 struct EndToEndTests {
     @Test(
-        "10,000 requests, 8 partitions, 500 users: one outcome each, per-user order, dead letters, offsets at the end")
+        "10,000 requests, 8 partitions, 500 users, two workers: one outcome each, per-user order, dead letters, offsets at the end"
+    )
     func tenThousand() async throws {
         let cluster = try embeddedClusterWithTopics(partitions: 8)
         let bootstrap = cluster.bootstrapServers
@@ -21,7 +22,8 @@ struct EndToEndTests {
 
         let processor = try simulatedProcessor(
             bootstrap: bootstrap, group: "e2e", latency: .milliseconds(1), maxInFlight: 64,
-            weights: [(.purchased, 0.7), (.cancelled, 0.2), (.pending, 0.1)], seed: 3)
+            weights: [(.purchased, 0.7), (.cancelled, 0.2), (.pending, 0.1)], seed: 3
+        ) { $0.workers = 2 }
         async let running: Void = processor.run()
         let done = await eventually(timeout: .seconds(120)) { processor.statistics.finished >= 10_000 }
         processor.shutdown()

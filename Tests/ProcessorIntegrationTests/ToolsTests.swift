@@ -40,7 +40,7 @@ struct ToolsTests {
         #expect(status == 0, "\(error)")
         let object = try #require(try JSONSerialization.jsonObject(with: Data(output.utf8)) as? [String: Any])
         for key in [
-            "broker", "librdkafka", "count", "partitions", "controller_latency_ms", "max_in_flight", "users",
+            "broker", "librdkafka", "count", "partitions", "controller_latency_ms", "max_in_flight", "workers", "users",
             "offered_rate", "processed", "elapsed_s", "throughput", "latency_ms", "cpu_s", "peak_rss_mb",
             "all_committed", "join_s", "ledger", "entitlement_changes",
         ] {
