@@ -18,9 +18,10 @@ public struct ProcessorConfiguration: Sendable {
     /// The entitlement ledger: change events, the changelog and its restore. Off, the processor
     /// publishes outcomes and dead letters only.
     public var ledgerEnabled = true
-    /// Dispatch loops in this process, each a member of the consumer group with its own consumer
-    /// and producer; the group splits the partitions between them. The in-flight bound, the buffer
-    /// and the duplicate window are shared out among them.
+    /// Dispatch loops in this process. The one consumer's partitions are split among them by
+    /// partition number (a user's requests, sources and ledger state stay on one loop); they share
+    /// the consumer, the producer and the buffer, and the in-flight bound and the duplicate window
+    /// are shared out among them.
     public var workers = 1
     /// Controller calls running at once, across users.
     public var maxInFlight = 256
@@ -44,12 +45,12 @@ public struct ProcessorConfiguration: Sendable {
         self.kafka = kafka
     }
 
-    /// One worker's share: the bounds divided among the workers (rounded up).
+    /// One worker's share: the in-flight bound and the duplicate window divided among the
+    /// workers (rounded up).
     var perWorker: ProcessorConfiguration {
         var share = self
         func divided(_ value: Int) -> Int { (value + workers - 1) / workers }
         share.maxInFlight = divided(maxInFlight)
-        share.bufferCapacity = divided(bufferCapacity)
         share.duplicateWindow = divided(duplicateWindow)
         return share
     }
@@ -62,8 +63,8 @@ public struct ProcessorConfiguration: Sendable {
         try require(maxInFlight >= 1, "max-in-flight", "must be at least 1, got \(maxInFlight)")
         try require((1...64).contains(workers), "workers", "must be between 1 and 64, got \(workers)")
         try require(
-            maxInFlight >= workers && bufferCapacity >= workers && duplicateWindow >= workers, "workers",
-            "\(workers) workers need --max-in-flight, --buffer-size and --duplicate-window of at least \(workers)")
+            maxInFlight >= workers && duplicateWindow >= workers, "workers",
+            "\(workers) workers need --max-in-flight and --duplicate-window of at least \(workers)")
         try require(bufferCapacity >= 1, "buffer-size", "must be at least 1, got \(bufferCapacity)")
         try require(callTimeout > .zero, "call-timeout", "must be positive")
         try require(commitInterval > .zero, "commit-interval-ms", "must be positive")

@@ -7,7 +7,8 @@ import Kafka
 final class ProcessorLoop {
     private struct PendingRevocation {
         var partitions: Set<InputPartition>
-        var revocation: KafkaRevocation
+        /// Hands the partitions over with the offsets to commit.
+        var acknowledge: @Sendable ([KafkaTopicPartitionOffset]) -> Void
         var deadline: ContinuousClock.Instant
     }
 
@@ -172,7 +173,9 @@ final class ProcessorLoop {
                     IncomingRecord(message: message, isSource: message.topic == configuration.sourcesTopic).payload)
             }
         case .consumer(.partitionsAssigned(let partitions)): assign(partitions)
-        case .consumer(.partitionsRevoked(let partitions, let revocation)): revoke(partitions, revocation)
+        case .consumer(.partitionsRevoked(let partitions, let revocation)):
+            revoke(partitions) { revocation.acknowledge(committing: $0) }
+        case .revoked(let partitions, let acknowledge): revoke(partitions, acknowledge)
         case .consumer(.error(let error)):
             if error.isFatal { fail(ProcessorError(.kafka, "consumer failed: \(error)")) }
         case .consumerEnded:
@@ -582,7 +585,9 @@ final class ProcessorLoop {
         if isDraining { pauseOrResume(partitions, pause: true) }
     }
 
-    private func revoke(_ partitions: [KafkaTopicPartition], _ revocation: KafkaRevocation) {
+    private func revoke(
+        _ partitions: [KafkaTopicPartition], _ acknowledge: @escaping @Sendable ([KafkaTopicPartitionOffset]) -> Void
+    ) {
         let revoked = Set(partitions.compactMap { inputPartition($0.topic, $0.partition) })
         assigned.subtract(revoked)
         // Work not started stays unprocessed: the next owner reads it again.
@@ -591,7 +596,7 @@ final class ProcessorLoop {
         if !dropped.isEmpty { logger.info("revoked: \(dropped.count) queued requests left to the next owner") }
         revocations.append(
             PendingRevocation(
-                partitions: revoked, revocation: revocation,
+                partitions: revoked, acknowledge: acknowledge,
                 deadline: clock.now.advanced(by: configuration.drainTimeout)))
         checkRevocations()
     }
@@ -619,7 +624,7 @@ final class ProcessorLoop {
             )
             // The next owner restores these users from the changelog.
             ledger.remove(partitions: Set(pending.partitions.filter { $0.topic == .requests }.map(\.number)))
-            pending.revocation.acknowledge(committing: offsets)
+            pending.acknowledge(offsets)
             return true
         }
     }

@@ -67,40 +67,13 @@ public final class PurchaseProcessor: Sendable {
             throw ProcessorError(.invalidConfiguration, "a processor runs once; create a new one")
         }
         try await checkTopics()
+        let configuration = self.configuration
         let share = configuration.perWorker
         let workers = self.workers
-        let failure = await withTaskGroup(of: ProcessorError?.self) { group in
-            for (index, worker) in workers.enumerated() {
-                group.addTask {
-                    do throws(ProcessorError) {
-                        try await self.run(worker, index: index, configuration: share)
-                        return nil
-                    } catch {
-                        return error
-                    }
-                }
-            }
-            // One worker that cannot go on stops the others: they drain and commit what they did.
-            var first: ProcessorError? = nil
-            for await failure in group where failure != nil && first == nil {
-                first = failure
-                for worker in workers { worker.inbox.post(.shutdown) }
-            }
-            return first
-        }
-        let statistics = self.statistics
-        logger.info(
-            "stopped: \(statistics.received) received, \(statistics.outcomeCount) outcomes, \(statistics.deadLetters) dead letters, \(statistics.duplicates) duplicates"
-        )
-        if let failure { throw failure }
-    }
-
-    /// One worker: its consumer (a member of the group), producer, forwarder and dispatch loop.
-    private func run(_ worker: Worker, index: Int, configuration: ProcessorConfiguration) async throws(ProcessorError) {
-        let (inbox, recorder) = (worker.inbox, worker.recorder)
-        // The consumer counts the records it hands out; the loop releases them when done.
+        let inboxes = workers.map(\.inbox)
+        // The consumer counts the records it hands out; the loops release them when done.
         let admission = KafkaAdmission(capacity: configuration.bufferCapacity)
-        let clients = try makeClients(configuration: configuration, admission: admission, inbox: inbox)
+        let clients = try makeClients(admission: admission, inboxes: inboxes)
         // The first outputs would otherwise wait for their topics' metadata (a start-up stall).
         for topic in outputTopics {
             do {
@@ -116,22 +89,22 @@ public final class PurchaseProcessor: Sendable {
             throw ProcessorError(
                 .kafka, "cannot subscribe to \(inputTopics.map { "'\($0)'" }.joined(separator: ", ")): \(error)")
         }
-        if index == 0 {
-            logger.info(
-                "processing \(configuration.requestsTopic) as group '\(configuration.groupID)' (\(workers.count) workers, max in flight \(configuration.maxInFlight * workers.count))"
-            )
-        }
+        logger.info(
+            "processing \(configuration.requestsTopic) as group '\(configuration.groupID)' (\(workers.count) workers, max in flight \(configuration.maxInFlight))"
+        )
         let logger = self.logger
         let forwarder = Task {
-            // Decoding happens here, beside the loop rather than on it.
+            let router = WorkerRouter(count: inboxes.count)
+            // Decoding happens here, beside the loops rather than on them.
             for await event in clients.consumer.events {
                 switch event {
                 case .messages(let messages):
-                    inbox.post(
-                        .records(
-                            messages.map {
-                                IncomingRecord(message: $0, isSource: $0.topic == configuration.sourcesTopic)
-                            }))
+                    let records = messages.map {
+                        IncomingRecord(message: $0, isSource: $0.topic == configuration.sourcesTopic)
+                    }
+                    for (worker, part) in router.split(records, by: { $0.message.partition }) {
+                        inboxes[worker].post(.records(part))
+                    }
                 case .partitionsAssigned(let partitions):
                     // Read before any record of these partitions: what the previous owner finished,
                     // and the ledger state of their users.
@@ -145,42 +118,77 @@ public final class PurchaseProcessor: Sendable {
                                 configuration: configuration, logger: logger)
                         } catch {
                             // Processing without the users' state would overwrite it: stop instead.
-                            inbox.post(.failed(error))
+                            for inbox in inboxes { inbox.post(.failed(error)) }
                             continue
                         }
                     }
-                    inbox.post(.assigned(partitions, finished: finished, restored: restored))
-                default:
-                    inbox.post(.consumer(event))
+                    for (worker, part) in router.split(partitions, by: \.partition) {
+                        let numbers = Set(part.map(\.partition))
+                        inboxes[worker].post(
+                            .assigned(
+                                part, finished: finished.filter { numbers.contains($0.key.number) },
+                                restored: restored.filter { numbers.contains($0.key) }))
+                    }
+                case .partitionsRevoked(let partitions, let revocation):
+                    // Each worker hands over its share; the partitions go once all have.
+                    let shares = router.split(partitions, by: \.partition)
+                    let handOver = RevocationHandOver(revocation, parts: shares.count)
+                    for (worker, part) in shares {
+                        inboxes[worker].post(.revoked(part, { handOver.acknowledge(committing: $0) }))
+                    }
+                case .error:
+                    for inbox in inboxes { inbox.post(.consumer(event)) }
                 }
             }
-            inbox.post(.consumerEnded)
+            for inbox in inboxes { inbox.post(.consumerEnded) }
         }
         let ticker = Task {
             while !Task.isCancelled {
                 try? await Task.sleep(for: .milliseconds(20))
-                inbox.post(.tick)
+                for inbox in inboxes { inbox.post(.tick) }
             }
         }
-        let loop = ProcessorLoop(
-            configuration: configuration, router: router, recorder: recorder, consumer: clients.consumer,
-            producer: clients.producer, inbox: inbox, admission: admission, logger: logger)
-        let failure: ProcessorError? = await withTaskCancellationHandler {
-            while !loop.isFinished { loop.handle(await inbox.next()) }
-            return loop.failure
-        } onCancel: {
-            inbox.post(.shutdown)
+        let router = self.router
+        let (failure, finalOffsets) = await withTaskGroup(
+            of: (ProcessorError?, [KafkaTopicPartitionOffset]).self
+        ) { group in
+            for (index, worker) in workers.enumerated() {
+                group.addTask {
+                    // The loop lives and ends in this task: it owns its state alone.
+                    let loop = ProcessorLoop(
+                        configuration: share, router: router, recorder: worker.recorder, consumer: clients.consumer,
+                        producer: WorkerProducer(producer: clients.producer, worker: index, workers: workers.count),
+                        inbox: worker.inbox, admission: admission, logger: logger)
+                    let failure = await withTaskCancellationHandler {
+                        while !loop.isFinished { loop.handle(await worker.inbox.next()) }
+                        return loop.failure
+                    } onCancel: {
+                        worker.inbox.post(.shutdown)
+                    }
+                    loop.cancelRemainingCalls()
+                    await loop.waitForOutputs()
+                    await loop.commitTask?.value
+                    return (failure, loop.finalCommitOffsets)
+                }
+            }
+            // A worker that cannot go on stops the others: they drain and commit what they did.
+            var first: ProcessorError? = nil
+            var offsets: [KafkaTopicPartitionOffset] = []
+            for await (failure, finalOffsets) in group {
+                offsets += finalOffsets
+                if let failure, first == nil {
+                    first = failure
+                    for inbox in inboxes { inbox.post(.shutdown) }
+                }
+            }
+            return (first, offsets)
         }
         ticker.cancel()
-        loop.cancelRemainingCalls()
-        await loop.waitForOutputs()
         do {
             try await clients.producer.flush(timeout: configuration.drainTimeout)
         } catch {
             logger.error("outputs still undelivered at shutdown: \(error)")
         }
-        await loop.commitTask?.value
-        let finalOffsets = loop.finalCommitOffsets
         do {
             if !finalOffsets.isEmpty { try await clients.consumer.commit(finalOffsets) }
         } catch {
@@ -191,6 +199,10 @@ public final class PurchaseProcessor: Sendable {
         await forwarder.value
         await ticker.value
         await clients.producer.close(timeout: .seconds(5))
+        let statistics = self.statistics
+        logger.info(
+            "stopped: \(statistics.received) received, \(statistics.outcomeCount) outcomes, \(statistics.deadLetters) dead letters, \(statistics.duplicates) duplicates"
+        )
         if let failure { throw failure }
     }
 
@@ -318,7 +330,7 @@ public final class PurchaseProcessor: Sendable {
     }
 
     private func makeClients(
-        configuration: ProcessorConfiguration, admission: KafkaAdmission, inbox: Inbox<ProcessorInput>
+        admission: KafkaAdmission, inboxes: [Inbox<ProcessorInput>]
     ) throws(ProcessorError) -> (consumer: KafkaConsumer, producer: KafkaProducer) {
         var producerConfiguration = configuration.kafka
         producerConfiguration.setDefault("enable.idempotence", "true")
@@ -341,7 +353,12 @@ public final class PurchaseProcessor: Sendable {
         do {
             let producer = try KafkaProducer(
                 configuration: producerConfiguration, logger: Logger(label: "encore.producer"),
-                onDeliveries: { inbox.post(.delivered($0)) })
+                onDeliveries: { deliveries in
+                    // Each worker's outputs carry its number in the token (see WorkerProducer).
+                    for (worker, part) in WorkerProducer.split(deliveries, workers: inboxes.count) {
+                        inboxes[worker].post(.delivered(part))
+                    }
+                })
             let consumer = try KafkaConsumer(
                 configuration: consumerConfiguration, revocationTimeout: configuration.drainTimeout + .seconds(5),
                 admission: admission, logger: Logger(label: "encore.consumer"))
@@ -368,6 +385,8 @@ enum ProcessorInput: Sendable {
     case attemptFinished(call: Int, attempt: Int, Result<PurchaseResult, any Error>)
     /// The broker's answers for outputs, by the token they were produced with.
     case delivered([KafkaDelivery])
+    /// Partitions being taken away; `acknowledge` hands them over with the offsets to commit.
+    case revoked([KafkaTopicPartition], @Sendable ([KafkaTopicPartitionOffset]) -> Void)
     case tick
     case shutdown
     /// The processor cannot go on (the ledger's state could not be restored).
@@ -419,6 +438,68 @@ struct IncomingRecord: Sendable {
         } catch {
             return .failure(error)
         }
+    }
+}
+
+/// Which worker owns a partition: partition number modulo the number of workers, the same for
+/// the requests and the sources topic, so a user's records and ledger state stay on one worker.
+struct WorkerRouter {
+    let count: Int
+
+    func worker(of partition: Int32) -> Int { Int(partition) % count }
+
+    /// `items` by owning worker, in their order; workers with none are left out.
+    func split<T>(_ items: [T], by partition: (T) -> Int32) -> [(worker: Int, items: [T])] {
+        guard count > 1 else { return items.isEmpty ? [] : [(0, items)] }
+        var parts = [[T]](repeating: [], count: count)
+        for item in items { parts[worker(of: partition(item))].append(item) }
+        return parts.enumerated().filter { !$0.element.isEmpty }.map { ($0.offset, $0.element) }
+    }
+}
+
+/// A worker's view of the shared producer: its tokens carry the worker's number, so deliveries
+/// find their way back to it.
+struct WorkerProducer: OutputProducer {
+    let producer: any OutputProducer
+    let worker: Int
+    let workers: Int
+
+    func produce(_ record: KafkaProducerRecord, token: UInt) throws(KafkaError) {
+        try producer.produce(record, token: token * UInt(workers) + UInt(worker))
+    }
+
+    /// Deliveries by worker, with the worker's own tokens.
+    static func split(_ deliveries: [KafkaDelivery], workers: Int) -> [(worker: Int, items: [KafkaDelivery])] {
+        guard workers > 1 else { return [(0, deliveries)] }
+        var parts = [[KafkaDelivery]](repeating: [], count: workers)
+        for var delivery in deliveries {
+            let worker = Int(delivery.token % UInt(workers))
+            delivery.token /= UInt(workers)
+            parts[worker].append(delivery)
+        }
+        return parts.enumerated().filter { !$0.element.isEmpty }.map { ($0.offset, $0.element) }
+    }
+}
+
+/// A revocation split among workers: the consumer's revocation is acknowledged, with every
+/// worker's offsets, once each worker has handed over its share.
+final class RevocationHandOver: Sendable {
+    private let revocation: KafkaRevocation
+    private let state: Mutex<(remaining: Int, offsets: [KafkaTopicPartitionOffset])>
+
+    init(_ revocation: KafkaRevocation, parts: Int) {
+        self.revocation = revocation
+        state = Mutex((parts, []))
+        if parts == 0 { revocation.acknowledge() }
+    }
+
+    func acknowledge(committing offsets: [KafkaTopicPartitionOffset]) {
+        let all = state.withLock { state -> [KafkaTopicPartitionOffset]? in
+            state.offsets += offsets
+            state.remaining -= 1
+            return state.remaining == 0 ? state.offsets : nil
+        }
+        if let all { revocation.acknowledge(committing: all) }
     }
 }
 

@@ -14,7 +14,8 @@ enum BenchCommand {
             .option("partitions", value: "N", default: "8", "Partitions of the topics."),
             .option("latency-ms", value: "MS", default: "0", "Mean latency of the simulated controller."),
             .option("max-in-flight", value: "N", default: "256", "Controller calls at once."),
-            .option("workers", value: "N", default: "1", "Dispatch loops (consumer-group members) of the processor."),
+            .option(
+                "workers", value: "N", default: "1", "Dispatch loops of the processor (partitions split among them)."),
             .option("buffer-size", value: "N", default: "10000", "Records held before partitions pause."),
             .option("users", value: "N", default: "10000", "Distinct users."),
             .option("rate", value: "R", default: "0", "Offered requests/s while processing; 0 = pre-filled backlog."),

@@ -68,7 +68,7 @@ enum RunCommand {
         .option("max-in-flight", value: "N", default: "256", "Controller calls running at once, across users."),
         .option(
             "workers", value: "N", default: "1",
-            "Dispatch loops in this process, each a consumer-group member with its own share of the partitions."),
+            "Dispatch loops in this process; the consumer's partitions are split among them (a user stays on one)."),
         .option("buffer-size", value: "N", default: "10000", "Records held before partitions are paused."),
         .option("call-timeout-ms", value: "MS", default: "300000", "Timeout of one controller call."),
         .option("max-attempts", value: "N", default: "5", "Calls per request when errors are retryable."),

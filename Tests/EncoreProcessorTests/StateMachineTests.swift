@@ -89,7 +89,7 @@ struct PolicyTests {
         #expect(policy.allowsRetry(after: 3) && !policy.allowsRetry(after: 4))
     }
 
-    @Test("workers share out the in-flight bound, the buffer and the duplicate window; statistics add up")
+    @Test("workers share out the in-flight bound and the duplicate window; statistics add up; partitions by number")
     func workerShares() throws {
         var configuration = ProcessorConfiguration(kafka: KafkaConfiguration())
         configuration.workers = 3
@@ -97,7 +97,7 @@ struct PolicyTests {
         configuration.bufferCapacity = 10
         configuration.duplicateWindow = 200_000
         let share = configuration.perWorker
-        #expect(share.maxInFlight == 334 && share.bufferCapacity == 4 && share.duplicateWindow == 66_667)
+        #expect(share.maxInFlight == 334 && share.duplicateWindow == 66_667)
         configuration.maxInFlight = 2
         #expect(throws: ProcessorError.self) { try configuration.validate() }
 
@@ -117,6 +117,17 @@ struct PolicyTests {
         #expect(total.finished == 7 && total.outcomes == [.purchased: 6, .cancelled: 1])
         #expect(total.latency.count == 2 && total.latency.max == 30)
         #expect(total.firstReceivedAtMs == 50 && total.lastFinishedAtMs == 500)
+
+        // Partitions go to workers by number; deliveries come back to the worker that produced.
+        let router = WorkerRouter(count: 3)
+        let split = router.split(Array(Int32(0)..<8), by: { $0 })
+        #expect(split.map(\.worker) == [0, 1, 2] && split.map(\.items) == [[0, 3, 6], [1, 4, 7], [2, 5]])
+        #expect(WorkerRouter(count: 1).split([Int32]([]), by: { $0 }).isEmpty)
+        let deliveries = [UInt(7) * 3 + 2, 5 * 3 + 0, 9 * 3 + 2].map {
+            KafkaDelivery(token: $0, error: nil, record: nil)
+        }
+        let back = WorkerProducer.split(deliveries, workers: 3)
+        #expect(back.map(\.worker) == [0, 2] && back.map { $0.items.map(\.token) } == [[5], [7, 9]])
     }
 
     @Test("recent request ids are a bounded window")

@@ -7,7 +7,9 @@ import Testing
 
 @Suite("Rebalance between two processors")
 struct RebalanceTests {
-    @Test("a second member joins mid-run: partitions move, nothing is lost, offsets reach the end")
+    @Test(
+        "a second member joins mid-run (the first with two workers): partitions move, nothing is lost, offsets reach the end"
+    )
     func secondMemberJoins() async throws {
         let cluster = try embeddedClusterWithTopics(partitions: 8)
         let bootstrap = cluster.bootstrapServers
@@ -17,16 +19,18 @@ struct RebalanceTests {
         let produced = try await produceRequests(bootstrap: bootstrap, count: 6000, options: options)
         let ids = Set(produced.compactMap(\.requestID))
 
-        func makeProcessor() throws -> PurchaseProcessor {
+        func makeProcessor(workers: Int = 1) throws -> PurchaseProcessor {
             try simulatedProcessor(
                 bootstrap: bootstrap, group: "rebalance", latency: .milliseconds(20), maxInFlight: 20, seed: 2,
                 kafka: ["session.timeout.ms": "6000", "heartbeat.interval.ms": "300"]
             ) { configuration in
                 configuration.drainTimeout = .seconds(10)
                 configuration.commitInterval = .milliseconds(100)
+                configuration.workers = workers
             }
         }
-        let first = try makeProcessor()
+        // Two workers: the revocation is handed over by both before the partitions go.
+        let first = try makeProcessor(workers: 2)
         async let firstRun: Void = first.run()
         // Let a commit carrying finished offsets beyond the committed one reach the broker first.
         let committedWithMetadata = try await eventually(timeout: .seconds(60)) {
