@@ -26,7 +26,7 @@ public struct ProcessorConfiguration: Sendable {
     /// Controller calls running at once, across users.
     public var maxInFlight = 256
     /// Records held between the consumer and the broker's acknowledgement of their outputs;
-    /// reaching it pauses the partitions.
+    /// reaching it, the consumer stops handing out records (see `KafkaAdmission`).
     public var bufferCapacity = 10_000
     /// One controller call longer than this ends the request as `failed` with error `timeout`.
     public var callTimeout: Duration = .seconds(300)

@@ -16,7 +16,7 @@ enum BenchCommand {
             .option("max-in-flight", value: "N", default: "256", "Controller calls at once."),
             .option(
                 "workers", value: "N", default: "1", "Dispatch loops of the processor (partitions split among them)."),
-            .option("buffer-size", value: "N", default: "10000", "Records held before partitions pause."),
+            .option("buffer-size", value: "N", default: "10000", "Records held before the consumer stops reading."),
             .option("users", value: "N", default: "10000", "Distinct users."),
             .option("rate", value: "R", default: "0", "Offered requests/s while processing; 0 = pre-filled backlog."),
             .option(
