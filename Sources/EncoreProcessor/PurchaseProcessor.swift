@@ -348,8 +348,17 @@ public final class PurchaseProcessor: Sendable {
             // Co-partitioned topics stay together only under the range assignor (checked in validate()).
             consumerConfiguration.setDefault("partition.assignment.strategy", "range")
         }
-        // librdkafka's own prefetch (64 MiB by default) adds to the processor's buffer.
-        consumerConfiguration.setDefault("queued.max.messages.kbytes", "16384")
+        // librdkafka's own prefetch (64 MiB by default) adds to the processor's buffer. From 2.1 on,
+        // a full prefetch queue is refilled after `fetch.queue.backoff.ms` (1 s by default, an idle
+        // second each time); refilled within 10 ms, 4 MiB keep the loops fed (measured on Tansu:
+        // 143 MB peak instead of 183 for a 1,000,000 backlog, same throughput). Older versions have
+        // no such setting and were measured slower with a small queue, so they keep a deeper one.
+        if LibrdkafkaVersion.isAtLeast(2, 1) {
+            consumerConfiguration.setDefault("fetch.queue.backoff.ms", "10")
+            consumerConfiguration.setDefault("queued.max.messages.kbytes", "4096")
+        } else {
+            consumerConfiguration.setDefault("queued.max.messages.kbytes", "16384")
+        }
         do {
             let producer = try KafkaProducer(
                 configuration: producerConfiguration, logger: Logger(label: "encore.producer"),

@@ -139,10 +139,6 @@ public enum Benchmark {
         // The mock cluster and Tansu hold a fetch for its whole wait instead of answering when
         // data arrives; a short wait keeps that out of the latency figures.
         configuration.kafka.setDefault("fetch.wait.max.ms", "10")
-        if LibrdkafkaVersion.isAtLeast(2, 1) {
-            // Newer librdkafka idles ~1 s when a partition's local queue fills unless told otherwise.
-            configuration.kafka.setDefault("fetch.queue.backoff.ms", "10")
-        }
         var router = PurchaseRouter()
         router.register(
             "simulated",

@@ -69,7 +69,9 @@ enum RunCommand {
         .option(
             "workers", value: "N", default: "1",
             "Dispatch loops in this process; the consumer's partitions are split among them (a user stays on one)."),
-        .option("buffer-size", value: "N", default: "10000", "Records held (read, not yet done) before the consumer stops reading."),
+        .option(
+            "buffer-size", value: "N", default: "10000",
+            "Records held (read, not yet done) before the consumer stops reading."),
         .option("call-timeout-ms", value: "MS", default: "300000", "Timeout of one controller call."),
         .option("max-attempts", value: "N", default: "5", "Calls per request when errors are retryable."),
         .option("retry-backoff-ms", value: "MS", default: "100", "First retry backoff (doubles, jittered, max 10 s)."),

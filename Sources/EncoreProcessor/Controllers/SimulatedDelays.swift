@@ -18,7 +18,7 @@ final class SimulatedDelays: Sendable {
 
     private struct State {
         var deadlines = TimerQueue<UInt64, UInt64>()
-        var sleepers: [UInt64: CheckedContinuation<Void, any Error>] = [:]
+        var sleepers: [UInt64: UnsafeContinuation<Void, any Error>] = [:]
         var nextID: UInt64 = 0
         /// When the thread plans to wake next (`nil`: when signalled).
         var plannedWake: UInt64? = nil
@@ -39,7 +39,9 @@ final class SimulatedDelays: Sendable {
             return state.nextID
         }
         try await withTaskCancellationHandler {
-            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+            // Unsafe (no misuse check, no allocation): each continuation leaves `sleepers` exactly once,
+            // under the lock, and is resumed by whoever took it out.
+            try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<Void, any Error>) in
                 let (signal, start) = state.withLock { state -> (Bool, Bool) in
                     state.sleepers[id] = continuation
                     state.deadlines.schedule(id, at: deadline)
@@ -75,7 +77,7 @@ final class SimulatedDelays: Sendable {
 
     private func wakeDueSleepers() {
         let slack = UInt64(Self.resolution.components.attoseconds / 1_000_000_000)
-        let (due, next) = state.withLock { state -> ([CheckedContinuation<Void, any Error>], UInt64?) in
+        let (due, next) = state.withLock { state -> ([UnsafeContinuation<Void, any Error>], UInt64?) in
             let ids = state.deadlines.popDue(now: Self.now() + slack)
             let due = ids.compactMap { state.sleepers.removeValue(forKey: $0) }
             state.plannedWake = state.deadlines.firstDue
