@@ -2,8 +2,8 @@ import Dispatch
 import EncoreEvents
 import Kafka
 
-/// The processor's state and its reaction to each input. Owned by the task running
-/// ``PurchaseProcessor/run()``; never shared.
+/// One worker's state (the partitions the processor gave it) and its reaction to each input.
+/// Created, run and ended by one task of ``PurchaseProcessor/run()``; never shared.
 final class ProcessorLoop {
     private struct PendingRevocation {
         var partitions: Set<InputPartition>
