@@ -38,6 +38,24 @@ public enum JSONValue: Sendable, Equatable {
     }
 }
 
+/// Whether every byte is ASCII; eight bytes at a time.
+func isASCII(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+    var index = 0
+    var highBits: UInt64 = 0
+    if let base = bytes.baseAddress {
+        let raw = UnsafeRawPointer(base)
+        while index + 8 <= bytes.count {
+            highBits |= raw.loadUnaligned(fromByteOffset: index, as: UInt64.self)
+            index += 8
+        }
+    }
+    while index < bytes.count {
+        highBits |= UInt64(bytes[index])
+        index += 1
+    }
+    return highBits & 0x8080_8080_8080_8080 == 0
+}
+
 /// A recursive-descent JSON parser (RFC 8259) over a byte buffer.
 struct JSONParser {
     private let bytes: UnsafeBufferPointer<UInt8>
@@ -61,21 +79,8 @@ struct JSONParser {
     }
 
     private func validateUTF8() -> Bool {
-        // Fast path, eight bytes at a time: ASCII is valid UTF-8.
-        var index = 0
-        var highBits: UInt64 = 0
-        if let base = bytes.baseAddress {
-            let raw = UnsafeRawPointer(base)
-            while index + 8 <= bytes.count {
-                highBits |= raw.loadUnaligned(fromByteOffset: index, as: UInt64.self)
-                index += 8
-            }
-        }
-        while index < bytes.count {
-            highBits |= UInt64(bytes[index])
-            index += 1
-        }
-        if highBits & 0x8080_8080_8080_8080 == 0 { return true }
+        // ASCII is valid UTF-8.
+        if isASCII(bytes) { return true }
         return String(validating: bytes, as: UTF8.self) != nil
     }
 

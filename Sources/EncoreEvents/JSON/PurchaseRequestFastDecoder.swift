@@ -17,23 +17,6 @@ struct PurchaseRequestFastDecoder {
         return decoder.request()
     }
 
-    private static func isASCII(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
-        var highBits: UInt64 = 0
-        var index = 0
-        if let base = bytes.baseAddress {
-            let raw = UnsafeRawPointer(base)
-            while index + 8 <= bytes.count {
-                highBits |= raw.loadUnaligned(fromByteOffset: index, as: UInt64.self)
-                index += 8
-            }
-        }
-        while index < bytes.count {
-            highBits |= UInt64(bytes[index])
-            index += 1
-        }
-        return highBits & 0x8080_8080_8080_8080 == 0
-    }
-
     private enum Field: Int {
         case requestID, appID, appUserID, productID, store, environment, requestedAtMs, placementID
         case promoOfferID, campaignID, offerID, entitlement, deadlineAtMs, attributes
