@@ -60,40 +60,24 @@ struct PurchaseRequestFastDecoder {
                 skipWhitespace()
                 guard consume(UInt8(ascii: ":")) else { return nil }
                 skipWhitespace()
+                // Every field read must give a value; otherwise the general decoder decides.
+                let read: Bool
                 switch field {
-                case .requestID: requestID = identifier()
-                case .appID: appID = identifier()
-                case .appUserID: appUserID = identifier()
-                case .productID: productID = identifier()
-                case .store: store = enumeration()
-                case .environment: environment = enumeration()
-                case .requestedAtMs: requestedAtMs = integer()
-                case .placementID: placementID = identifier()
-                case .promoOfferID: promoOfferID = identifier()
-                case .campaignID: campaignID = identifier()
-                case .offerID: offerID = identifier()
-                case .entitlement: entitlement = self.entitlement()
-                case .deadlineAtMs: deadlineAtMs = integer()
-                case .attributes: attributes = self.attributes()
+                case .requestID: (requestID, read) = Self.given(identifier())
+                case .appID: (appID, read) = Self.given(identifier())
+                case .appUserID: (appUserID, read) = Self.given(identifier())
+                case .productID: (productID, read) = Self.given(identifier())
+                case .store: (store, read) = Self.given(enumeration())
+                case .environment: (environment, read) = Self.given(enumeration())
+                case .requestedAtMs: (requestedAtMs, read) = Self.given(integer())
+                case .placementID: (placementID, read) = Self.given(identifier())
+                case .promoOfferID: (promoOfferID, read) = Self.given(identifier())
+                case .campaignID: (campaignID, read) = Self.given(identifier())
+                case .offerID: (offerID, read) = Self.given(identifier())
+                case .entitlement: (entitlement, read) = Self.given(self.entitlement())
+                case .deadlineAtMs: (deadlineAtMs, read) = Self.given(integer())
+                case .attributes: (attributes, read) = Self.given(self.attributes())
                 }
-                // Every field that was read must have given a value.
-                let read: Bool =
-                    switch field {
-                    case .requestID: requestID != nil
-                    case .appID: appID != nil
-                    case .appUserID: appUserID != nil
-                    case .productID: productID != nil
-                    case .store: store != nil
-                    case .environment: environment != nil
-                    case .requestedAtMs: requestedAtMs != nil
-                    case .placementID: placementID != nil
-                    case .promoOfferID: promoOfferID != nil
-                    case .campaignID: campaignID != nil
-                    case .offerID: offerID != nil
-                    case .entitlement: entitlement != nil
-                    case .deadlineAtMs: deadlineAtMs != nil
-                    case .attributes: attributes != nil
-                    }
                 guard read else { return nil }
                 skipWhitespace()
             } while consume(UInt8(ascii: ","))
@@ -111,6 +95,9 @@ struct PurchaseRequestFastDecoder {
     }
 
     // MARK: Values
+
+    /// A value read and whether there was one.
+    private static func given<T>(_ value: T?) -> (T?, Bool) { (value, value != nil) }
 
     /// The bytes of a string without escapes or control characters, the index past its closing quote.
     private mutating func rawString() -> UnsafeBufferPointer<UInt8>? {
