@@ -76,7 +76,9 @@ public struct LoadGenerator: Sendable {
             if rate > 0 {
                 let allowed = Int(rate * (now - start).seconds) + 1
                 if progress.sent >= allowed {
-                    try await Task.sleep(for: .microseconds(max(200, Int(1_000_000 / rate / 2))))
+                    // At most a thousand wake-ups a second: each sleep costs a timer; what the window allows
+                    // after it goes out together.
+                    try await Task.sleep(for: .microseconds(max(1000, Int(1_000_000 / rate / 2))))
                     continue
                 }
             }
