@@ -40,8 +40,10 @@ final class ProcessorLoop {
     private var scheduler: LaneScheduler<WorkItem, UserLane>
     private var tracker = OffsetTracker<InputPartition>()
     private var recent: RecentRequests
-    /// Counts the records held (handed out by the consumer, not yet done); released here.
+    /// Counts the records held (handed out by the consumer, not yet done); released here, once per
+    /// batch handled (`released` gathers them).
     private let admission: KafkaAdmission
+    private var released = 0
     /// Partitions of the requests topic and of the sources topic this processor owns.
     private var assigned = Set<InputPartition>()
     private var generations: [InputPartition: Int] = [:]
@@ -109,6 +111,10 @@ final class ProcessorLoop {
     func handle(_ batch: [ProcessorInput]) {
         for event in batch { handle(event) }
         flushOutputs()
+        if released > 0 {
+            admission.release(released)
+            released = 0
+        }
         if isDraining { checkDrained() }
     }
 
@@ -201,7 +207,7 @@ final class ProcessorLoop {
             assigned.contains(partition),
             let generation = generations[partition], !tracker.hasReceived(partition, offset: message.offset)
         else {
-            admission.release(1)
+            released += 1
             return
         }
         let ref = RecordRef(partition: partition, offset: message.offset, generation: generation)
@@ -347,7 +353,7 @@ final class ProcessorLoop {
         guard let call = calls.removeValue(forKey: id) else { return }
         call.task?.cancel()
         endWork(call.ref)
-        admission.release(1)
+        released += 1
         release(call)
     }
 
@@ -541,7 +547,7 @@ final class ProcessorLoop {
     private func finish(_ ref: RecordRef) {
         statistics.finished += 1
         statistics.lastFinishedAtMs = currentTimeMs()
-        admission.release(1)
+        released += 1
         guard generations[ref.partition] == ref.generation,
             assigned.contains(ref.partition) || isRevoking(ref.partition)
         else { return }

@@ -53,10 +53,10 @@ public final class KafkaAdmission: Sendable {
     }
 
     enum Decision {
-        /// Poll (there is room, or the partitions are paused and polling only serves callbacks).
-        case poll
+        /// Poll for up to `room` records (with the partitions paused for room, one poll serves callbacks).
+        case poll(room: Int)
         /// Poll, after resuming these partitions paused for room.
-        case resumeAndPoll([KafkaTopicPartition])
+        case resumeAndPoll([KafkaTopicPartition], room: Int)
         /// The buffer stayed full for the stall limit: pause the assignment, then poll.
         case pauseAndPoll
         /// Still full: ask again.
@@ -81,11 +81,11 @@ public final class KafkaAdmission: Sendable {
                 state.fullSince = nil
                 if let paused = state.pausedForRoom {
                     state.pausedForRoom = nil
-                    return .resumeAndPoll(paused)
+                    return .resumeAndPoll(paused, room: capacity - state.held)
                 }
-                return .poll
+                return .poll(room: capacity - state.held)
             }
-            if state.pausedForRoom != nil { return .poll }
+            if state.pausedForRoom != nil { return .poll(room: 1) }
             let now = ContinuousClock.now
             let since = state.fullSince ?? now
             state.fullSince = since

@@ -121,41 +121,47 @@ public final class KafkaConsumer: Sendable {
             guard poller == nil else { return }
             let (client, sink, admission, logger) = (self.client, self.sink, self.admission, self.logger)
             poller = RDKafkaPollThread(name: "encore.kafka.consumer") {
-                // Wait for one record, then take what else is ready, and hand them over together.
+                // Wait for one record, then take what else is ready (as much as the admission has room
+                // for), and hand them over together.
+                var limit = KafkaConsumer.maximumBatchSize
+                if let admission {
+                    guard let room = KafkaConsumer.room(in: admission, client: client, sink: sink, logger: logger)
+                    else { return }
+                    limit = min(limit, room)
+                }
                 var timeout: Int32 = 100
-                for _ in 0..<KafkaConsumer.maximumBatchSize {
-                    if let admission {
-                        guard KafkaConsumer.admit(admission, client: client, sink: sink, logger: logger) else { break }
-                    }
+                var records = 0
+                for _ in 0..<limit {
                     guard let message = rd_kafka_consumer_poll(client.handle, timeout) else { break }
                     timeout = 0
                     defer { rd_kafka_message_destroy(message) }
-                    if KafkaConsumer.handle(message, client: client, sink: sink) { admission?.admit(1) }
+                    if KafkaConsumer.handle(message, client: client, sink: sink) { records += 1 }
                 }
+                admission?.admit(records)
                 sink.flush()
             }
         }
     }
 
-    /// Whether to poll now; while the buffer is full, hands over what was gathered and waits a
-    /// little for room (see ``KafkaAdmission``).
-    private static func admit(
-        _ admission: KafkaAdmission, client: RDKafkaClient, sink: EventSink, logger: Logger
-    ) -> Bool {
+    /// How many records to poll for now (`nil`: none yet); while the buffer is full, waits a little
+    /// for room (see ``KafkaAdmission``).
+    private static func room(
+        in admission: KafkaAdmission, client: RDKafkaClient, sink: EventSink, logger: Logger
+    ) -> Int? {
         var decision = admission.decide(slice: .zero)
         if case .wait = decision {
             sink.flush()
             decision = admission.decide(slice: .milliseconds(100))
         }
         switch decision {
-        case .poll:
-            return true
-        case .resumeAndPoll(let partitions):
+        case .poll(let room):
+            return room
+        case .resumeAndPoll(let partitions, let room):
             pauseOrResume(partitions, pause: false, client: client, logger: logger)
-            return true
+            return room
         case .pauseAndPoll:
             var list: UnsafeMutablePointer<rd_kafka_topic_partition_list_t>? = nil
-            guard rd_kafka_assignment(client.handle, &list) == RD_KAFKA_RESP_ERR_NO_ERROR, let list else { return true }
+            guard rd_kafka_assignment(client.handle, &list) == RD_KAFKA_RESP_ERR_NO_ERROR, let list else { return 1 }
             defer { rd_kafka_topic_partition_list_destroy(list) }
             let partitions = RDKafkaTopicPartitionList.entries(list).map(\.topicPartition)
             logger.warning(
@@ -163,9 +169,9 @@ public final class KafkaConsumer: Sendable {
             )
             pauseOrResume(partitions, pause: true, client: client, logger: logger)
             admission.pausedForRoom(partitions)
-            return true
+            return 1
         case .wait:
-            return false
+            return nil
         }
     }
 
