@@ -66,11 +66,7 @@ public final class KafkaAdmission: Sendable {
     /// What the poll thread does next; waits up to `slice` for room first when the buffer is full.
     func decide(slice: Duration) -> Decision {
         if let decision = decideNow() { return decision }
-        _ = room.wait(
-            timeout: .now()
-                + .milliseconds(
-                    Int(slice.components.seconds * 1000)
-                        + Int(slice.components.attoseconds / 1_000_000_000_000_000)))
+        _ = room.wait(timeout: .now() + .milliseconds(slice.milliseconds))
         return decideNow() ?? .wait
     }
 
