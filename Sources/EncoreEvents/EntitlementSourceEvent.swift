@@ -42,16 +42,15 @@ public struct EntitlementSourceEvent: EncoreEvent, Hashable {
 
     public init(jsonBytes: some Collection<UInt8>) throws(EventValidationError) {
         self = try Self.decode(jsonBytes) { (json) throws(EventValidationError) in
-            let source = try json.string("source", maxLength: 64)
-            guard Self.isValidSourceName(source) else {
+            let state = try EntitlementStateRecord.Source(json)
+            guard Self.isValidSourceName(state.source) else {
                 throw EventValidationError(
                     .badFormat, field: "source", "'source' may hold only letters, digits, '_', '.' and '-'")
             }
             return try EntitlementSourceEvent(
-                appID: json.string("app_id"), appUserID: json.string("app_user_id"), source: source,
-                entitlementID: json.string("entitlement_id"), isActive: json.bool("is_active"),
-                expiresAtMs: json.optionalInt64("expires_at_ms"), eventID: json.string("event_id"),
-                occurredAtMs: json.int64("occurred_at_ms"))
+                appID: json.string("app_id"), appUserID: json.string("app_user_id"), source: state.source, entitlementID: state.entitlementID,
+                isActive: state.isActive, expiresAtMs: state.expiresAtMs, eventID: state.eventID,
+                occurredAtMs: state.occurredAtMs)
         }
     }
 
@@ -60,12 +59,7 @@ public struct EntitlementSourceEvent: EncoreEvent, Hashable {
         writer.beginObject()
         writer.field("app_id", appID)
         writer.field("app_user_id", appUserID)
-        writer.field("source", source)
-        writer.field("entitlement_id", entitlementID)
-        writer.field("is_active", isActive)
-        writer.field("expires_at_ms", expiresAtMs)
-        writer.field("event_id", eventID)
-        writer.field("occurred_at_ms", occurredAtMs)
+        EntitlementStateRecord.Source(self).writeFields(to: &writer)
         writer.endObject()
         return writer.bytes
     }

@@ -59,6 +59,24 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
             self.eventID = eventID
             self.occurredAtMs = occurredAtMs
         }
+
+        /// Reads the six fields (a changelog's `sources` item, or a source event's top level).
+        init(_ json: JSONFieldReader) throws(EventValidationError) {
+            try self.init(
+                source: json.string("source", maxLength: 64), entitlementID: json.string("entitlement_id"),
+                isActive: json.bool("is_active"), expiresAtMs: json.optionalInt64("expires_at_ms"),
+                eventID: json.string("event_id"), occurredAtMs: json.int64("occurred_at_ms"))
+        }
+
+        /// Writes the six fields into the object being written.
+        func writeFields(to writer: inout JSONWriter) {
+            writer.field("source", source)
+            writer.field("entitlement_id", entitlementID)
+            writer.field("is_active", isActive)
+            writer.field("expires_at_ms", expiresAtMs)
+            writer.field("event_id", eventID)
+            writer.field("occurred_at_ms", occurredAtMs)
+        }
     }
 
     public var appID: String
@@ -103,12 +121,7 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
                         offerID: grant.optionalString("offer_id")))
             }
             for (index, item) in try json.array("sources", maxItems: 1000).enumerated() {
-                let source = try JSONFieldReader(item, path: "sources.\(index)")
-                record.sources.append(
-                    try Source(
-                        source: source.string("source", maxLength: 64), entitlementID: source.string("entitlement_id"),
-                        isActive: source.bool("is_active"), expiresAtMs: source.optionalInt64("expires_at_ms"),
-                        eventID: source.string("event_id"), occurredAtMs: source.int64("occurred_at_ms")))
+                record.sources.append(try Source(JSONFieldReader(item, path: "sources.\(index)")))
             }
             for (index, item) in try json.array("access", maxItems: 64).enumerated() {
                 let access = try JSONFieldReader(item, path: "access.\(index)")
@@ -136,14 +149,7 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
             writer.field("campaign_id", grant.campaignID)
             writer.field("offer_id", grant.offerID)
         }
-        writer.objects("sources", sources) { writer, source in
-            writer.field("source", source.source)
-            writer.field("entitlement_id", source.entitlementID)
-            writer.field("is_active", source.isActive)
-            writer.field("expires_at_ms", source.expiresAtMs)
-            writer.field("event_id", source.eventID)
-            writer.field("occurred_at_ms", source.occurredAtMs)
-        }
+        writer.objects("sources", sources) { writer, source in source.writeFields(to: &writer) }
         writer.objects("access", access.sorted(by: { $0.key < $1.key })) { writer, access in
             writer.field("rule", access.key)
             writer.field("is_active", access.value)
