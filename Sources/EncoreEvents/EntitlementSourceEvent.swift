@@ -48,7 +48,8 @@ public struct EntitlementSourceEvent: EncoreEvent, Hashable {
                     .badFormat, field: "source", "'source' may hold only letters, digits, '_', '.' and '-'")
             }
             return try EntitlementSourceEvent(
-                appID: json.string("app_id"), appUserID: json.string("app_user_id"), source: state.source, entitlementID: state.entitlementID,
+                appID: json.string("app_id"), appUserID: json.string("app_user_id"), source: state.source,
+                entitlementID: state.entitlementID,
                 isActive: state.isActive, expiresAtMs: state.expiresAtMs, eventID: state.eventID,
                 occurredAtMs: state.occurredAtMs)
         }

@@ -34,6 +34,9 @@ public final class KafkaAdmission: Sendable {
     /// Records handed out and not yet released.
     public var held: Int { state.withLock { $0.held } }
 
+    /// The consumer paused its partitions because the buffer stayed full past ``stallLimit``.
+    public var isPausedForRoom: Bool { state.withLock { $0.pausedForRoom != nil } }
+
     /// `count` records entered. The consumer counts what it hands out itself; this is for records
     /// that reach the application another way (tests feeding records by hand).
     public func admit(_ count: Int) {

@@ -158,10 +158,14 @@ struct KafkaRoundTripTests {
             consumer: try KafkaConsumer(configuration: broker.consumerConfiguration(group: "sg"), admission: admission))
         try probe.consumer.subscribe(topics: ["stall"])
         #expect(await probe.waitForMessages(10).count >= 10)
-        // Paused past the stall limit, the consumer polls on (serving rebalances) without new records.
+        // Past the stall limit the partitions are paused (and polled on, serving rebalances)...
+        #expect(await eventually { admission.isPausedForRoom })
         let overflowed = await eventually(timeout: .seconds(1)) { probe.messages.count > 10 }
         #expect(!overflowed, "\(probe.messages.count) records handed out with capacity 10")
-        var released = 0
+        // ...and resumed once records are released.
+        admission.release(10)
+        #expect(await eventually { !admission.isPausedForRoom && probe.messages.count > 10 })
+        var released = 10
         while released < 50 {
             let received = probe.messages.count
             admission.release(received - released)
