@@ -1,20 +1,27 @@
 /// Decides which work items may start: one at a time per lane (user), in arrival order, and at
-/// most `maxInFlight` across lanes. Lanes waiting for a slot are served round-robin.
+/// most `maxInFlight` calls across lanes. Lanes waiting for a slot are served round-robin.
+///
+/// A lane's item holds a slot while its call runs (``endCall(lane:)`` gives the slot back) and
+/// holds the lane until its outputs are acknowledged (``releaseLane(_:)``): a user's next request
+/// starts only after the previous one is answered on the broker, so a user's outputs keep their
+/// order even when a delivery is produced again.
 ///
 /// A pure state machine: the processor feeds it arrivals and completions and starts the items it
 /// returns.
 struct LaneScheduler<Item, LaneKey: Hashable> {
+    private enum Phase { case waitingForSlot, running, finishing }
+
     private struct Lane {
         var queue = FIFO<Item>()
-        var isRunning = false
-        var isWaitingForSlot = false
+        var phase: Phase
     }
 
     let maxInFlight: Int
     private var lanes: [LaneKey: Lane] = [:]
     private var waiting = FIFO<LaneKey>()
+    /// Items holding a slot (in their call).
     private(set) var inFlight = 0
-    /// Items held: waiting in a lane or running.
+    /// Items held: waiting in a lane, running or finishing.
     private(set) var count = 0
 
     init(maxInFlight: Int) {
@@ -22,7 +29,7 @@ struct LaneScheduler<Item, LaneKey: Hashable> {
         self.maxInFlight = maxInFlight
     }
 
-    /// Adds `item` at the end of `lane`; returns the items to start now (at most one).
+    /// Adds `item` at the end of `lane`; returns the item to start now, if any.
     mutating func enqueue(_ item: Item, lane key: LaneKey) -> Item? {
         count += 1
         // Lanes are mutated in place: copying one out would copy its queue.
@@ -32,27 +39,50 @@ struct LaneScheduler<Item, LaneKey: Hashable> {
         }
         if inFlight < maxInFlight {
             inFlight += 1
-            lanes[key] = Lane(isRunning: true)
+            lanes[key] = Lane(phase: .running)
             return item
         }
-        var lane = Lane(isWaitingForSlot: true)
+        var lane = Lane(phase: .waitingForSlot)
         lane.queue.append(item)
         lanes[key] = lane
         waiting.append(key)
         return nil
     }
 
-    /// The running item of `lane` finished; returns the item to start now, if any (the one slot
-    /// freed starts at most one lane).
+    /// The running item of `lane` needs its slot no more (its call returned); the lane stays held
+    /// until ``releaseLane(_:)``. Returns the item of another lane to start now, if any.
+    mutating func endCall(lane key: LaneKey) -> Item? {
+        precondition(lanes[key]?.phase == .running, "endCall(lane:) for a lane with no running item")
+        inFlight -= 1
+        lanes[key]!.phase = .finishing
+        return startNextWaiting()
+    }
+
+    /// The item of `lane` is done (its outputs acknowledged); the lane's next item queues for a
+    /// slot. Returns the item to start now, if any.
+    mutating func releaseLane(_ key: LaneKey) -> Item? {
+        precondition(lanes[key]?.phase == .finishing, "releaseLane(_:) for a lane whose call has not ended")
+        count -= 1
+        if lanes[key]!.queue.isEmpty {
+            lanes[key] = nil
+            return nil
+        }
+        lanes[key]!.phase = .waitingForSlot
+        waiting.append(key)
+        return startNextWaiting()
+    }
+
+    /// The running item of `lane` is done and had no outputs to wait for (a duplicate, an
+    /// abandoned call): ``endCall(lane:)`` and ``releaseLane(_:)`` at once. The one slot freed
+    /// starts at most one item.
     mutating func finish(lane key: LaneKey) -> Item? {
-        precondition(lanes[key]?.isRunning == true, "finish(lane:) for a lane with nothing running")
+        precondition(lanes[key]?.phase == .running, "finish(lane:) for a lane with no running item")
         inFlight -= 1
         count -= 1
         if lanes[key]!.queue.isEmpty {
             lanes[key] = nil
         } else {
-            lanes[key]!.isRunning = false
-            lanes[key]!.isWaitingForSlot = true
+            lanes[key]!.phase = .waitingForSlot
             waiting.append(key)
         }
         return startNextWaiting()
@@ -66,10 +96,9 @@ struct LaneScheduler<Item, LaneKey: Hashable> {
             guard !taken.isEmpty else { continue }
             removed += taken
             if lanes[key]!.queue.isEmpty {
-                if lanes[key]!.isRunning {
-                    lanes[key]!.isWaitingForSlot = false
-                } else {
-                    lanes[key] = nil
+                switch lanes[key]!.phase {
+                case .waitingForSlot: lanes[key] = nil
+                case .running, .finishing: break
                 }
             }
         }
@@ -81,9 +110,8 @@ struct LaneScheduler<Item, LaneKey: Hashable> {
         guard inFlight < maxInFlight else { return nil }
         while let key = waiting.popFirst() {
             // A lane emptied by removeWaiting may still be listed here.
-            guard lanes[key]?.isWaitingForSlot == true, let item = lanes[key]!.queue.popFirst() else { continue }
-            lanes[key]!.isWaitingForSlot = false
-            lanes[key]!.isRunning = true
+            guard lanes[key]?.phase == .waitingForSlot, let item = lanes[key]!.queue.popFirst() else { continue }
+            lanes[key]!.phase = .running
             inFlight += 1
             return item
         }

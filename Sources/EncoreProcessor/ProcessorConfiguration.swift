@@ -28,13 +28,20 @@ public struct ProcessorConfiguration: Sendable {
     /// Records held between the consumer and the broker's acknowledgement of their outputs;
     /// reaching it, the consumer stops handing out records (see `KafkaAdmission`).
     public var bufferCapacity = 10_000
-    /// One controller call longer than this ends the request as `failed` with error `timeout`.
-    public var callTimeout: Duration = .seconds(300)
+    /// A controller call longer than this is cancelled; once it has returned, the request ends as
+    /// `failed` with error `timeout` (unless it returned an answer after all).
+    public var callTimeout: Duration = .seconds(30)
     public var retry = RetryPolicy()
     /// How many recent request ids are remembered to skip duplicates (about 80 bytes each).
     public var duplicateWindow = 200_000
-    /// How long a revocation or shutdown waits for running calls and their outputs.
-    public var drainTimeout: Duration = .seconds(30)
+    /// How long a revocation or shutdown waits for running calls and their outputs before it
+    /// cancels what still runs; by default the call timeout plus 5 s, and never shorter than it.
+    /// A revoked partition is not handed over while one of its calls runs, even past this.
+    public var drainTimeout: Duration {
+        get { explicitDrainTimeout ?? callTimeout + .seconds(5) }
+        set { explicitDrainTimeout = newValue }
+    }
+    private var explicitDrainTimeout: Duration? = nil
     /// How often finished offsets are committed (also on revoke and shutdown). Short, because a
     /// new owner redoes what was finished after the last commit that reached the broker.
     public var commitInterval: Duration = .milliseconds(200)
@@ -44,6 +51,10 @@ public struct ProcessorConfiguration: Sendable {
     public init(kafka: KafkaConfiguration) {
         self.kafka = kafka
     }
+
+    /// librdkafka's `max.poll.interval.ms` when not set: the drain plus a minute, at least
+    /// librdkafka's default of five minutes.
+    var minimumMaxPollIntervalMs: Int { max(300_000, drainTimeout.milliseconds + 60_000) }
 
     /// One worker's share: the in-flight bound and the duplicate window divided among the
     /// workers (rounded up).
@@ -68,6 +79,16 @@ public struct ProcessorConfiguration: Sendable {
         try require(bufferCapacity >= 1, "buffer-size", "must be at least 1, got \(bufferCapacity)")
         try require(callTimeout > .zero, "call-timeout", "must be positive")
         try require(commitInterval > .zero, "commit-interval-ms", "must be positive")
+        try require(
+            drainTimeout > callTimeout, "drain-timeout-ms",
+            "must be longer than --call-timeout-ms (\(callTimeout.milliseconds) ms), so a hand-over outlasts every running call; got \(drainTimeout.milliseconds) ms"
+        )
+        if let value = kafka["max.poll.interval.ms"], let interval = Int(value) {
+            try require(
+                interval > drainTimeout.milliseconds, "max.poll.interval.ms",
+                "must be longer than the drain timeout (\(drainTimeout.milliseconds) ms): it is the group's rebalance timeout, and a member may take the drain timeout to hand its partitions over; got \(interval)"
+            )
+        }
         try require(duplicateWindow >= 1, "duplicate-window", "must be at least 1")
         for (name, topic) in [
             ("requests-topic", requestsTopic), ("outcomes-topic", outcomesTopic),

@@ -136,8 +136,8 @@ public final class PurchaseProcessor: Sendable {
                     for (worker, part) in shares {
                         inboxes[worker].post(.revoked(part, { handOver.acknowledge(committing: $0) }))
                     }
-                case .error:
-                    for inbox in inboxes { inbox.post(.consumer(event)) }
+                case .error(let error):
+                    for inbox in inboxes where error.isFatal { inbox.post(.consumerFailed(error)) }
                 }
             }
             for inbox in inboxes { inbox.post(.consumerEnded) }
@@ -344,6 +344,9 @@ public final class PurchaseProcessor: Sendable {
         consumerConfiguration.groupID = configuration.groupID
         // The processor commits itself, with the finished offsets beyond the commit as metadata.
         consumerConfiguration.setDefault("enable.auto.commit", "false")
+        // A member may take the drain timeout to hand partitions over (its calls must return first);
+        // the group's rebalance timeout is max.poll.interval.ms, so it must be longer (checked in validate()).
+        consumerConfiguration.setDefault("max.poll.interval.ms", "\(configuration.minimumMaxPollIntervalMs)")
         if configuration.sourcesTopic != nil {
             // Co-partitioned topics stay together only under the range assignor (checked in validate()).
             consumerConfiguration.setDefault("partition.assignment.strategy", "range")
@@ -369,205 +372,11 @@ public final class PurchaseProcessor: Sendable {
                     }
                 })
             let consumer = try KafkaConsumer(
-                configuration: consumerConfiguration, revocationTimeout: configuration.drainTimeout + .seconds(5),
+                configuration: consumerConfiguration, revocationReportInterval: configuration.drainTimeout,
                 admission: admission, logger: Logger(label: "encore.consumer"))
             return (consumer, producer)
         } catch {
             throw ProcessorError(.invalidConfiguration, "-X: \(error.message)")
         }
     }
-}
-
-/// Everything that reaches the processor's loop, in one stream so one task owns all state.
-enum ProcessorInput: Sendable {
-    /// Records already decoded (off the loop's thread).
-    case records([IncomingRecord])
-    /// Partitions assigned, with the offsets their previous owner finished beyond its commit and
-    /// the ledger state of their users, read back from the changelog (by requests partition).
-    case assigned(
-        [KafkaTopicPartition], finished: [InputPartition: Set<Int64>],
-        restored: [Int32: [String: EntitlementStateRecord]])
-    case commitFinished
-    case commitFailed([InputPartition])
-    case consumer(KafkaConsumerEvent)
-    case consumerEnded
-    case attemptFinished(call: Int, attempt: Int, Result<PurchaseResult, any Error>)
-    /// The broker's answers for outputs, by the token they were produced with.
-    case delivered([KafkaDelivery])
-    /// Partitions being taken away; `acknowledge` hands them over with the offsets to commit.
-    case revoked([KafkaTopicPartition], @Sendable ([KafkaTopicPartitionOffset]) -> Void)
-    case tick
-    case shutdown
-    /// The processor cannot go on (the ledger's state could not be restored).
-    case failed(ProcessorError)
-}
-
-/// A partition the processor reads: of the requests topic, or of the optional sources topic.
-struct InputPartition: Hashable, Comparable, Sendable, CustomStringConvertible {
-    enum Topic: UInt8, Sendable { case requests, sources }
-    var topic: Topic
-    var number: Int32
-
-    static func requests(_ number: Int32) -> InputPartition { InputPartition(topic: .requests, number: number) }
-
-    static func < (lhs: InputPartition, rhs: InputPartition) -> Bool {
-        (lhs.topic.rawValue, lhs.number) < (rhs.topic.rawValue, rhs.number)
-    }
-
-    var description: String { "\(topic == .requests ? "" : "sources:")\(number)" }
-}
-
-/// A record of an input partition, within one assignment of the partition.
-struct RecordRef: Hashable, Sendable {
-    var partition: InputPartition
-    var offset: Int64
-    /// Bumped each time the partition is assigned anew, so late completions of a previous
-    /// assignment are not mistaken for current ones.
-    var generation: Int
-}
-
-/// A record of an input topic and what decoding it gave.
-struct IncomingRecord: Sendable {
-    enum Payload: Sendable {
-        case request(Result<PurchaseRequestEvent, EventValidationError>)
-        case source(Result<EntitlementSourceEvent, EventValidationError>)
-    }
-
-    let message: KafkaMessage
-    let payload: Payload
-
-    init(message: KafkaMessage, isSource: Bool = false) {
-        self.message = message
-        self.payload = isSource ? .source(Self.decode(message.value)) : .request(Self.decode(message.value))
-    }
-
-    static func decode<Event: EncoreEvent>(_ value: [UInt8]) -> Result<Event, EventValidationError> {
-        do throws(EventValidationError) {
-            return .success(try Event(jsonBytes: value))
-        } catch {
-            return .failure(error)
-        }
-    }
-}
-
-/// Which worker owns a partition: partition number modulo the number of workers, the same for
-/// the requests and the sources topic, so a user's records and ledger state stay on one worker.
-struct WorkerRouter {
-    let count: Int
-
-    func worker(of partition: Int32) -> Int { Int(partition) % count }
-
-    /// `items` by owning worker, in their order; workers with none are left out.
-    func split<T>(_ items: [T], by partition: (T) -> Int32) -> [(worker: Int, items: [T])] {
-        guard count > 1 else { return items.isEmpty ? [] : [(0, items)] }
-        var parts = [[T]](repeating: [], count: count)
-        for item in items { parts[worker(of: partition(item))].append(item) }
-        return parts.enumerated().filter { !$0.element.isEmpty }.map { ($0.offset, $0.element) }
-    }
-}
-
-/// A worker's view of the shared producer: its tokens carry the worker's number, so deliveries
-/// find their way back to it.
-struct WorkerProducer: OutputProducer {
-    let producer: any OutputProducer
-    let worker: Int
-    let workers: Int
-
-    func produce(_ record: KafkaProducerRecord, token: UInt) throws(KafkaError) {
-        try producer.produce(record, token: token * UInt(workers) + UInt(worker))
-    }
-
-    /// Deliveries by worker, with the worker's own tokens.
-    static func split(_ deliveries: [KafkaDelivery], workers: Int) -> [(worker: Int, items: [KafkaDelivery])] {
-        guard workers > 1 else { return [(0, deliveries)] }
-        var parts = [[KafkaDelivery]](repeating: [], count: workers)
-        for var delivery in deliveries {
-            let worker = Int(delivery.token % UInt(workers))
-            delivery.token /= UInt(workers)
-            parts[worker].append(delivery)
-        }
-        return parts.enumerated().filter { !$0.element.isEmpty }.map { ($0.offset, $0.element) }
-    }
-}
-
-/// A revocation split among workers: the consumer's revocation is acknowledged, with every
-/// worker's offsets, once each worker has handed over its share.
-final class RevocationHandOver: Sendable {
-    private let revocation: KafkaRevocation
-    private let state: Mutex<(remaining: Int, offsets: [KafkaTopicPartitionOffset])>
-
-    init(_ revocation: KafkaRevocation, parts: Int) {
-        self.revocation = revocation
-        state = Mutex((parts, []))
-        if parts == 0 { revocation.acknowledge() }
-    }
-
-    func acknowledge(committing offsets: [KafkaTopicPartitionOffset]) {
-        let all = state.withLock { state -> [KafkaTopicPartitionOffset]? in
-            state.offsets += offsets
-            state.remaining -= 1
-            return state.remaining == 0 ? state.offsets : nil
-        }
-        if let all { revocation.acknowledge(committing: all) }
-    }
-}
-
-/// An output waiting for the broker's answer: the input record it belongs to (`nil` for outputs
-/// of no record, such as expiries) and what it is.
-struct OutputSlot {
-    var ref: RecordRef?
-    var output: Output
-}
-
-/// An output as the loop hands it to the output queue, which encodes it off the loop.
-enum UnsentOutput: Sendable {
-    case outcome(PurchaseOutcomeEvent)
-    case change(EntitlementChangeEvent)
-    case state(EntitlementStateRecord, partition: Int32)
-    case deadLetter(DeadLetterEvent, key: [UInt8]?)
-    /// Already encoded (produced again after a failed delivery).
-    case record(KafkaProducerRecord)
-}
-
-/// What a produced record was, for statistics and the ledger's write order.
-enum Output: Sendable {
-    case outcome(OutcomeResult, requestedAtMs: Int64)
-    case deadLetter
-    /// A change event of the ledger update `update`.
-    case entitlementChange(update: Int)
-    /// The changelog record of the ledger update `update`.
-    case entitlementState(update: Int)
-}
-
-/// A valid request waiting for, or in, its controller call: a class, since queues move it around
-/// and the loop updates its call in place. Owned by the loop.
-final class WorkItem {
-    let ref: RecordRef
-    let request: PurchaseRequestEvent
-    let message: KafkaMessage
-    /// One lane per user.
-    let lane: UserLane
-    /// The request id, for the duplicate window.
-    let requestID: HashedString
-
-    /// The routed controller, once the call started.
-    var controllerName = ""
-    var controller: (any PurchaseController)? = nil
-    var attempt = 1
-    var task: Task<Void, Never>? = nil
-    var isBackingOff = false
-
-    init(ref: RecordRef, request: PurchaseRequestEvent, message: KafkaMessage) {
-        self.ref = ref
-        self.request = request
-        self.message = message
-        self.lane = UserLane(appID: request.appID, appUserID: request.appUserID)
-        self.requestID = HashedString(request.requestID)
-    }
-}
-
-func currentTimeMs() -> Int64 {
-    var now = timespec()
-    clock_gettime(CLOCK_REALTIME, &now)
-    return Int64(now.tv_sec) * 1000 + Int64(now.tv_nsec) / 1_000_000
 }

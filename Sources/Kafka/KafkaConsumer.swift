@@ -9,8 +9,8 @@ public enum KafkaConsumerEvent: Sendable {
     case messages([KafkaMessage])
     /// Partitions this member now owns.
     case partitionsAssigned([KafkaTopicPartition])
-    /// Partitions being taken away. The consumer waits (up to its drain timeout) until
-    /// ``KafkaRevocation/acknowledge()`` is called, commits the stored offsets, then lets them go.
+    /// Partitions being taken away. The consumer waits until ``KafkaRevocation/acknowledge()`` is
+    /// called (or the consumer closes), commits the offsets given, then lets the partitions go.
     case partitionsRevoked([KafkaTopicPartition], KafkaRevocation)
     /// A consumer error librdkafka reported (fatal ones end the stream).
     case error(KafkaError)
@@ -59,11 +59,12 @@ public final class KafkaConsumer: Sendable {
     /// Creates a consumer. `configuration` must name `bootstrap.servers` and `group.id`.
     ///
     /// - Parameters:
-    ///   - revocationTimeout: how long a revocation waits for ``KafkaRevocation/acknowledge()``
-    ///     before the partitions are released anyway.
+    ///   - revocationReportInterval: how often a revocation still waiting for
+    ///     ``KafkaRevocation/acknowledge()`` is logged. It is never released without it: the
+    ///     application may still be working on the partitions (until ``close()``).
     ///   - admission: bounds the records handed out and not yet released (``KafkaAdmission``).
     public init(
-        configuration: KafkaConfiguration, revocationTimeout: Duration = .seconds(30),
+        configuration: KafkaConfiguration, revocationReportInterval: Duration = .seconds(30),
         admission: KafkaAdmission? = nil, logger: Logger = Logger(label: "kafka.consumer")
     ) throws(KafkaError) {
         guard configuration.groupID != nil else {
@@ -87,8 +88,8 @@ public final class KafkaConsumer: Sendable {
             onError: { error in if error.isFatal { sink.yield(.error(error)) } },
             onRebalance: { handle, code, list in
                 KafkaConsumer.rebalance(
-                    handle: handle, code: code, list: list, sink: sink,
-                    waitForAcknowledgement: closing.isSet ? nil : revocationTimeout, logger: logger)
+                    handle: handle, code: code, list: list, sink: sink, closing: closing,
+                    reportInterval: revocationReportInterval, logger: logger)
             })
         self.client = try RDKafkaClient.make(.consumer, configuration: configuration, callbacks: callbacks)
         rd_kafka_poll_set_consumer(client.handle)
@@ -234,7 +235,7 @@ public final class KafkaConsumer: Sendable {
 
     private static func rebalance(
         handle: OpaquePointer, code: rd_kafka_resp_err_t, list: UnsafeMutablePointer<rd_kafka_topic_partition_list_t>,
-        sink: EventSink, waitForAcknowledgement: Duration?, logger: Logger
+        sink: EventSink, closing: ClosingFlag, reportInterval: Duration, logger: Logger
     ) {
         let cooperative = String(cString: rd_kafka_rebalance_protocol(handle)) == "COOPERATIVE"
         let partitions = RDKafkaTopicPartitionList.entries(list).map(\.topicPartition)
@@ -253,11 +254,19 @@ public final class KafkaConsumer: Sendable {
         default:
             logger.info("revoking \(partitions.count) partitions")
             let revocation = KafkaRevocation()
-            if case .enqueued = sink.yield(.partitionsRevoked(partitions, revocation)),
-                let waitForAcknowledgement
-            {
-                if !revocation.wait(timeout: waitForAcknowledgement) {
-                    logger.warning("revocation not acknowledged within \(waitForAcknowledgement); releasing anyway")
+            if case .enqueued = sink.yield(.partitionsRevoked(partitions, revocation)), !closing.isSet {
+                // Wait as long as the application works on the partitions (a running purchase must
+                // not be handed to another member); only a close ends the wait.
+                let every = max(1, reportInterval.components.seconds)
+                var waited: Int64 = 0
+                while !revocation.wait(timeout: .seconds(1)) {
+                    if closing.isSet { break }
+                    waited += 1
+                    if waited % every == 0 {
+                        logger.warning(
+                            "revocation of \(partitions.count) partitions still waiting for the application after \(waited) s"
+                        )
+                    }
                 }
             }
             let explicit = revocation.offsetsToCommit

@@ -73,6 +73,24 @@ public struct KafkaError: Error, Sendable, CustomStringConvertible {
         rd_kafka_error_destroy(error)
     }
 
+    /// Whether a record whose delivery failed with this error may be produced again. librdkafka
+    /// has already retried transient errors until `message.timeout.ms`; what is left is worth
+    /// another try only when the cluster was out of reach. A missing topic, a refused
+    /// authorization or a record too large fail the same way every time.
+    public var isRetriableDelivery: Bool {
+        guard !isFatal else { return false }
+        switch rd_kafka_resp_err_t(rawValue: code.rawValue) {
+        case RD_KAFKA_RESP_ERR__MSG_TIMED_OUT, RD_KAFKA_RESP_ERR__QUEUE_FULL, RD_KAFKA_RESP_ERR__TRANSPORT,
+            RD_KAFKA_RESP_ERR__TIMED_OUT, RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN, RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
+            RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION, RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE,
+            RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS, RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+            RD_KAFKA_RESP_ERR_NETWORK_EXCEPTION:
+            return true
+        default:
+            return false
+        }
+    }
+
     static func isRetriable(_ err: rd_kafka_resp_err_t) -> Bool {
         switch err {
         case RD_KAFKA_RESP_ERR__TRANSPORT, RD_KAFKA_RESP_ERR__TIMED_OUT, RD_KAFKA_RESP_ERR__MSG_TIMED_OUT,

@@ -124,10 +124,13 @@ struct CommandDefinition {
                 value = arguments[index]
                 index += 1
             }
-            if !option.repeatable && values[option.name] != nil {
-                throw UsageError("\(option.spelling) given more than once")
+            // A single-valued option given again replaces the earlier value (the Unix and kcat habit:
+            // wrappers and compose files override defaults that way).
+            if option.repeatable {
+                values[option.name, default: []].append(value)
+            } else {
+                values[option.name] = [value]
             }
-            values[option.name, default: []].append(value)
         }
         for option in options where values[option.name] == nil {
             if let variable = option.environment, let value = environment[variable], !value.isEmpty {

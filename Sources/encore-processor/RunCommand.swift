@@ -72,10 +72,14 @@ enum RunCommand {
         .option(
             "buffer-size", value: "N", default: "10000",
             "Records held (read, not yet done) before the consumer stops reading."),
-        .option("call-timeout-ms", value: "MS", default: "300000", "Timeout of one controller call."),
+        .option(
+            "call-timeout-ms", value: "MS", default: "30000",
+            "Cancel a controller call after this; its user's next request waits until it returned."),
         .option("max-attempts", value: "N", default: "5", "Calls per request when errors are retryable."),
         .option("retry-backoff-ms", value: "MS", default: "100", "First retry backoff (doubles, jittered, max 10 s)."),
-        .option("drain-timeout-ms", value: "MS", default: "30000", "Wait for running calls on revoke and shutdown."),
+        .option(
+            "drain-timeout-ms", value: "MS",
+            "Wait for running calls on revoke and shutdown (default: call timeout + 5000; must be longer)."),
         .option("commit-interval-ms", value: "MS", default: "200", "How often finished offsets are committed."),
         .option(
             "duplicate-window", value: "N", default: "200000", "Recent request ids remembered to skip duplicates."),
@@ -105,7 +109,9 @@ enum RunCommand {
         configuration.workers = try options.integer("workers", range: 1...64)
         configuration.bufferCapacity = try options.integer("buffer-size", range: 1...10_000_000)
         configuration.callTimeout = try options.milliseconds("call-timeout-ms", minimum: 1)
-        configuration.drainTimeout = try options.milliseconds("drain-timeout-ms", minimum: 0)
+        if options.isSet("drain-timeout-ms") {
+            configuration.drainTimeout = try options.milliseconds("drain-timeout-ms", minimum: 1)
+        }
         configuration.commitInterval = try options.milliseconds("commit-interval-ms", minimum: 1)
         configuration.duplicateWindow = try options.integer("duplicate-window", range: 1...100_000_000)
         configuration.retry = RetryPolicy(

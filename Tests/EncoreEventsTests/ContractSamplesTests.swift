@@ -80,8 +80,8 @@ struct ContractSamplesTests {
     func validSample(_ sample: Sample) throws {
         let verdict = swiftVerdict(sample.event, sample.bytes)
         let encoded = try verdict.get()
-        // Apart from unknown fields (ignored), the re-encoded JSON is the sample's JSON.
-        if !sample.url.lastPathComponent.contains("unknown-fields") {
+        // Apart from unknown fields (ignored) and nulls (absent), the re-encoded JSON is the sample's JSON.
+        if !sample.url.lastPathComponent.contains("unknown-fields") && !sample.url.lastPathComponent.contains("null") {
             #expect(try JSONValue.parse(encoded) == JSONValue.parse(sample.bytes))
         }
     }

@@ -125,7 +125,7 @@ final class LoopHarness: Sendable {
     let producer: FakeProducer
     let recorder = StatisticsRecorder()
     let inbox = Inbox<ProcessorInput>()
-    private let pump: Task<Void, Never>
+    private let pump: Task<ProcessorError?, Never>
     private let offsets = Mutex<[Int32: Int64]>([:])
     /// Counts what the harness feeds as the consumer would; the loop releases it.
     let admission: KafkaAdmission
@@ -146,6 +146,7 @@ final class LoopHarness: Sendable {
                 producer: producer, inbox: inbox, admission: admission, logger: Logger(label: "test.loop"))
             while !loop.isFinished { loop.handle(await inbox.next()) }
             loop.cancelRemainingCalls()
+            return loop.failure
         }
         ticker = Task {
             while !Task.isCancelled {
@@ -175,26 +176,38 @@ final class LoopHarness: Sendable {
     }
 
     func assign(partitions: Int32) {
-        inbox.post(
-            .consumer(
-                .partitionsAssigned((0..<partitions).map { KafkaTopicPartition(topic: Self.topic, partition: $0) })))
+        assign(partitions: partitions, finished: [:])
     }
 
-    /// Feeds one record to `partition` of `topic` at the next offset of that partition.
+    /// Revokes `partitions` of the requests topic as the consumer would; returns the offsets the
+    /// loop handed over with them, once it did.
+    func revoke(_ partitions: [Int32]) async -> [KafkaTopicPartitionOffset] {
+        await withCheckedContinuation { continuation in
+            inbox.post(
+                .revoked(
+                    partitions.map { KafkaTopicPartition(topic: Self.topic, partition: $0) },
+                    { continuation.resume(returning: $0) }))
+        }
+    }
+
+    /// Feeds one record to `partition` of `topic` at the next offset of that partition, as the
+    /// consumer's forwarder does (decoded off the loop).
     func feed(_ value: [UInt8], key: String, partition: Int32 = 0, topic: String = LoopHarness.topic) {
         let offset = offsets.withLock { offsets in
             let slot = topic == Self.topic ? partition : -1 - partition
             defer { offsets[slot, default: 0] += 1 }
             return offsets[slot, default: 0]
         }
+        feed(
+            KafkaMessage(
+                topic: topic, partition: partition, offset: offset, key: Array(key.utf8), value: value,
+                headers: [KafkaHeader(key: "trace", string: "t-\(offset)")]))
+    }
+
+    /// Feeds `message` as it is (a record handed out again keeps its offset).
+    func feed(_ message: KafkaMessage) {
         admission.admit(1)
-        inbox.post(
-            .consumer(
-                .messages([
-                    KafkaMessage(
-                        topic: topic, partition: partition, offset: offset, key: Array(key.utf8), value: value,
-                        headers: [KafkaHeader(key: "trace", string: "t-\(offset)")])
-                ])))
+        inbox.post(.records([IncomingRecord(message: message, isSource: message.topic != Self.topic)]))
     }
 
     func feed(_ request: PurchaseRequestEvent, partition: Int32 = 0) {
@@ -207,11 +220,17 @@ final class LoopHarness: Sendable {
         await eventually(timeout: timeout) { self.statistics.finished >= count }
     }
 
-    func stop() async {
-        inbox.post(.shutdown)
-        await pump.value
+    /// Waits for the loop to end on its own; returns its failure.
+    func ended() async -> ProcessorError? {
+        let failure = await pump.value
         ticker.cancel()
         await ticker.value
+        return failure
+    }
+
+    func stop() async {
+        inbox.post(.shutdown)
+        _ = await ended()
     }
 }
 
@@ -232,7 +251,15 @@ final class RecordingController: PurchaseController {
         var runningUsers = Set<String>()
         var overlaps: [String] = []
         var callsByUser: [String: [String]] = [:]
+        var callsByRequest: [String: Int] = [:]
         var calls = 0
+        /// Calls the processor cancelled.
+        var cancelled = 0
+        /// Calls that have returned.
+        var returned = 0
+
+        /// Request ids called more than once.
+        var repeated: [String] { callsByRequest.filter { $0.value > 1 }.keys.sorted() }
     }
     let state = Mutex(State())
     let latency: @Sendable (PurchaseRequest) -> Duration
@@ -256,14 +283,23 @@ final class RecordingController: PurchaseController {
             state.maxRunning = max(state.maxRunning, state.running)
             if !state.runningUsers.insert(user).inserted { state.overlaps.append(user) }
             state.callsByUser[user, default: []].append(request.requestId)
+            state.callsByRequest[request.requestId, default: 0] += 1
         }
         defer {
             state.withLock { state in
                 state.running -= 1
+                state.returned += 1
                 state.runningUsers.remove(user)
             }
         }
-        if let gate { await gate.wait(request) }
+        if let gate {
+            // The gate ignores cancellation (a controller that goes on regardless); it is counted.
+            await withTaskCancellationHandler {
+                await gate.wait(request)
+            } onCancel: {
+                state.withLock { $0.cancelled += 1 }
+            }
+        }
         let delay = latency(request)
         if delay > .zero { try await Task.sleep(for: delay) }
         return try answer(request)

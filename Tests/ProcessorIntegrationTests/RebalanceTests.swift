@@ -24,6 +24,7 @@ struct RebalanceTests {
                 bootstrap: bootstrap, group: "rebalance", latency: .milliseconds(20), maxInFlight: 20, seed: 2,
                 kafka: ["session.timeout.ms": "6000", "heartbeat.interval.ms": "300"]
             ) { configuration in
+                configuration.callTimeout = .seconds(5)
                 configuration.drainTimeout = .seconds(10)
                 configuration.commitInterval = .milliseconds(100)
                 configuration.workers = workers

@@ -14,13 +14,20 @@ struct JSONFieldReader {
 
     func fieldPath(_ key: String) -> String { path.isEmpty ? key : "\(path).\(key)" }
 
+    /// The field's value; an explicit `null` is absent (Python's `None`, Jackson's and Go's
+    /// defaults), as the schemas say for optional fields.
     private func present(_ key: String) -> JSONValue? {
-        // JSON Schema treats an explicit null as a wrong type, not as absent, and so do we.
-        fields[key]
+        guard let value = fields[key], value != .null else { return nil }
+        return value
     }
 
     private func missing(_ key: String) -> EventValidationError {
-        EventValidationError(.missingField, field: fieldPath(key), "required field '\(fieldPath(key))' is missing")
+        if fields[key] == .null {
+            return EventValidationError(
+                .wrongType, field: fieldPath(key), "required field '\(fieldPath(key))' must not be null")
+        }
+        return EventValidationError(
+            .missingField, field: fieldPath(key), "required field '\(fieldPath(key))' is missing")
     }
 
     private func wrongType(_ key: String, _ expected: String, _ value: JSONValue) -> EventValidationError {

@@ -1,0 +1,240 @@
+import EncoreEvents
+import Kafka
+
+/// The outputs of one loop between being sent and being acknowledged: which record each belongs
+/// to (a record is done when all of its outputs are), the order of a user's changelog records, and
+/// the redelivery of failed outputs without reordering a user's outputs.
+///
+/// Outputs are handed out as tokens (``takeUnsent()``) and come back as ``KafkaDelivery``s. A
+/// retriable failure is produced again after `redeliveryDelay`; until it is acknowledged, later
+/// outputs of the same user (same record key) wait behind it. Any other failure is fatal: the
+/// record never finishes, so its offset is never committed. A pure state machine; `Item` is what
+/// the loop keeps with a record (its work item).
+struct OutputTracker<Item> {
+    private struct Slot {
+        var ref: RecordRef?
+        var output: Output
+        /// The record being produced again after a failed delivery.
+        var redelivery: KafkaProducerRecord? = nil
+    }
+
+    private struct PendingRecord {
+        var outputs = 0
+        var item: Item?
+    }
+
+    /// A ledger update whose changelog record waits for its change events: the state is written
+    /// only after them, so a restored state never claims a change that was not published.
+    private struct PendingUpdate {
+        let ref: RecordRef?
+        let state: EntitlementStateRecord
+        let partition: Int32
+        var unacknowledgedChanges: Int
+        var isWritten = false
+    }
+
+    enum Event {
+        case acknowledged(Output)
+        /// Every output of the record is acknowledged.
+        case recordDone(RecordRef, Item?)
+        /// A delivery failed and will be produced again.
+        case redelivering(topic: String, KafkaError)
+        /// A delivery failed for good: the processor must stop.
+        case fatal(topic: String, KafkaError)
+    }
+
+    let redeliveryDelay: Duration
+    private var slots: [Slot?] = []
+    private var freeSlots: [Int] = []
+    private var records: [RecordRef: PendingRecord] = [:]
+    private var updates: [Int: PendingUpdate] = [:]
+    /// Ledger updates per user in the order they happened: changelog records are written in it.
+    private var updateOrder: [String: FIFO<Int>] = [:]
+    private var nextUpdateID = 0
+    /// Failed outputs waiting to be produced again (one delay for all: FIFO is due order).
+    private var redeliveries = FIFO<(due: ContinuousClock.Instant, token: Int)>()
+    /// Per record key: outputs being redelivered, and the later outputs held behind them.
+    private var blocked: [[UInt8]: (redelivering: Int, held: FIFO<(token: UInt, output: UnsentOutput)>)] = [:]
+    private var unsent: [(token: UInt, output: UnsentOutput)] = []
+    /// Outputs handed out and not answered yet.
+    private(set) var awaitingAnswer = 0
+
+    init(redeliveryDelay: Duration = .milliseconds(500)) {
+        self.redeliveryDelay = redeliveryDelay
+    }
+
+    /// Nothing is being produced, redelivered or held.
+    var isIdle: Bool { awaitingAnswer == 0 && redeliveries.isEmpty && blocked.isEmpty }
+
+    /// Records with outputs not yet acknowledged.
+    var pendingRecords: Int { records.count }
+
+    /// Whether a ledger update of a user of requests partition `partition` is not yet written.
+    func hasUpdates(ofPartition partition: Int32) -> Bool {
+        updates.values.contains { $0.partition == partition }
+    }
+
+    /// Sends an output of `ref`'s record (`nil`: of no record, such as an expiry).
+    mutating func send(_ output: Output, _ unsentOutput: UnsentOutput, for ref: RecordRef?, item: Item? = nil) {
+        if let ref { count(ref, item: item) }
+        enqueue(output, unsentOutput, for: ref)
+    }
+
+    /// Publishes a ledger update: its change events now, its changelog record once they and the
+    /// user's earlier updates are acknowledged. The record (if any) finishes after both.
+    mutating func publish(_ update: LedgerUpdate, for ref: RecordRef?, item: Item? = nil) {
+        let id = nextUpdateID
+        nextUpdateID += 1
+        updates[id] = PendingUpdate(
+            ref: ref, state: update.state, partition: update.partition, unacknowledgedChanges: update.changes.count)
+        updateOrder[update.state.key, default: FIFO()].append(id)
+        // The changelog record is counted now, so the record cannot finish before it is written.
+        if let ref { count(ref, item: item) }
+        for change in update.changes {
+            send(.entitlementChange(update: id), .change(change), for: ref, item: item)
+        }
+        writeStateIfReady(ofUser: update.state.key)
+    }
+
+    /// The outputs to produce, in order; each is answered with its token.
+    mutating func takeUnsent() -> [(token: UInt, output: UnsentOutput)] {
+        defer { unsent.removeAll(keepingCapacity: true) }
+        return unsent
+    }
+
+    /// Whether outputs are waiting to be handed out.
+    var hasUnsent: Bool { !unsent.isEmpty }
+
+    /// The broker's answers.
+    mutating func delivered(_ deliveries: [KafkaDelivery], now: ContinuousClock.Instant) -> [Event] {
+        var events: [Event] = []
+        for delivery in deliveries {
+            let token = Int(delivery.token)
+            guard token < slots.count, let slot = slots[token] else { continue }
+            awaitingAnswer -= 1
+            if let error = delivery.error {
+                let topic = delivery.record?.topic ?? slot.redelivery?.topic ?? "?"
+                if error.isRetriableDelivery, let record = delivery.record ?? slot.redelivery {
+                    if slot.redelivery == nil { blocked[record.key ?? [], default: (0, FIFO())].redelivering += 1 }
+                    slots[token]!.redelivery = record
+                    redeliveries.append((now.advanced(by: redeliveryDelay), token))
+                    events.append(.redelivering(topic: topic, error))
+                } else {
+                    free(token)
+                    events.append(.fatal(topic: topic, error))
+                }
+                continue
+            }
+            free(token)
+            if let record = slot.redelivery { unblock(record.key ?? []) }
+            acknowledged(slot, into: &events)
+        }
+        return events
+    }
+
+    /// Produces again the failed outputs that are due.
+    mutating func tick(now: ContinuousClock.Instant) {
+        while let first = redeliveries.first, first.due <= now {
+            _ = redeliveries.popFirst()
+            guard let record = slots[first.token]?.redelivery else { continue }
+            awaitingAnswer += 1
+            unsent.append((UInt(first.token), .record(record)))
+        }
+    }
+
+    private mutating func count(_ ref: RecordRef, item: Item?) {
+        if records[ref] == nil {
+            records[ref] = PendingRecord(outputs: 1, item: item)
+        } else {
+            records[ref]!.outputs += 1
+        }
+    }
+
+    private mutating func enqueue(_ output: Output, _ unsentOutput: UnsentOutput, for ref: RecordRef?) {
+        let slot = Slot(ref: ref, output: output)
+        let token: Int
+        if let free = freeSlots.popLast() {
+            token = free
+            slots[token] = slot
+        } else {
+            token = slots.count
+            slots.append(slot)
+        }
+        // A user's output waits behind one of the user's outputs being produced again.
+        if !blocked.isEmpty, let key = unsentOutput.recordKey, blocked[key] != nil {
+            blocked[key]!.held.append((UInt(token), unsentOutput))
+            return
+        }
+        awaitingAnswer += 1
+        unsent.append((UInt(token), unsentOutput))
+    }
+
+    private mutating func free(_ token: Int) {
+        slots[token] = nil
+        freeSlots.append(token)
+    }
+
+    private mutating func unblock(_ key: [UInt8]) {
+        guard var entry = blocked[key] else { return }
+        entry.redelivering -= 1
+        guard entry.redelivering == 0 else {
+            blocked[key] = entry
+            return
+        }
+        blocked[key] = nil
+        while let held = entry.held.popFirst() {
+            awaitingAnswer += 1
+            unsent.append(held)
+        }
+    }
+
+    private mutating func acknowledged(_ slot: Slot, into events: inout [Event]) {
+        events.append(.acknowledged(slot.output))
+        switch slot.output {
+        case .entitlementChange(let id):
+            if let key = updates[id]?.state.key {
+                updates[id]!.unacknowledgedChanges -= 1
+                writeStateIfReady(ofUser: key)
+            }
+        case .entitlementState(let id):
+            if let update = updates.removeValue(forKey: id) {
+                let key = update.state.key
+                _ = updateOrder[key]?.popFirst()
+                if updateOrder[key]?.isEmpty ?? false { updateOrder[key] = nil }
+                writeStateIfReady(ofUser: key)
+            }
+        case .outcome, .deadLetter:
+            break
+        }
+        guard let ref = slot.ref, let pending = records[ref] else { return }
+        if pending.outputs > 1 {
+            records[ref]!.outputs -= 1
+        } else {
+            records[ref] = nil
+            events.append(.recordDone(ref, pending.item))
+        }
+    }
+
+    /// Writes the user's oldest unwritten changelog record when its change events are acknowledged.
+    private mutating func writeStateIfReady(ofUser key: String) {
+        guard let id = updateOrder[key]?.first, let update = updates[id], update.unacknowledgedChanges == 0,
+            !update.isWritten
+        else { return }
+        updates[id]!.isWritten = true
+        // Counted with its update already.
+        enqueue(.entitlementState(update: id), .state(update.state, partition: update.partition), for: update.ref)
+    }
+}
+
+extension UnsentOutput {
+    /// The key the output's record will carry: `{app_id}:{app_user_id}` for a user's outputs.
+    var recordKey: [UInt8]? {
+        switch self {
+        case .outcome(let outcome): Array(outcome.key.utf8)
+        case .change(let change): Array(change.key.utf8)
+        case .state(let state, _): Array(state.key.utf8)
+        case .deadLetter(_, let key): key
+        case .record(let record): record.key
+        }
+    }
+}

@@ -1,0 +1,76 @@
+import EncoreEvents
+import Kafka
+
+/// Everything that reaches a dispatch loop, in one stream so one task owns all state. Tests feed
+/// the same inputs the consumer's forwarder does.
+enum ProcessorInput: Sendable {
+    /// Records already decoded (off the loop's thread).
+    case records([IncomingRecord])
+    /// Partitions assigned, with the offsets their previous owner finished beyond its commit and
+    /// the ledger state of their users, read back from the changelog (by requests partition).
+    case assigned(
+        [KafkaTopicPartition], finished: [InputPartition: Set<Int64>],
+        restored: [Int32: [String: EntitlementStateRecord]])
+    /// Partitions being taken away; `acknowledge` hands them over with the offsets to commit.
+    case revoked([KafkaTopicPartition], @Sendable ([KafkaTopicPartitionOffset]) -> Void)
+    /// The consumer failed for good.
+    case consumerFailed(KafkaError)
+    case consumerEnded
+    case commitFinished
+    case commitFailed([InputPartition])
+    case attemptFinished(call: Int, attempt: Int, Result<PurchaseResult, any Error>)
+    /// The broker's answers for outputs, by the token they were produced with.
+    case delivered([KafkaDelivery])
+    case tick
+    case shutdown
+    /// The processor cannot go on (the ledger's state could not be restored).
+    case failed(ProcessorError)
+}
+
+/// A partition the processor reads: of the requests topic, or of the optional sources topic.
+struct InputPartition: Hashable, Comparable, Sendable, CustomStringConvertible {
+    enum Topic: UInt8, Sendable { case requests, sources }
+    var topic: Topic
+    var number: Int32
+
+    static func requests(_ number: Int32) -> InputPartition { InputPartition(topic: .requests, number: number) }
+
+    static func < (lhs: InputPartition, rhs: InputPartition) -> Bool {
+        (lhs.topic.rawValue, lhs.number) < (rhs.topic.rawValue, rhs.number)
+    }
+
+    var description: String { "\(topic == .requests ? "" : "sources:")\(number)" }
+}
+
+/// A record of an input partition, within one assignment of the partition.
+struct RecordRef: Hashable, Sendable {
+    var partition: InputPartition
+    var offset: Int64
+    /// Bumped each time the partition is assigned anew, so late completions of a previous
+    /// assignment are not mistaken for current ones.
+    var generation: Int
+}
+
+/// A record of an input topic and what decoding it gave.
+struct IncomingRecord: Sendable {
+    enum Payload: Sendable {
+        case request(Result<PurchaseRequestEvent, EventValidationError>)
+        case source(Result<EntitlementSourceEvent, EventValidationError>)
+    }
+
+    let message: KafkaMessage
+    let payload: Payload
+
+    init(message: KafkaMessage, isSource: Bool = false) {
+        self.message = message
+        self.payload = isSource ? .source(Self.decode(message.value)) : .request(Self.decode(message.value))
+    }
+
+    static func decode<Event: EncoreEvent>(_ value: [UInt8]) -> Result<Event, EventValidationError> {
+        do throws(EventValidationError) {
+            return .success(try Event(jsonBytes: value))
+        } catch {
+            return .failure(error)
+        }
+    }
+}

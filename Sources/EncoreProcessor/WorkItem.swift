@@ -1,0 +1,55 @@
+import EncoreEvents
+import Foundation
+import Kafka
+
+/// An output as the loop hands it to the output queue, which encodes it off the loop.
+enum UnsentOutput: Sendable {
+    case outcome(PurchaseOutcomeEvent)
+    case change(EntitlementChangeEvent)
+    case state(EntitlementStateRecord, partition: Int32)
+    case deadLetter(DeadLetterEvent, key: [UInt8]?)
+    /// Already encoded (produced again after a failed delivery).
+    case record(KafkaProducerRecord)
+}
+
+/// What a produced record was, for statistics and the ledger's write order.
+enum Output: Sendable {
+    case outcome(OutcomeResult, requestedAtMs: Int64)
+    case deadLetter
+    /// A change event of the ledger update `update`.
+    case entitlementChange(update: Int)
+    /// The changelog record of the ledger update `update`.
+    case entitlementState(update: Int)
+}
+
+/// A valid request from its arrival until its outputs are acknowledged: a class, since queues and
+/// the call table move it around and the loop sets its call in place. Owned by the loop.
+final class WorkItem {
+    let ref: RecordRef
+    let request: PurchaseRequestEvent
+    let message: KafkaMessage
+    /// One lane per user.
+    let lane: UserLane
+    /// The request id, for the duplicate window.
+    let requestID: HashedString
+
+    /// The routed controller, once the call started.
+    var controllerName = ""
+    var controller: (any PurchaseController)? = nil
+    /// The running attempt, to cancel it.
+    var task: Task<Void, Never>? = nil
+
+    init(ref: RecordRef, request: PurchaseRequestEvent, message: KafkaMessage) {
+        self.ref = ref
+        self.request = request
+        self.message = message
+        self.lane = UserLane(appID: request.appID, appUserID: request.appUserID)
+        self.requestID = HashedString(request.requestID)
+    }
+}
+
+func currentTimeMs() -> Int64 {
+    var now = timespec()
+    clock_gettime(CLOCK_REALTIME, &now)
+    return Int64(now.tv_sec) * 1000 + Int64(now.tv_nsec) / 1_000_000
+}

@@ -1,0 +1,139 @@
+import EncoreEvents
+import Foundation
+import Kafka
+import Synchronization
+import Testing
+
+@testable import EncoreProcessor
+
+/// The engine's promise within one process, through the production intake path: no purchase
+/// called twice or twice at once for a user, none handed over while running, outputs in order,
+/// no commit past an output that cannot be delivered.
+@Suite("Loop safety: rebalance, timeouts, redelivery, fatal outputs (no Kafka)")
+struct LoopSafetyTests {
+    /// Whether a hand-over happened, with its offsets.
+    final class HandOverProbe: Sendable {
+        private let state = Mutex<[KafkaTopicPartitionOffset]?>(nil)
+        var offsets: [KafkaTopicPartitionOffset]? { state.withLock { $0 } }
+
+        func revoke(_ harness: LoopHarness, partitions: [Int32]) {
+            harness.inbox.post(
+                .revoked(
+                    partitions.map { KafkaTopicPartition(topic: LoopHarness.topic, partition: $0) },
+                    { offsets in self.state.withLock { $0 = offsets } }))
+        }
+    }
+
+    @Test(
+        "a revocation past its drain timeout cancels the running call and waits until it returned; never hands over before"
+    )
+    func revocationWaitsForTheCall() async throws {
+        let gate = Gate { $0.requestId == "req-0" }
+        let controller = RecordingController(gate: gate)
+        let harness = LoopHarness(
+            configure: {
+                $0.drainTimeout = .milliseconds(100)
+                $0.callTimeout = .seconds(60)
+            }, router: router(controller))
+        harness.assign(partitions: 1)
+        harness.feed(request(0, user: "u"))
+        harness.feed(request(1, user: "v"))
+        #expect(await eventually { gate.waiting == 1 && harness.statistics.finished == 1 })
+        let probe = HandOverProbe()
+        probe.revoke(harness, partitions: [0])
+        // Past the deadline the call is cancelled; it ignores that and goes on: no hand-over.
+        #expect(await eventually { controller.snapshot.cancelled == 1 })
+        #expect(probe.offsets == nil, "handed over with a call running")
+        gate.open()
+        let offsets = try #require(await eventually { probe.offsets != nil } ? probe.offsets : nil)
+        // The late call's answer was published and its offset is in the hand-over's commit.
+        #expect(offsets.map(\.offset) == [2])
+        #expect(harness.producer.outcomes().map(\.requestID).sorted() == ["req-0", "req-1"])
+        // The same member gets the partition back and is handed req-0 again (its commit did not land):
+        // it is answered already, so it is neither called nor answered twice.
+        harness.assign(partitions: 1)
+        harness.feed(
+            KafkaMessage(
+                topic: LoopHarness.topic, partition: 0, offset: 0, key: nil, value: request(0, user: "u").jsonBytes()))
+        #expect(await eventually { harness.statistics.duplicates == 1 })
+        #expect(controller.snapshot.repeated == [] && controller.snapshot.overlaps == [])
+        #expect(harness.producer.outcomes().count == 2)
+        await harness.stop()
+    }
+
+    @Test("a timed-out call that ignores cancellation keeps its user's lane: the next request waits until it returns")
+    func timeoutHoldsTheLane() async throws {
+        let gate = Gate { $0.requestId == "req-0" }
+        let controller = RecordingController(gate: gate)
+        let harness = LoopHarness(configure: { $0.callTimeout = .milliseconds(50) }, router: router(controller))
+        harness.assign(partitions: 1)
+        harness.feed(request(0, user: "u"))
+        harness.feed(request(1, user: "u"))
+        harness.feed(request(2, user: "v"))
+        #expect(await eventually { controller.snapshot.cancelled == 1 && harness.statistics.finished == 1 })
+        // Other users go on; u's next request is not called while req-0 is alive.
+        #expect(controller.snapshot.callsByUser["u"] == ["req-0"])
+        #expect(harness.producer.outcomes().map(\.requestID) == ["req-2"])
+        gate.open()
+        #expect(await harness.waitForFinished(3))
+        #expect(controller.snapshot.callsByUser["u"] == ["req-0", "req-1"])
+        #expect(controller.snapshot.overlaps == [])
+        // It answered after all: that answer is what billing did, so it is the outcome.
+        let outcomes = harness.producer.outcomes().filter { $0.appUserID == "u" }
+        #expect(outcomes.map(\.requestID) == ["req-0", "req-1"])
+        #expect(outcomes.map(\.result) == [.purchased, .purchased])
+        await harness.stop()
+    }
+
+    @Test("a timed-out call that honours cancellation fails with timeout, once it returned; not retried")
+    func timeoutFails() async throws {
+        let controller = RecordingController(
+            latency: { $0.requestId == "req-0" ? .seconds(600) : .zero })
+        let harness = LoopHarness(configure: { $0.callTimeout = .milliseconds(50) }, router: router(controller))
+        harness.assign(partitions: 1)
+        harness.feed(request(0, user: "u"))
+        harness.feed(request(1, user: "u"))
+        #expect(await harness.waitForFinished(2))
+        let outcomes = harness.producer.outcomes()
+        #expect(outcomes.map(\.requestID) == ["req-0", "req-1"])
+        #expect(outcomes[0].result == .failed && outcomes[0].error?.type == "timeout")
+        #expect(outcomes[0].error?.retryable == false && outcomes[0].attempts == 1)
+        #expect(harness.producer.deadLetters().map(\.requestID) == ["req-0"])
+        #expect(controller.snapshot.calls == 2 && controller.snapshot.overlaps == [])
+        await harness.stop()
+    }
+
+    @Test("a user's outputs keep their order when a delivery fails and is produced again")
+    func redeliveryOrder() async throws {
+        let controller = RecordingController()
+        let harness = LoopHarness(configure: { $0.ledgerEnabled = false }, router: router(controller))
+        harness.producer.failNext([KafkaError(code: .messageTimedOut, message: "broker away", isRetriable: true)])
+        harness.assign(partitions: 1)
+        harness.feed(request(0, user: "u"))
+        harness.feed(request(1, user: "u"))
+        harness.feed(request(2, user: "u"))
+        #expect(await harness.waitForFinished(3))
+        #expect(harness.producer.outcomes().map(\.requestID) == ["req-0", "req-1", "req-2"])
+        #expect(await eventually { harness.consumer.snapshot.stored.values.first == 3 })
+        await harness.stop()
+    }
+
+    @Test(
+        "an output to a missing topic stops the loop with a clear error: no retry loop, no commit past the record",
+        arguments: [KafkaError.Code.unknownTopicOrPartition, KafkaError.Code(rawValue: 10)])
+    func fatalOutput(code: KafkaError.Code) async throws {
+        let controller = RecordingController()
+        let harness = LoopHarness(configure: { $0.ledgerEnabled = false }, router: router(controller))
+        harness.assign(partitions: 1)
+        harness.feed(request(0, user: "u"))
+        #expect(await harness.waitForFinished(1))
+        #expect(await eventually { harness.consumer.snapshot.stored.values.first == 1 })
+        harness.producer.failNext([KafkaError(code: code, message: "gone", isRetriable: true)])
+        harness.feed(request(1, user: "v"))
+        let failure = await harness.ended()
+        #expect(failure?.code == .outputLost)
+        #expect(failure?.message.contains("encore.purchase-outcomes") == true)
+        #expect(harness.producer.handedOver.count == 2, "the failed output was produced again")
+        #expect(harness.consumer.snapshot.stored.values.max() == 1)
+    }
+}

@@ -1,0 +1,115 @@
+import EncoreEvents
+import Kafka
+import Testing
+
+@testable import EncoreProcessor
+
+@Suite("Output tracker: record completion, redelivery in order, fatal errors")
+struct OutputTrackerTests {
+    let start = ContinuousClock.now
+    static let partition = InputPartition.requests(0)
+
+    func at(_ milliseconds: Int) -> ContinuousClock.Instant { start.advanced(by: .milliseconds(milliseconds)) }
+
+    func ref(_ offset: Int64) -> RecordRef { RecordRef(partition: Self.partition, offset: offset, generation: 1) }
+
+    func outcome(_ index: Int, user: String) -> UnsentOutput {
+        .outcome(
+            PurchaseOutcomeEvent(
+                request: request(index, user: user), result: .purchased, attempts: 1, completedAtMs: 1, controller: "c",
+                error: nil))
+    }
+
+    /// The request ids of outcomes handed out, in order.
+    func ids(_ unsent: [(token: UInt, output: UnsentOutput)]) -> [String] {
+        unsent.map { entry in
+            switch entry.output {
+            case .outcome(let outcome): outcome.requestID
+            case .record(let record): (try? PurchaseOutcomeEvent(jsonBytes: record.value))?.requestID ?? "?"
+            default: "?"
+            }
+        }
+    }
+
+    func failure(_ code: KafkaError.Code) -> KafkaError { KafkaError(code: code, message: "test") }
+
+    func record(_ index: Int, user: String) -> KafkaProducerRecord {
+        guard case .outcome(let event) = outcome(index, user: user) else { fatalError() }
+        return KafkaProducerRecord(topic: "outcomes", key: Array(event.key.utf8), value: event.jsonBytes())
+    }
+
+    func done(_ events: [OutputTracker<String>.Event]) -> [String?] {
+        events.compactMap { if case .recordDone(_, let item) = $0 { item } else { nil } }
+    }
+
+    @Test("a failed delivery is produced again after the delay; the user's later outputs wait behind it")
+    func redeliveryKeepsOrder() {
+        var tracker = OutputTracker<String>(redeliveryDelay: .milliseconds(500))
+        tracker.send(.outcome(.purchased, requestedAtMs: 0), outcome(0, user: "u"), for: ref(0), item: "req-0")
+        let first = tracker.takeUnsent()
+        #expect(ids(first) == ["req-0"])
+        var events = tracker.delivered(
+            [KafkaDelivery(token: first[0].token, error: failure(.messageTimedOut), record: record(0, user: "u"))],
+            now: at(0))
+        guard case .redelivering? = events.first else {
+            Issue.record("a timed-out delivery was not redelivered: \(events)")
+            return
+        }
+        // The same user's next outcome is held; another user's goes.
+        tracker.send(.outcome(.purchased, requestedAtMs: 0), outcome(1, user: "u"), for: ref(1), item: "req-1")
+        tracker.send(.outcome(.purchased, requestedAtMs: 0), outcome(2, user: "v"), for: ref(2), item: "req-2")
+        #expect(ids(tracker.takeUnsent()) == ["req-2"])
+        tracker.tick(now: at(499))
+        #expect(!tracker.hasUnsent)
+        tracker.tick(now: at(500))
+        let again = tracker.takeUnsent()
+        #expect(ids(again) == ["req-0"] && again[0].token == first[0].token)
+        // Acknowledged: req-0's record is done and req-1 goes out after it.
+        events = tracker.delivered([KafkaDelivery(token: again[0].token, error: nil, record: nil)], now: at(600))
+        #expect(done(events) == ["req-0"])
+        #expect(ids(tracker.takeUnsent()) == ["req-1"])
+        #expect(!tracker.isIdle)
+    }
+
+    @Test(
+        "a missing topic, a refused authorization or a record too large is fatal: no redelivery, the record never finishes",
+        arguments: [
+            KafkaError.Code.unknownTopicOrPartition, KafkaError.Code(rawValue: 29),  // TOPIC_AUTHORIZATION_FAILED
+            KafkaError.Code(rawValue: 10),  // MSG_SIZE_TOO_LARGE
+        ])
+    func fatal(code: KafkaError.Code) {
+        var tracker = OutputTracker<String>()
+        tracker.send(.outcome(.purchased, requestedAtMs: 0), outcome(0, user: "u"), for: ref(0), item: "req-0")
+        let sent = tracker.takeUnsent()
+        let events = tracker.delivered(
+            [KafkaDelivery(token: sent[0].token, error: failure(code), record: record(0, user: "u"))], now: at(0))
+        guard case .fatal? = events.first, events.count == 1 else {
+            Issue.record("\(code) was not fatal: \(events)")
+            return
+        }
+        tracker.tick(now: at(10_000))
+        #expect(!tracker.hasUnsent && tracker.isIdle && tracker.pendingRecords == 1)
+    }
+
+    @Test("a record is done once every one of its outputs is acknowledged")
+    func recordDone() {
+        var tracker = OutputTracker<String>()
+        tracker.send(.outcome(.failed, requestedAtMs: 0), outcome(0, user: "u"), for: ref(0), item: "req-0")
+        tracker.send(.deadLetter, .deadLetter(deadLetter(), key: nil), for: ref(0), item: "req-0")
+        let sent = tracker.takeUnsent()
+        #expect(
+            done(tracker.delivered([KafkaDelivery(token: sent[1].token, error: nil, record: nil)], now: at(0))) == [])
+        #expect(
+            done(tracker.delivered([KafkaDelivery(token: sent[0].token, error: nil, record: nil)], now: at(0))) == [
+                "req-0"
+            ])
+        #expect(tracker.isIdle && tracker.pendingRecords == 0)
+    }
+
+    func deadLetter() -> DeadLetterEvent {
+        DeadLetterEvent(
+            topic: "t", partition: 0, offset: 0, key: nil, value: [], headers: [],
+            error: .init(stage: .controller, errorClass: "x", message: "x", retryable: false), attempts: 1,
+            failedAtMs: 0, requestID: nil)
+    }
+}
