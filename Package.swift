@@ -23,13 +23,17 @@ let package = Package(
         .target(name: "EncoreTools", dependencies: ["EncoreProcessor", "Kafka", "EncoreEvents"]),
         .executableTarget(
             name: "encore-processor", dependencies: ["EncoreTools", "EncoreProcessor", "Kafka", "EncoreEvents"]),
-        .testTarget(name: "KafkaTests", dependencies: ["Kafka"]),
+        // What every test target shares: waiting for conditions, an embedded cluster.
+        .target(name: "TestSupport", dependencies: ["Kafka"], path: "Tests/TestSupport"),
+        .testTarget(name: "KafkaTests", dependencies: ["Kafka", "TestSupport"]),
         .testTarget(name: "EncoreEventsTests", dependencies: ["EncoreEvents"]),
         .testTarget(name: "EncoreToolsTests", dependencies: ["EncoreTools", "EncoreEvents"]),
-        .testTarget(name: "EncoreProcessorTests", dependencies: ["EncoreProcessor", "EncoreTools", "Kafka", "EncoreEvents"]),
+        .testTarget(
+            name: "EncoreProcessorTests",
+            dependencies: ["EncoreProcessor", "EncoreTools", "Kafka", "EncoreEvents", "TestSupport"]),
         .testTarget(
             name: "ProcessorIntegrationTests",
-            dependencies: ["EncoreProcessor", "EncoreTools", "Kafka", "EncoreEvents", "encore-processor"]),
+            dependencies: ["EncoreProcessor", "EncoreTools", "Kafka", "EncoreEvents", "encore-processor", "TestSupport"]),
     ],
     swiftLanguageModes: [.v6]
 )

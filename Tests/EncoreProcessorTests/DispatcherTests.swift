@@ -1,5 +1,6 @@
 import EncoreEvents
 import Kafka
+import TestSupport
 import Testing
 
 @testable import EncoreProcessor

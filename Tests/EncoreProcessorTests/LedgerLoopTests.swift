@@ -1,6 +1,7 @@
 import EncoreEvents
 import Foundation
 import Kafka
+import TestSupport
 import Testing
 
 @testable import EncoreProcessor

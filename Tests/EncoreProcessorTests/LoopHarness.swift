@@ -2,20 +2,10 @@ import EncoreEvents
 import Foundation
 import Kafka
 import Synchronization
+import TestSupport
 import Testing
 
 @testable import EncoreProcessor
-
-/// Polls `condition` until it holds or `timeout` passes.
-func eventually(timeout: Duration = .seconds(20), _ condition: () -> Bool) async -> Bool {
-    let clock = ContinuousClock()
-    let deadline = clock.now.advanced(by: timeout)
-    while clock.now < deadline {
-        if condition() { return true }
-        try? await Task.sleep(for: .milliseconds(5))
-    }
-    return condition()
-}
 
 /// Records what the loop asks of the consumer.
 final class FakeConsumer: ConsumerControl {

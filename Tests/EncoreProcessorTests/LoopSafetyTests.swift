@@ -2,6 +2,7 @@ import EncoreEvents
 import Foundation
 import Kafka
 import Synchronization
+import TestSupport
 import Testing
 
 @testable import EncoreProcessor

@@ -1,6 +1,7 @@
 import Foundation
 import Kafka
 import Synchronization
+import TestSupport
 import Testing
 
 @Suite("Kafka layer on the embedded broker")

@@ -1,19 +1,7 @@
 import Foundation
 import Kafka
+import TestSupport
 import Synchronization
-
-/// Polls `condition` until it holds or `timeout` passes; returns whether it held.
-func eventually(
-    timeout: Duration = .seconds(30), _ condition: @Sendable () async throws -> Bool
-) async rethrows -> Bool {
-    let clock = ContinuousClock()
-    let deadline = clock.now.advanced(by: timeout)
-    while clock.now < deadline {
-        if try await condition() { return true }
-        try? await Task.sleep(for: .milliseconds(20))
-    }
-    return try await condition()
-}
 
 /// Reads a consumer's events on a task of its own and records them, acknowledging revocations.
 final class ConsumerProbe: Sendable {
@@ -54,26 +42,5 @@ final class ConsumerProbe: Sendable {
     func close() async {
         await consumer.close()
         await reader.value
-    }
-}
-
-/// A fresh embedded cluster with the given topics, and configurations pointing at it.
-struct TestCluster {
-    let cluster: EmbeddedKafkaCluster
-
-    init(brokers: Int = 1, topics: [String: Int]) throws {
-        cluster = try EmbeddedKafkaCluster(brokers: brokers)
-        for (topic, partitions) in topics { try cluster.createTopic(topic, partitions: partitions) }
-    }
-
-    var producerConfiguration: KafkaConfiguration {
-        KafkaConfiguration(["bootstrap.servers": cluster.bootstrapServers])
-    }
-
-    func consumerConfiguration(group: String) -> KafkaConfiguration {
-        KafkaConfiguration([
-            "bootstrap.servers": cluster.bootstrapServers, "group.id": group,
-            "auto.commit.interval.ms": "200", "session.timeout.ms": "6000", "heartbeat.interval.ms": "500",
-        ])
     }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import TestSupport
 import Testing
 
 /// Runs the binary to completion and returns its status and output.
@@ -48,6 +49,15 @@ struct CommandLineTests {
                 ["run", "--sources-topic", "s", "-X", "partition.assignment.strategy=cooperative-sticky"],
                 "partition.assignment.strategy=range"
             ),
+            (
+                ["run", "--call-timeout-ms", "30000", "--drain-timeout-ms", "10000"],
+                "--drain-timeout-ms: must be longer"
+            ),
+            (["run", "--drain-timeout-ms", "30000"], "--drain-timeout-ms: must be longer than --call-timeout-ms"),
+            (
+                ["run", "-X", "max.poll.interval.ms=20000"],
+                "max.poll.interval.ms: must be longer than the drain timeout"
+            ),
             (["entitlements", "--bootstrap-servers", "k:9092"], "--user"),
             (["entitlements", "--bootstrap-servers", "k:9092", "--user", "nocolon"], "APP_ID:APP_USER_ID"),
         ])
@@ -55,6 +65,18 @@ struct CommandLineTests {
         let (status, _, error) = try await runBinary(arguments)
         #expect(status == 2, "\(error)")
         #expect(error.contains(named), "\(error)")
+    }
+
+    @Test("a single-valued flag given twice takes the last value (as wrappers override defaults)")
+    func lastValueWins() async throws {
+        let (status, _, error) = try await runBinary([
+            "run", "--check", "--bootstrap-servers", "kafka:9092", "--max-in-flight", "0", "--max-in-flight", "8",
+        ])
+        #expect(status == 0, "\(error)")
+        let (refused, _, message) = try await runBinary([
+            "run", "--check", "--bootstrap-servers", "kafka:9092", "--max-in-flight", "8", "--max-in-flight", "0",
+        ])
+        #expect(refused == 2 && message.contains("--max-in-flight"), "\(message)")
     }
 
     @Test("--check validates a full command line without touching Kafka")

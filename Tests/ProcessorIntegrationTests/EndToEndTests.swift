@@ -3,6 +3,7 @@ import EncoreProcessor
 import EncoreTools
 import Foundation
 import Kafka
+import TestSupport
 import Testing
 
 @Suite("Processor end to end on the embedded broker")

@@ -2,6 +2,7 @@ import EncoreEvents
 import EncoreTools
 import Foundation
 import Kafka
+import TestSupport
 import Testing
 
 /// A scripted story of a few users through the real binary, with a crash in the middle.

@@ -2,6 +2,7 @@ import EncoreEvents
 import EncoreTools
 import Foundation
 import Kafka
+import TestSupport
 import Testing
 
 @Suite("The real binary: crash and graceful stop", .serialized)

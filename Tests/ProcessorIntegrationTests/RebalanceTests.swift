@@ -3,6 +3,7 @@ import EncoreProcessor
 import EncoreTools
 import Foundation
 import Kafka
+import TestSupport
 import Testing
 
 @Suite("Rebalance between two processors")

@@ -4,22 +4,13 @@ import EncoreTools
 import Foundation
 import Kafka
 import Synchronization
+import TestSupport
 import Testing
 
 let repositoryRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
     .deletingLastPathComponent()
 
 /// Polls `condition` until it holds or `timeout` passes.
-func eventually(timeout: Duration = .seconds(60), _ condition: () async throws -> Bool) async rethrows -> Bool {
-    let clock = ContinuousClock()
-    let deadline = clock.now.advanced(by: timeout)
-    while clock.now < deadline {
-        if try await condition() { return true }
-        try? await Task.sleep(for: .milliseconds(50))
-    }
-    return try await condition()
-}
-
 /// The `encore-processor` binary built next to the test bundle.
 func processorBinary() throws -> URL {
     if let path = ProcessInfo.processInfo.environment["ENCORE_PROCESSOR_BINARY"] { return URL(fileURLWithPath: path) }
@@ -204,11 +195,9 @@ func validateWithPython(_ event: String, _ values: [[UInt8]]) async throws -> St
     return status == 0 ? nil : validator.stdout + validator.stderr
 }
 
-/// An embedded cluster with the processor's four topics.
+/// An embedded cluster with the processor's topics.
 func embeddedClusterWithTopics(partitions: Int) throws -> EmbeddedKafkaCluster {
-    let cluster = try EmbeddedKafkaCluster()
-    for topic in Topics.all { try cluster.createTopic(topic, partitions: partitions) }
-    return cluster
+    try TestCluster(topics: Dictionary(uniqueKeysWithValues: Topics.all.map { ($0, partitions) })).cluster
 }
 
 /// A processor in `group` whose every product goes to a simulated store.

@@ -2,6 +2,7 @@ import EncoreEvents
 import EncoreTools
 import Foundation
 import Kafka
+import TestSupport
 import Testing
 
 @Suite("Load generator and benchmark")

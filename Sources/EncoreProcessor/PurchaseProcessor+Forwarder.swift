@@ -1,0 +1,60 @@
+import EncoreEvents
+import Kafka
+
+extension PurchaseProcessor {
+    /// Reads the consumer's events and hands them to the dispatch loops: records decoded and split
+    /// by partition, assignments with what the previous owner finished and the users' ledger state
+    /// (read before any record of those partitions), revocations shared out among the loops.
+    static func forward(
+        from consumer: KafkaConsumer, to inboxes: [Inbox<ProcessorInput>], configuration: ProcessorConfiguration,
+        logger: Logger
+    ) async {
+        let router = WorkerRouter(count: inboxes.count)
+        // Decoding happens here, beside the loops rather than on them.
+        for await event in consumer.events {
+            switch event {
+            case .messages(let messages):
+                let records = messages.map {
+                    IncomingRecord(message: $0, isSource: $0.topic == configuration.sourcesTopic)
+                }
+                for (worker, part) in router.split(records, by: { $0.message.partition }) {
+                    inboxes[worker].post(.records(part))
+                }
+            case .partitionsAssigned(let partitions):
+                // Read before any record of these partitions: what the previous owner finished,
+                // and the ledger state of their users.
+                let finished = await Self.finishedOffsets(
+                    of: partitions, configuration: configuration, consumer: consumer, logger: logger)
+                var restored: [Int32: [String: EntitlementStateRecord]] = [:]
+                if configuration.ledgerEnabled {
+                    do throws(ProcessorError) {
+                        restored = try await Self.restoreLedger(
+                            of: partitions.filter { $0.topic == configuration.requestsTopic }.map(\.partition),
+                            configuration: configuration, logger: logger)
+                    } catch {
+                        // Processing without the users' state would overwrite it: stop instead.
+                        for inbox in inboxes { inbox.post(.failed(error)) }
+                        continue
+                    }
+                }
+                for (worker, part) in router.split(partitions, by: \.partition) {
+                    let numbers = Set(part.map(\.partition))
+                    inboxes[worker].post(
+                        .assigned(
+                            part, finished: finished.filter { numbers.contains($0.key.number) },
+                            restored: restored.filter { numbers.contains($0.key) }))
+                }
+            case .partitionsRevoked(let partitions, let revocation):
+                // Each worker hands over its share; the partitions go once all have.
+                let shares = router.split(partitions, by: \.partition)
+                let handOver = RevocationHandOver(revocation, parts: shares.count)
+                for (worker, part) in shares {
+                    inboxes[worker].post(.revoked(part, { handOver.acknowledge(committing: $0) }))
+                }
+            case .error(let error):
+                for inbox in inboxes where error.isFatal { inbox.post(.consumerFailed(error)) }
+            }
+        }
+        for inbox in inboxes { inbox.post(.consumerEnded) }
+    }
+}

@@ -1,0 +1,79 @@
+import EncoreEvents
+import Kafka
+
+extension PurchaseProcessor {
+    static func finishedOffsets(
+        of partitions: [KafkaTopicPartition], configuration: ProcessorConfiguration, consumer: KafkaConsumer,
+        logger: Logger
+    ) async -> [InputPartition: Set<Int64>] {
+        do {
+            let committed = try await consumer.committed(partitions)
+            logger.debug(
+                "assigned \(partitions.count) partitions; committed: \(committed.map { "\($0.partition)@\($0.offset)+\(FinishedOffsets.decode($0.metadata, committed: $0.offset).count)" })"
+            )
+            return Dictionary(
+                committed.map { offset in
+                    let topic: InputPartition.Topic = offset.topic == configuration.requestsTopic ? .requests : .sources
+                    return (
+                        InputPartition(topic: topic, number: offset.partition),
+                        FinishedOffsets.decode(offset.metadata, committed: offset.offset)
+                    )
+                },
+                uniquingKeysWith: { first, _ in first })
+        } catch {
+            logger.warning(
+                "cannot read committed offsets of the new assignment (\(error)); finished records will be redone")
+            return [:]
+        }
+    }
+
+    /// Reads the users' ledger state of `partitions` from the changelog: the latest record per user.
+    /// A record that is not a valid state is skipped (logged); a changelog that cannot be read after
+    /// three attempts is an error, since going on without the state would overwrite it.
+    static func restoreLedger(
+        of partitions: [Int32], configuration: ProcessorConfiguration, logger: Logger
+    ) async throws(ProcessorError) -> [Int32: [String: EntitlementStateRecord]] {
+        guard !partitions.isEmpty else { return [:] }
+        let clock = ContinuousClock()
+        let started = clock.now
+        var attempt = 1
+        while true {
+            do {
+                return try await readLedger(
+                    of: partitions, configuration: configuration, logger: logger, since: started, clock: clock)
+            } catch  where attempt < 3 {
+                logger.warning("cannot read the changelog '\(configuration.stateTopic)' (\(error)); trying again")
+                try? await Task.sleep(for: .seconds(attempt))
+                attempt += 1
+            } catch {
+                throw ProcessorError(
+                    .kafka, "cannot restore the ledger state from '\(configuration.stateTopic)': \(error)")
+            }
+        }
+    }
+
+    static func readLedger(
+        of partitions: [Int32], configuration: ProcessorConfiguration, logger: Logger,
+        since started: ContinuousClock.Instant, clock: ContinuousClock
+    ) async throws(KafkaError) -> [Int32: [String: EntitlementStateRecord]] {
+        let (latest, records) = try await KafkaPartitionReader.fold(
+            configuration: configuration.kafka, topic: configuration.stateTopic, partitions: partitions,
+            into: [Int32: [String: EntitlementStateRecord]]()
+        ) { latest, message in
+            do {
+                let state = try EntitlementStateRecord(jsonBytes: message.value)
+                latest[message.partition, default: [:]][state.key] = state
+            } catch {
+                // An older valid record of the user, if any, stands.
+                Logger(label: "encore.ledger").warning(
+                    "changelog record \(message.topic)[\(message.partition)]@\(message.offset) is not a valid state (\(error)); skipped"
+                )
+            }
+        }
+        let users = latest.values.reduce(0) { $0 + $1.count }
+        logger.info(
+            "restored the ledger state of \(users) users from \(records) changelog records of \(partitions.count) partitions in \(clock.now - started)"
+        )
+        return latest
+    }
+}
