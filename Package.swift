@@ -23,8 +23,8 @@ let package = Package(
         .target(name: "EncoreTools", dependencies: ["EncoreProcessor", "Kafka", "EncoreEvents"]),
         .executableTarget(
             name: "encore-processor", dependencies: ["EncoreTools", "EncoreProcessor", "Kafka", "EncoreEvents"]),
-        // What every test target shares: waiting for conditions, an embedded cluster.
-        .target(name: "TestSupport", dependencies: ["Kafka"], path: "Tests/TestSupport"),
+        // What test targets share: waiting for conditions, an embedded cluster, a recording controller.
+        .target(name: "TestSupport", dependencies: ["Kafka", "EncoreProcessor"], path: "Tests/TestSupport"),
         .testTarget(name: "KafkaTests", dependencies: ["Kafka", "TestSupport"]),
         .testTarget(name: "EncoreEventsTests", dependencies: ["EncoreEvents"]),
         .testTarget(name: "EncoreToolsTests", dependencies: ["EncoreTools", "EncoreEvents"]),

@@ -8,6 +8,7 @@ struct OffsetTracker<Partition: Hashable> {
         var pending = FIFO<Int64>()
         var finished = Set<Int64>()
         var lastReceived: Int64 = -1
+        var firstReceived: Int64 = -1
 
         var unfinishedCount: Int { pending.count - finished.count }
 
@@ -19,6 +20,7 @@ struct OffsetTracker<Partition: Hashable> {
                 forgotten = unfinishedCount
                 self = PartitionState()
             }
+            if firstReceived < 0 { firstReceived = offset }
             pending.append(offset)
             lastReceived = offset
             return forgotten
@@ -63,6 +65,12 @@ struct OffsetTracker<Partition: Hashable> {
     func commitPosition(_ partition: Partition) -> (next: Int64, finishedAbove: Set<Int64>)? {
         guard let state = partitions[partition], state.lastReceived >= 0 else { return nil }
         return (state.pending.first ?? state.lastReceived + 1, state.finished)
+    }
+
+    /// The first offset of `partition` received since it was assigned (or rewound).
+    func firstReceived(_ partition: Partition) -> Int64? {
+        guard let state = partitions[partition], state.firstReceived >= 0 else { return nil }
+        return state.firstReceived
     }
 
     /// Whether `offset` of `partition` was received already (librdkafka may hand a record out

@@ -11,13 +11,15 @@ enum ProcessorInput: Sendable {
     case assigned(
         [KafkaTopicPartition], finished: [InputPartition: Set<Int64>],
         restored: [Int32: [String: EntitlementStateRecord]])
-    /// Partitions being taken away; `acknowledge` hands them over with the offsets to commit.
-    case revoked([KafkaTopicPartition], @Sendable ([KafkaTopicPartitionOffset]) -> Void)
+    /// Partitions being taken away; the hand-over gives them up with the offsets to commit.
+    case revoked([KafkaTopicPartition], PartitionHandOver)
     /// The consumer failed for good.
     case consumerFailed(KafkaError)
     case consumerEnded
-    case commitFinished
-    case commitFailed([InputPartition])
+    /// A periodic commit ended: what the broker accepted (nothing when it refused).
+    case commitFinished(landed: [InputPartition: KafkaTopicPartitionOffset])
+    /// The broker refused the commit of a hand-over: the next owner redoes `records` finished records.
+    case handOverCommitRefused(records: Int)
     case attemptFinished(call: Int, attempt: Int, Result<PurchaseResult, any Error>)
     /// The broker's answers for outputs, by the token they were produced with.
     case delivered([KafkaDelivery])
@@ -26,6 +28,13 @@ enum ProcessorInput: Sendable {
     /// The processor cannot go on (the ledger's state could not be restored).
     case failed(ProcessorError)
 }
+
+/// Gives revoked partitions up, committing `offsets`; `committed` learns whether the broker took
+/// the commit (`nil`) or refused it.
+typealias PartitionHandOver =
+    @Sendable (
+        _ offsets: [KafkaTopicPartitionOffset], _ committed: @escaping @Sendable (KafkaError?) -> Void
+    ) -> Void
 
 /// A partition the processor reads: of the requests topic, or of the optional sources topic.
 struct InputPartition: Hashable, Comparable, Sendable, CustomStringConvertible {

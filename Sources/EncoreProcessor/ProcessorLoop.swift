@@ -13,8 +13,6 @@ import Kafka
 /// - ``OutputTracker``: outputs until acknowledged, changelog order, redelivery in order.
 /// - ``OffsetTracker``: the contiguous finished prefix to commit.
 final class ProcessorLoop {
-    typealias HandOver = @Sendable ([KafkaTopicPartitionOffset]) -> Void
-
     private let configuration: ProcessorConfiguration
     private let router: PurchaseRouter
     private let recorder: StatisticsRecorder
@@ -25,7 +23,7 @@ final class ProcessorLoop {
     private let clock = ContinuousClock()
     private var random = SystemRandomNumberGenerator()
 
-    private var ownership = PartitionOwnership<HandOver>()
+    private var ownership = PartitionOwnership<PartitionHandOver>()
     private var scheduler: LaneScheduler<WorkItem, UserLane>
     private var calls: CallTable<WorkItem>
     private var outputs = OutputTracker<WorkItem>()
@@ -36,10 +34,12 @@ final class ProcessorLoop {
     /// batch handled (`released` gathers them).
     private let admission: KafkaAdmission
     private var released = 0
-    /// Offsets a previous owner finished beyond its commit (from the commit metadata), per partition.
-    private var finishedByPreviousOwner: [InputPartition: Set<Int64>] = [:]
-    /// What was last committed per partition, to commit only what changed.
-    private var lastCommitted: [InputPartition: KafkaTopicPartitionOffset] = [:]
+    /// Offsets a previous owner finished beyond its commit (from the commit metadata), per partition;
+    /// consumed as they arrive (`skipFinished`), kept whole in `assignedCommit`.
+    private var skipFinished: [InputPartition: Set<Int64>] = [:]
+    private var assignedCommit: [InputPartition: Set<Int64>] = [:]
+    /// The last commit the broker accepted per partition: what the next owner would start from.
+    private var landed: [InputPartition: KafkaTopicPartitionOffset] = [:]
     private var nextCommit: ContinuousClock.Instant
     /// The commit in flight, if any; one at a time.
     private(set) var commitTask: Task<Void, Never>? = nil
@@ -97,13 +97,17 @@ final class ProcessorLoop {
             }
             assign(partitions)
             for (partition, offsets) in finished where !offsets.isEmpty {
-                finishedByPreviousOwner[partition] = offsets
+                skipFinished[partition] = offsets
+                assignedCommit[partition] = offsets
             }
-        case .revoked(let partitions, let acknowledge): revoke(partitions, acknowledge)
-        case .commitFinished:
+        case .revoked(let partitions, let handOver): revoke(partitions, handOver)
+        case .commitFinished(let accepted):
             commitTask = nil
-        case .commitFailed(let partitions):
-            for partition in partitions { lastCommitted[partition] = nil }
+            for (partition, offset) in accepted where ownership.generations[partition] != nil {
+                landed[partition] = offset
+            }
+        case .handOverCommitRefused(let records):
+            statistics.redoneAfterHandOver += records
         case .consumerFailed(let error):
             fail(ProcessorError(.kafka, "consumer failed: \(error)"))
         case .consumerEnded:
@@ -140,7 +144,7 @@ final class ProcessorLoop {
         statistics.received += 1
         if statistics.firstReceivedAtMs == nil { statistics.firstReceivedAtMs = currentTimeMs() }
         // (Checked for emptiness first: modifying through a missing key allocates.)
-        if !finishedByPreviousOwner.isEmpty, finishedByPreviousOwner[partition]?.remove(message.offset) != nil {
+        if !skipFinished.isEmpty, skipFinished[partition]?.remove(message.offset) != nil {
             // Done before a rebalance or restart (its outputs were acknowledged): not again.
             statistics.alreadyFinished += 1
             finish(ref)
@@ -395,23 +399,40 @@ final class ProcessorLoop {
     private func commitIfDue(now: ContinuousClock.Instant) {
         guard now >= nextCommit, commitTask == nil else { return }
         nextCommit = now.advanced(by: configuration.commitInterval)
-        // Only what changed since the last commit that was made.
+        // Only what changed since the last commit the broker accepted.
         let changed = ownership.assigned.sorted().compactMap { partition in
-            commitOffsets(for: [partition]).first.flatMap { lastCommitted[partition] == $0 ? nil : (partition, $0) }
+            commitOffsets(for: [partition]).first.flatMap { landed[partition] == $0 ? nil : (partition, $0) }
         }
         guard !changed.isEmpty else { return }
-        let (partitions, offsets) = (changed.map(\.0), changed.map(\.1))
-        for (partition, offset) in changed { lastCommitted[partition] = offset }
         let (consumer, inbox, logger) = (self.consumer, self.inbox, self.logger)
         commitTask = Task {
             do {
-                try await consumer.commit(offsets)
+                try await consumer.commit(changed.map(\.1))
+                inbox.post(.commitFinished(landed: Dictionary(changed, uniquingKeysWith: { $1 })))
             } catch {
                 logger.warning("offset commit failed (retried at the next interval): \(error)")
-                inbox.post(.commitFailed(partitions))
+                inbox.post(.commitFinished(landed: [:]))
             }
-            inbox.post(.commitFinished)
         }
+    }
+
+    /// Records of `partition` finished in this assignment that the last commit the broker accepted
+    /// does not cover: what the next owner redoes if the hand-over's commit is refused.
+    private func finishedBeyondLanded(_ partition: InputPartition) -> Int {
+        guard let position = tracker.commitPosition(partition), let first = tracker.firstReceived(partition) else {
+            return 0
+        }
+        let covered: (Int64) -> Bool
+        if let landed = landed[partition] {
+            let above = FinishedOffsets.decode(landed.metadata, committed: landed.offset)
+            covered = { $0 < landed.offset || above.contains($0) }
+        } else {
+            // The assignment's commit: where reading started, and what it listed as finished beyond.
+            let above = assignedCommit[partition] ?? []
+            covered = { $0 < first || above.contains($0) }
+        }
+        let prefix = (first..<max(first, position.next)).reduce(0) { $0 + (covered($1) ? 0 : 1) }
+        return prefix + position.finishedAbove.reduce(0) { $0 + (covered($1) ? 0 : 1) }
     }
 
     private func topicName(_ topic: InputPartition.Topic) -> String {
@@ -444,11 +465,11 @@ final class ProcessorLoop {
         if ownership.isDraining { pauseOrResume(partitions, pause: true) }
     }
 
-    private func revoke(_ partitions: [KafkaTopicPartition], _ acknowledge: @escaping HandOver) {
+    private func revoke(_ partitions: [KafkaTopicPartition], _ handOver: @escaping PartitionHandOver) {
         let now = clock.now
         let leaving = Set(
             ownership.revoke(
-                partitions.compactMap { inputPartition($0.topic, $0.partition) }, handOver: acknowledge, now: now,
+                partitions.compactMap { inputPartition($0.topic, $0.partition) }, handOver: handOver, now: now,
                 timeout: configuration.drainTimeout))
         // Work not started stays unprocessed: the next owner reads it again.
         let dropped = scheduler.removeWaiting { leaving.contains($0.ref.partition) }
@@ -481,20 +502,29 @@ final class ProcessorLoop {
         }
     }
 
-    private func handOver(_ revocation: PartitionOwnership<HandOver>.Revocation) {
+    private func handOver(_ revocation: PartitionOwnership<PartitionHandOver>.Revocation) {
         // The consumer commits these, finished offsets included, before letting the partitions go.
         let offsets = commitOffsets(for: revocation.partitions)
+        let atRisk = revocation.partitions.reduce(0) { $0 + finishedBeyondLanded($1) }
         for partition in revocation.partitions {
             tracker.remove(partition)
-            finishedByPreviousOwner[partition] = nil
-            lastCommitted[partition] = nil
+            skipFinished[partition] = nil
+            assignedCommit[partition] = nil
+            landed[partition] = nil
         }
         logger.debug(
             "revoked \(revocation.partitions.count) partitions; committing \(offsets.map { "\($0.partition)@\($0.offset)" })"
         )
         // The next owner restores these users from the changelog.
         ledger.remove(partitions: Set(revocation.partitions.filter { $0.topic == .requests }.map(\.number)))
-        revocation.handOver(offsets)
+        let (inbox, logger) = (self.inbox, self.logger)
+        revocation.handOver(offsets) { error in
+            guard error != nil, atRisk > 0 else { return }
+            logger.warning(
+                "the broker refused the hand-over's commit: the next owner redoes \(atRisk) records finished since the last accepted commit"
+            )
+            inbox.post(.handOverCommitRefused(records: atRisk))
+        }
     }
 
     // MARK: Time

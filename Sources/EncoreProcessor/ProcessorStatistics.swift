@@ -19,6 +19,9 @@ public struct ProcessorStatistics: Sendable {
     public var duplicates = 0
     /// Records skipped because a previous owner of the partition had finished them (commit metadata).
     public var alreadyFinished = 0
+    /// Finished records handed over with a commit the broker refused (librdkafka's mock refuses
+    /// commits during a rebalance): the next owner processes them again.
+    public var redoneAfterHandOver = 0
     /// Controller calls made, retries included.
     public var controllerCalls = 0
     /// Requests whose offsets are committable (outcome delivered, duplicate skipped, or dead-lettered).
@@ -54,6 +57,7 @@ public struct ProcessorStatistics: Sendable {
             total.invalid += part.invalid
             total.duplicates += part.duplicates
             total.alreadyFinished += part.alreadyFinished
+            total.redoneAfterHandOver += part.redoneAfterHandOver
             total.controllerCalls += part.controllerCalls
             total.finished += part.finished
             total.latency.merge(part.latency)

@@ -49,7 +49,7 @@ extension PurchaseProcessor {
                 let shares = router.split(partitions, by: \.partition)
                 let handOver = RevocationHandOver(revocation, parts: shares.count)
                 for (worker, part) in shares {
-                    inboxes[worker].post(.revoked(part, { handOver.acknowledge(committing: $0) }))
+                    inboxes[worker].post(.revoked(part, { handOver.acknowledge(committing: $0, committed: $1) }))
                 }
             case .error(let error):
                 for inbox in inboxes where error.isFatal { inbox.post(.consumerFailed(error)) }

@@ -42,23 +42,31 @@ struct WorkerProducer: OutputProducer {
 }
 
 /// A revocation split among workers: the consumer's revocation is acknowledged, with every
-/// worker's offsets, once each worker has handed over its share.
+/// worker's offsets, once each worker has handed over its share; each learns the commit's fate.
 final class RevocationHandOver: Sendable {
+    private typealias Committed = @Sendable (KafkaError?) -> Void
     private let revocation: KafkaRevocation
-    private let state: Mutex<(remaining: Int, offsets: [KafkaTopicPartitionOffset])>
+    private let state: Mutex<(remaining: Int, offsets: [KafkaTopicPartitionOffset], committed: [Committed])>
 
     init(_ revocation: KafkaRevocation, parts: Int) {
         self.revocation = revocation
-        state = Mutex((parts, []))
+        state = Mutex((parts, [], []))
         if parts == 0 { revocation.acknowledge() }
     }
 
-    func acknowledge(committing offsets: [KafkaTopicPartitionOffset]) {
-        let all = state.withLock { state -> [KafkaTopicPartitionOffset]? in
+    func acknowledge(
+        committing offsets: [KafkaTopicPartitionOffset], committed: @escaping @Sendable (KafkaError?) -> Void
+    ) {
+        let all = state.withLock { state -> ([KafkaTopicPartitionOffset], [Committed])? in
             state.offsets += offsets
+            state.committed.append(committed)
             state.remaining -= 1
-            return state.remaining == 0 ? state.offsets : nil
+            return state.remaining == 0 ? (state.offsets, state.committed) : nil
         }
-        if let all { revocation.acknowledge(committing: all) }
+        if let (offsets, waiting) = all {
+            revocation.acknowledge(committing: offsets) { error in
+                for committed in waiting { committed(error) }
+            }
+        }
     }
 }

@@ -19,18 +19,26 @@ public enum KafkaConsumerEvent: Sendable {
 /// Lets the application say it has finished with revoked partitions.
 public final class KafkaRevocation: Sendable {
     private let semaphore = DispatchSemaphore(value: 0)
-    private let offsets = Mutex<[KafkaTopicPartitionOffset]>([])
+    private let answer = Mutex<(offsets: [KafkaTopicPartitionOffset], committed: (@Sendable (KafkaError?) -> Void)?)>(
+        ([], nil))
 
     init() {}
 
     /// The application is done with the revoked partitions: commit `offsets` (with their metadata;
     /// empty commits what was stored with ``KafkaConsumer/storeOffsets(_:)``) and release them.
-    public func acknowledge(committing offsets: [KafkaTopicPartitionOffset] = []) {
-        self.offsets.withLock { $0 = offsets }
+    /// `committed` learns whether the broker took the commit (`nil`) or why not.
+    public func acknowledge(
+        committing offsets: [KafkaTopicPartitionOffset] = [], committed: (@Sendable (KafkaError?) -> Void)? = nil
+    ) {
+        answer.withLock { $0 = (offsets, committed) }
         semaphore.signal()
     }
 
-    var offsetsToCommit: [KafkaTopicPartitionOffset] { offsets.withLock { $0 } }
+    var offsetsToCommit: [KafkaTopicPartitionOffset] { answer.withLock { $0.offsets } }
+
+    func reportCommit(_ error: KafkaError?) {
+        answer.withLock { $0.committed }?(error)
+    }
 
     func wait(timeout: Duration) -> Bool {
         semaphore.wait(timeout: .now() + .milliseconds(timeout.milliseconds)) == .success
@@ -276,7 +284,11 @@ public final class KafkaConsumer: Sendable {
             if err != RD_KAFKA_RESP_ERR_NO_ERROR && err != RD_KAFKA_RESP_ERR__NO_OFFSET {
                 // Kafka accepts a commit from the current generation here; librdkafka's mock cluster
                 // answers REBALANCE_IN_PROGRESS, leaving the last periodic commit in place.
-                logger.warning("commit on revocation failed: \(KafkaError(err, context: ""))")
+                let error = KafkaError(err, context: "commit on revocation")
+                logger.warning("\(error)")
+                revocation.reportCommit(error)
+            } else {
+                revocation.reportCommit(nil)
             }
             if cooperative {
                 if let error = rd_kafka_incremental_unassign(handle, list) {

@@ -176,7 +176,7 @@ final class LoopHarness: Sendable {
             inbox.post(
                 .revoked(
                     partitions.map { KafkaTopicPartition(topic: Self.topic, partition: $0) },
-                    { continuation.resume(returning: $0) }))
+                    { offsets, _ in continuation.resume(returning: offsets) }))
         }
     }
 
@@ -230,105 +230,6 @@ func request(_ index: Int, user: String, product: String = "rc_pro_monthly", app
     PurchaseRequestEvent(
         requestID: "req-\(index)", appID: app, appUserID: user, productID: product, store: .appStore,
         environment: .production, requestedAtMs: 1_764_475_643_000 + Int64(index))
-}
-
-/// A controller that records concurrency and per-user order, with a latency per request and an
-/// optional gate that holds calls until opened.
-final class RecordingController: PurchaseController {
-    struct State {
-        var running = 0
-        var maxRunning = 0
-        var runningUsers = Set<String>()
-        var overlaps: [String] = []
-        var callsByUser: [String: [String]] = [:]
-        var callsByRequest: [String: Int] = [:]
-        var calls = 0
-        /// Calls the processor cancelled.
-        var cancelled = 0
-        /// Calls that have returned.
-        var returned = 0
-
-        /// Request ids called more than once.
-        var repeated: [String] { callsByRequest.filter { $0.value > 1 }.keys.sorted() }
-    }
-    let state = Mutex(State())
-    let latency: @Sendable (PurchaseRequest) -> Duration
-    let gate: Gate?
-    let answer: @Sendable (PurchaseRequest) throws -> PurchaseResult
-
-    init(
-        latency: @escaping @Sendable (PurchaseRequest) -> Duration = { _ in .zero }, gate: Gate? = nil,
-        answer: @escaping @Sendable (PurchaseRequest) throws -> PurchaseResult = { _ in .purchased }
-    ) {
-        self.latency = latency
-        self.gate = gate
-        self.answer = answer
-    }
-
-    func purchase(_ request: PurchaseRequest) async throws -> PurchaseResult {
-        let user = request.appUserId
-        state.withLock { state in
-            state.calls += 1
-            state.running += 1
-            state.maxRunning = max(state.maxRunning, state.running)
-            if !state.runningUsers.insert(user).inserted { state.overlaps.append(user) }
-            state.callsByUser[user, default: []].append(request.requestId)
-            state.callsByRequest[request.requestId, default: 0] += 1
-        }
-        defer {
-            state.withLock { state in
-                state.running -= 1
-                state.returned += 1
-                state.runningUsers.remove(user)
-            }
-        }
-        if let gate {
-            // The gate ignores cancellation (a controller that goes on regardless); it is counted.
-            await withTaskCancellationHandler {
-                await gate.wait(request)
-            } onCancel: {
-                state.withLock { $0.cancelled += 1 }
-            }
-        }
-        let delay = latency(request)
-        if delay > .zero { try await Task.sleep(for: delay) }
-        return try answer(request)
-    }
-
-    var snapshot: State { state.withLock { $0 } }
-}
-
-/// Holds calls for which `holds` is true until ``open()``.
-final class Gate: Sendable {
-    private let state = Mutex<(open: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
-    let holds: @Sendable (PurchaseRequest) -> Bool
-
-    init(holds: @escaping @Sendable (PurchaseRequest) -> Bool = { _ in true }) {
-        self.holds = holds
-    }
-
-    func wait(_ request: PurchaseRequest) async {
-        guard holds(request) else { return }
-        await withCheckedContinuation { continuation in
-            let resumeNow = state.withLock { state in
-                if state.open { return true }
-                state.waiters.append(continuation)
-                return false
-            }
-            if resumeNow { continuation.resume() }
-        }
-    }
-
-    var waiting: Int { state.withLock { $0.waiters.count } }
-
-    func open() {
-        let waiters = state.withLock { state in
-            state.open = true
-            defer { state.waiters = [] }
-            return state.waiters
-        }
-        for waiter in waiters { waiter.resume() }
-    }
 }
 
 func router(_ controller: any PurchaseController, routes: [PurchaseRouter.Match] = [.any]) -> PurchaseRouter {

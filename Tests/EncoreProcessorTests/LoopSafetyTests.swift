@@ -21,7 +21,7 @@ struct LoopSafetyTests {
             harness.inbox.post(
                 .revoked(
                     partitions.map { KafkaTopicPartition(topic: LoopHarness.topic, partition: $0) },
-                    { offsets in self.state.withLock { $0 = offsets } }))
+                    { offsets, _ in self.state.withLock { $0 = offsets } }))
         }
     }
 

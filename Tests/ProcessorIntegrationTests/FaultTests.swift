@@ -43,4 +43,48 @@ struct FaultTests {
         #expect(Set(outcomes.map(\.requestID)) == ids)
         withExtendedLifetime(cluster) {}
     }
+
+    @Test(
+        "an outage longer than message.timeout.ms: outputs are produced again, each request called once, outcomes once and in order"
+    )
+    func outageBeyondMessageTimeout() async throws {
+        let cluster = try embeddedClusterWithTopics(partitions: 4)
+        let bootstrap = cluster.bootstrapServers
+        var options = RequestGenerator.Options()
+        options.users = 200
+        options.seed = 32
+        let produced = try await produceRequests(bootstrap: bootstrap, count: 3000, options: options)
+        let valid = produced.filter { $0.requestID != nil }
+        let controller = RecordingController(latency: { _ in .milliseconds(2) })
+        let processor = try processor(
+            bootstrap: bootstrap, group: "long-outage", maxInFlight: 20, controller: controller,
+            kafka: ["message.timeout.ms": "1500"])
+        async let running: Void = processor.run()
+        #expect(await eventually { processor.statistics.finished >= 300 })
+        try cluster.setBrokerDown(1)
+        let finishedDuringOutage = processor.statistics.finished
+        // Longer than message.timeout.ms: librdkafka gives the outputs up, the processor produces them again.
+        try await Task.sleep(for: .seconds(4))
+        try cluster.setBrokerUp(1)
+        #expect(await eventually(timeout: .seconds(120)) { processor.statistics.finished >= produced.count })
+        #expect(finishedDuringOutage < produced.count, "the outage should land mid-run")
+        let committedAll = try await eventually {
+            try await committedOffsets(
+                bootstrap: bootstrap, group: "long-outage", topic: Topics.requests, partitions: 4
+            )
+            .values.reduce(0, +) == Int64(produced.count)
+        }
+        #expect(committedAll)
+        processor.shutdown()
+        try await running
+        let calls = controller.snapshot
+        #expect(calls.repeated.isEmpty && calls.overlaps.isEmpty && calls.calls == valid.count)
+        let outcomes = try await readTopic(bootstrap: bootstrap, topic: Topics.outcomes, partitions: 4)
+        #expect(outcomes.count == valid.count, "\(outcomes.count - valid.count) repeated outcomes")
+        let requested = try requestIDsByUser(
+            try await readTopic(bootstrap: bootstrap, topic: Topics.requests, partitions: 4))
+        let reordered = requested.filter { try! requestIDsByUser(outcomes)[$0.key] != $0.value }
+        #expect(reordered.isEmpty, "users whose outcomes are out of order: \(reordered.keys.sorted().prefix(5))")
+        withExtendedLifetime(cluster) {}
+    }
 }

@@ -70,7 +70,12 @@ struct RebalanceTests {
         // Kafka takes the commit made on revoke; librdkafka's mock refuses commits during a
         // rebalance, so here what finished after the last periodic commit that landed is repeated.
         #expect(first.statistics.alreadyFinished + second.statistics.alreadyFinished > 0)
-        #expect(outcomes.count - ids.count < ids.count / 2, "\(outcomes.count - ids.count) repeated outcomes")
+        // Repeats come only from hand-overs whose commit the mock refused (see GracefulRebalanceTests),
+        // less what a member that got a partition back skipped as already answered.
+        let redone = [first, second].map(\.statistics).reduce(0) { $0 + $1.redoneAfterHandOver - $1.duplicates }
+        #expect(
+            outcomes.count - ids.count == redone, "\(outcomes.count - ids.count) repeated outcomes, \(redone) explained"
+        )
         // The ledger moved with the partitions: every user's changes are numbered 1...n with no gap
         // (a request redone by the new owner may publish a change again, under the same number),
         // and the changelog's latest state of each user is at that user's last change.

@@ -206,6 +206,17 @@ func simulatedProcessor(
     weights: [(answer: SimulatedController.Answer, weight: Double)] = [(.purchased, 1)], seed: UInt64 = 1,
     kafka: [String: String] = [:], configure: (inout ProcessorConfiguration) -> Void = { _ in }
 ) throws -> PurchaseProcessor {
+    try processor(
+        bootstrap: bootstrap, group: group, maxInFlight: maxInFlight,
+        controller: SimulatedController(meanLatency: latency, weights: weights, seed: seed), kafka: kafka,
+        configure: configure)
+}
+
+/// A processor in `group` whose every product goes to `controller`.
+func processor(
+    bootstrap: String, group: String, maxInFlight: Int, controller: any PurchaseController,
+    kafka: [String: String] = [:], configure: (inout ProcessorConfiguration) -> Void = { _ in }
+) throws -> PurchaseProcessor {
     var properties = kafka
     properties["bootstrap.servers"] = bootstrap
     var configuration = ProcessorConfiguration(kafka: KafkaConfiguration(properties))
@@ -213,7 +224,21 @@ func simulatedProcessor(
     configuration.maxInFlight = maxInFlight
     configure(&configuration)
     var router = PurchaseRouter()
-    router.register("simulated", SimulatedController(meanLatency: latency, weights: weights, seed: seed))
-    router.route(.any, to: "simulated")
+    router.register("controller", controller)
+    router.route(.any, to: "controller")
     return try PurchaseProcessor(configuration: configuration, router: router)
+}
+
+/// Request ids per user (`app_id:app_user_id`) in the order of `messages` (a user's records share
+/// a partition, so its order is offset order).
+func requestIDsByUser(_ messages: [KafkaMessage]) throws -> [String: [String]] {
+    var byUser: [String: [String]] = [:]
+    for message in messages.sorted(by: { ($0.partition, $0.offset) < ($1.partition, $1.offset) }) {
+        guard let object = try? JSONValue.parse(message.value), case .object(let fields) = object,
+            case .string(let id)? = fields["request_id"], case .string(let app)? = fields["app_id"],
+            case .string(let user)? = fields["app_user_id"]
+        else { continue }
+        byUser["\(app):\(user)", default: []].append(id)
+    }
+    return byUser
 }
