@@ -139,7 +139,7 @@ public struct DeadLetterEvent: EncoreEvent, Hashable {
     }
 
     public init(jsonBytes: some Collection<UInt8>) throws(EventValidationError) {
-        self = try Self.decode(jsonBytes) { (json) throws(EventValidationError) in
+        self = try Self.decode(jsonBytes, limit: EventLimits.deadLetterBytes) { (json) throws(EventValidationError) in
             let failure = try json.object("error")
             var headers: [Header]? = nil
             if let items = try json.optionalArray("original_headers", maxItems: 256) {

@@ -30,6 +30,9 @@ public enum EventLimits {
     public static let messageLength = 4096
     /// Largest record value the processor accepts, in bytes.
     public static let recordBytes = 64 * 1024
+    /// Largest dead letter: it carries the original record (up to 256 KiB, base64 when binary) and
+    /// its headers; Kafka's default `message.max.bytes`.
+    public static let deadLetterBytes = 1024 * 1024
 }
 
 /// The user key of every record: `"{app_id}:{app_user_id}"`, so one user's records share a partition.
@@ -40,11 +43,11 @@ public func userKey(appID: String, appUserID: String) -> String {
 extension EncoreEvent {
     /// Parses `bytes` and hands the top-level object to `body`, rejecting oversized records first.
     static func decode<T>(
-        _ bytes: some Collection<UInt8>, _ body: (JSONFieldReader) throws(EventValidationError) -> T
+        _ bytes: some Collection<UInt8>, limit: Int = EventLimits.recordBytes,
+        _ body: (JSONFieldReader) throws(EventValidationError) -> T
     ) throws(EventValidationError) -> T {
-        guard bytes.count <= EventLimits.recordBytes else {
-            throw EventValidationError(
-                .tooLarge, field: "", "record is \(bytes.count) bytes, at most \(EventLimits.recordBytes) allowed")
+        guard bytes.count <= limit else {
+            throw EventValidationError(.tooLarge, field: "", "record is \(bytes.count) bytes, at most \(limit) allowed")
         }
         return try body(JSONFieldReader(JSONValue.parse(bytes)))
     }
