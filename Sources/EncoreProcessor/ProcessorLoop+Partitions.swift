@@ -1,0 +1,158 @@
+import EncoreEvents
+import Kafka
+
+/// The loop's partitions: assignment, commits of the finished prefix, revocation and hand-over.
+extension ProcessorLoop {
+    /// The record's work is complete: advance the committable offset of its partition.
+    func finish(_ ref: RecordRef) {
+        statistics.finished += 1
+        statistics.lastFinishedAtMs = currentTimeMs()
+        released += 1
+        guard ownership.owns(ref) else { return }
+        _ = tracker.finished(ref.partition, offset: ref.offset)
+    }
+
+    /// The offsets to commit for `partitions`, with the finished offsets beyond them as metadata.
+    func commitOffsets(for partitions: some Sequence<InputPartition>) -> [KafkaTopicPartitionOffset] {
+        partitions.sorted().compactMap { partition in
+            guard let position = tracker.commitPosition(partition) else { return nil }
+            return KafkaTopicPartitionOffset(
+                topic: topicName(partition.topic), partition: partition.number, offset: position.next,
+                metadata: FinishedOffsets.encode(committed: position.next, finished: position.finishedAbove))
+        }
+    }
+
+    /// Every owned partition's commit position: what shutdown commits last.
+    var finalCommitOffsets: [KafkaTopicPartitionOffset] { commitOffsets(for: ownership.generations.keys) }
+
+    func commitIfDue(now: ContinuousClock.Instant) {
+        guard now >= nextCommit, commitTask == nil else { return }
+        nextCommit = now.advanced(by: configuration.commitInterval)
+        // Only what changed since the last commit the broker accepted.
+        let changed = ownership.assigned.sorted().compactMap { partition in
+            commitOffsets(for: [partition]).first.flatMap { landed[partition] == $0 ? nil : (partition, $0) }
+        }
+        guard !changed.isEmpty else { return }
+        let (consumer, inbox, logger) = (self.consumer, self.inbox, self.logger)
+        commitTask = Task {
+            do {
+                try await consumer.commit(changed.map(\.1))
+                inbox.post(.commitFinished(landed: Dictionary(changed, uniquingKeysWith: { $1 })))
+            } catch {
+                logger.warning("offset commit failed (retried at the next interval): \(error)")
+                inbox.post(.commitFinished(landed: [:]))
+            }
+        }
+    }
+
+    /// Records of `partition` finished in this assignment that the last commit the broker accepted
+    /// does not cover: what the next owner redoes if the hand-over's commit is refused.
+    func finishedBeyondLanded(_ partition: InputPartition) -> Int {
+        guard let position = tracker.commitPosition(partition), let first = tracker.firstReceived(partition) else {
+            return 0
+        }
+        let covered: (Int64) -> Bool
+        if let landed = landed[partition] {
+            let above = FinishedOffsets.decode(landed.metadata, committed: landed.offset)
+            covered = { $0 < landed.offset || above.contains($0) }
+        } else {
+            // The assignment's commit: where reading started, and what it listed as finished beyond.
+            let above = assignedCommit[partition] ?? []
+            covered = { $0 < first || above.contains($0) }
+        }
+        let prefix = (first..<max(first, position.next)).reduce(0) { $0 + (covered($1) ? 0 : 1) }
+        return prefix + position.finishedAbove.reduce(0) { $0 + (covered($1) ? 0 : 1) }
+    }
+
+    func topicName(_ topic: InputPartition.Topic) -> String {
+        switch topic {
+        case .requests: configuration.requestsTopic
+        case .sources: configuration.sourcesTopic ?? ""
+        }
+    }
+
+    /// The input partition of a topic's partition; `nil` for a topic the processor does not read.
+    func inputPartition(_ topic: String, _ number: Int32) -> InputPartition? {
+        if topic == configuration.requestsTopic { return .requests(number) }
+        if topic == configuration.sourcesTopic { return InputPartition(topic: .sources, number: number) }
+        return nil
+    }
+
+    func pauseOrResume(_ inputs: some Collection<InputPartition>, pause: Bool) {
+        let partitions = inputs.sorted().map { KafkaTopicPartition(topic: topicName($0.topic), partition: $0.number) }
+        do {
+            if pause { try consumer.pause(partitions) } else { try consumer.resume(partitions) }
+        } catch {
+            logger.warning("cannot \(pause ? "pause" : "resume") partitions: \(error)")
+        }
+    }
+
+    func assign(_ assignment: [KafkaTopicPartition]) {
+        let partitions = assignment.compactMap { inputPartition($0.topic, $0.partition) }
+        for partition in partitions { tracker.remove(partition) }
+        ownership.assign(partitions)
+        if ownership.isDraining { pauseOrResume(partitions, pause: true) }
+    }
+
+    func revoke(_ partitions: [KafkaTopicPartition], _ handOver: @escaping PartitionHandOver) {
+        let now = clock.now
+        let leaving = Set(
+            ownership.revoke(
+                partitions.compactMap { inputPartition($0.topic, $0.partition) }, handOver: handOver, now: now,
+                timeout: configuration.drainTimeout))
+        // Work not started stays unprocessed: the next owner reads it again.
+        let dropped = scheduler.removeWaiting { leaving.contains($0.ref.partition) }
+        released += dropped.count
+        if !dropped.isEmpty { logger.info("revoked: \(dropped.count) queued requests left to the next owner") }
+        for action in calls.handOver(where: leaving.contains, by: now.advanced(by: configuration.drainTimeout)) {
+            perform(action)
+        }
+    }
+
+    /// Completes the revocations whose partitions have nothing in work; reports overdue ones and
+    /// cancels their calls (then waits for them: a partition is never handed over with a call alive).
+    func pollOwnership() {
+        let actions = ownership.poll(now: clock.now) { partition in
+            // A periodic commit still in flight could land after the hand-over's and set offsets back;
+            // ledger updates of no record (expiries) must reach the changelog before the next owner reads it.
+            commitTask != nil || (partition.topic == .requests && outputs.hasUpdates(ofPartition: partition.number))
+        }
+        for action in actions {
+            switch action {
+            case .handOver(let revocation):
+                handOver(revocation)
+            case .overdue(let partitions, let inWork):
+                logger.error(
+                    "hand-over of partitions \(partitions.sorted()) is overdue: \(inWork) records still in work; cancelling their calls and waiting for them to return (the partitions are not released while a call runs)"
+                )
+                let leaving = Set(partitions)
+                for action in calls.interrupt(where: leaving.contains) { perform(action) }
+            }
+        }
+    }
+
+    func handOver(_ revocation: PartitionOwnership<PartitionHandOver>.Revocation) {
+        // The consumer commits these, finished offsets included, before letting the partitions go.
+        let offsets = commitOffsets(for: revocation.partitions)
+        let atRisk = revocation.partitions.reduce(0) { $0 + finishedBeyondLanded($1) }
+        for partition in revocation.partitions {
+            tracker.remove(partition)
+            skipFinished[partition] = nil
+            assignedCommit[partition] = nil
+            landed[partition] = nil
+        }
+        logger.debug(
+            "revoked \(revocation.partitions.count) partitions; committing \(offsets.map { "\($0.partition)@\($0.offset)" })"
+        )
+        // The next owner restores these users from the changelog.
+        ledger.remove(partitions: Set(revocation.partitions.filter { $0.topic == .requests }.map(\.number)))
+        let (inbox, logger) = (self.inbox, self.logger)
+        revocation.handOver(offsets) { error in
+            guard error != nil, atRisk > 0 else { return }
+            logger.warning(
+                "the broker refused the hand-over's commit: the next owner redoes \(atRisk) records finished since the last accepted commit"
+            )
+            inbox.post(.handOverCommitRefused(records: atRisk))
+        }
+    }
+}
