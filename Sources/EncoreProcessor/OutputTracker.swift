@@ -2,14 +2,14 @@ import EncoreEvents
 import Kafka
 
 /// The outputs of one loop between being sent and being acknowledged: which record each belongs
-/// to (a record is done when all of its outputs are), the order of a user's changelog records, and
-/// the redelivery of failed outputs without reordering a user's outputs.
+/// to (a record is done when all of its outputs are), and the order of a user's outputs.
 ///
-/// Outputs are handed out as tokens (``takeUnsent()``) and come back as ``KafkaDelivery``s. A
-/// retriable failure is produced again after `redeliveryDelay`; until it is acknowledged, later
-/// outputs of the same user (same record key) wait behind it. Any other failure is fatal: the
-/// record never finishes, so its offset is never committed. A pure state machine; `Item` is what
-/// the loop keeps with a record (its work item).
+/// Outputs are handed out as tokens (``takeUnsent()``) and come back as ``KafkaDelivery``s. A user
+/// has at most one output in flight per topic, so a retriable failure, produced again after
+/// `redeliveryDelay`, is still ahead of the user's later outputs: outcomes by the user's lane (held
+/// until its outputs are acknowledged), changelog records by the update order, change events here.
+/// Any other failure is fatal: the record never finishes, so its offset is never committed. A pure
+/// state machine; `Item` is what the loop keeps with a record (its work item).
 struct OutputTracker<Item> {
     private struct Slot {
         var ref: RecordRef?
@@ -53,8 +53,8 @@ struct OutputTracker<Item> {
     private var nextUpdateID = 0
     /// Failed outputs waiting to be produced again (one delay for all: FIFO is due order).
     private var redeliveries = FIFO<(due: ContinuousClock.Instant, token: Int)>()
-    /// Per record key: outputs being redelivered, and the later outputs held behind them.
-    private var blocked: [[UInt8]: (redelivering: Int, held: FIFO<(token: UInt, output: UnsentOutput)>)] = [:]
+    /// Users with a change event in flight, and their later change events waiting behind it.
+    private var changesInFlight: [String: FIFO<(token: UInt, output: UnsentOutput)>] = [:]
     private var unsent: [(token: UInt, output: UnsentOutput)] = []
     /// Outputs handed out and not answered yet.
     private(set) var awaitingAnswer = 0
@@ -64,7 +64,7 @@ struct OutputTracker<Item> {
     }
 
     /// Nothing is being produced, redelivered or held.
-    var isIdle: Bool { awaitingAnswer == 0 && redeliveries.isEmpty && blocked.isEmpty }
+    var isIdle: Bool { awaitingAnswer == 0 && redeliveries.isEmpty }
 
     /// Records with outputs not yet acknowledged.
     var pendingRecords: Int { records.count }
@@ -115,7 +115,6 @@ struct OutputTracker<Item> {
             if let error = delivery.error {
                 let topic = delivery.record?.topic ?? slot.redelivery?.topic ?? "?"
                 if error.isRetriableDelivery, let record = delivery.record ?? slot.redelivery {
-                    if slot.redelivery == nil { blocked[record.key ?? [], default: (0, FIFO())].redelivering += 1 }
                     slots[token]!.redelivery = record
                     redeliveries.append((now.advanced(by: redeliveryDelay), token))
                     events.append(.redelivering(topic: topic, error))
@@ -126,7 +125,6 @@ struct OutputTracker<Item> {
                 continue
             }
             free(token)
-            if let record = slot.redelivery { unblock(record.key ?? []) }
             acknowledged(slot, into: &events)
         }
         return events
@@ -160,10 +158,13 @@ struct OutputTracker<Item> {
             token = slots.count
             slots.append(slot)
         }
-        // A user's output waits behind one of the user's outputs being produced again.
-        if !blocked.isEmpty, let key = unsentOutput.recordKey, blocked[key] != nil {
-            blocked[key]!.held.append((UInt(token), unsentOutput))
-            return
+        // A user's change event waits behind the user's change in flight.
+        if case .entitlementChange(let id) = output, let key = updates[id]?.state.key {
+            if changesInFlight[key] != nil {
+                changesInFlight[key]!.append((UInt(token), unsentOutput))
+                return
+            }
+            changesInFlight[key] = FIFO()
         }
         awaitingAnswer += 1
         unsent.append((UInt(token), unsentOutput))
@@ -174,17 +175,13 @@ struct OutputTracker<Item> {
         freeSlots.append(token)
     }
 
-    private mutating func unblock(_ key: [UInt8]) {
-        guard var entry = blocked[key] else { return }
-        entry.redelivering -= 1
-        guard entry.redelivering == 0 else {
-            blocked[key] = entry
-            return
-        }
-        blocked[key] = nil
-        while let held = entry.held.popFirst() {
+    /// The user's change in flight was acknowledged: the next one goes.
+    private mutating func changeAcknowledged(ofUser key: String) {
+        if let next = changesInFlight[key]?.popFirst() {
             awaitingAnswer += 1
-            unsent.append(held)
+            unsent.append(next)
+        } else {
+            changesInFlight[key] = nil
         }
     }
 
@@ -193,6 +190,7 @@ struct OutputTracker<Item> {
         switch slot.output {
         case .entitlementChange(let id):
             if let key = updates[id]?.state.key {
+                changeAcknowledged(ofUser: key)
                 updates[id]!.unacknowledgedChanges -= 1
                 writeStateIfReady(ofUser: key)
             }
@@ -223,18 +221,5 @@ struct OutputTracker<Item> {
         updates[id]!.isWritten = true
         // Counted with its update already.
         enqueue(.entitlementState(update: id), .state(update.state, partition: update.partition), for: update.ref)
-    }
-}
-
-extension UnsentOutput {
-    /// The key the output's record will carry: `{app_id}:{app_user_id}` for a user's outputs.
-    var recordKey: [UInt8]? {
-        switch self {
-        case .outcome(let outcome): Array(outcome.key.utf8)
-        case .change(let change): Array(change.key.utf8)
-        case .state(let state, _): Array(state.key.utf8)
-        case .deadLetter(_, let key): key
-        case .record(let record): record.key
-        }
     }
 }

@@ -20,6 +20,9 @@ struct PartitionOwnership<HandOver> {
         case handOver(Revocation)
         /// The deadline passed with records still in work (reported again every `reportInterval`).
         case overdue([InputPartition], inWork: Int)
+        /// Still in work `stuckAfter` past the deadline: the group is about to give the partitions
+        /// to another member anyway (`max.poll.interval.ms`), so the processor must stop first.
+        case stuck([InputPartition], inWork: Int)
     }
 
     /// Owned partitions (assigned, or revoked and not yet handed over) and their generation.
@@ -31,9 +34,11 @@ struct PartitionOwnership<HandOver> {
     /// Set once shutdown begins: no new records are taken.
     private(set) var drainDeadline: ContinuousClock.Instant? = nil
     let reportInterval: Duration
+    let stuckAfter: Duration
 
-    init(reportInterval: Duration = .seconds(10)) {
+    init(reportInterval: Duration = .seconds(10), stuckAfter: Duration = .seconds(55)) {
         self.reportInterval = reportInterval
+        self.stuckAfter = stuckAfter
     }
 
     var isDraining: Bool { drainDeadline != nil }
@@ -46,9 +51,10 @@ struct PartitionOwnership<HandOver> {
         revocations.contains { $0.partitions.contains(partition) }
     }
 
-    /// Partitions newly assigned: each gets a generation never used before.
+    /// Partitions newly assigned: each gets a generation never used before. A partition still
+    /// owned keeps its generation (its work goes on).
     mutating func assign(_ partitions: [InputPartition]) {
-        for partition in partitions {
+        for partition in partitions where generations[partition] == nil {
             lastGeneration += 1
             generations[partition] = lastGeneration
         }
@@ -109,7 +115,9 @@ struct PartitionOwnership<HandOver> {
                 actions.append(.handOver(revocation))
                 continue
             }
-            if working > 0, now >= revocation.deadline,
+            if working > 0, now >= revocation.deadline.advanced(by: stuckAfter) {
+                actions.append(.stuck(revocation.partitions, inWork: working))
+            } else if working > 0, now >= revocation.deadline,
                 revocation.reportedAt.map({ now >= $0.advanced(by: reportInterval) }) ?? true
             {
                 revocations[index].reportedAt = now

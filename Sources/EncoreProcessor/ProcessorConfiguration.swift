@@ -56,6 +56,14 @@ public struct ProcessorConfiguration: Sendable {
     /// librdkafka's default of five minutes.
     var minimumMaxPollIntervalMs: Int { max(300_000, drainTimeout.milliseconds + 60_000) }
 
+    /// How long past the drain deadline a call that ignores cancellation may hold a revoked
+    /// partition (or the shutdown) before the processor stops without handing it over: what is left
+    /// of `max.poll.interval.ms`, after which the group gives the partition to another member anyway.
+    var stuckCallLimit: Duration {
+        let interval = kafka["max.poll.interval.ms"].flatMap { Int($0) } ?? minimumMaxPollIntervalMs
+        return .milliseconds(max(1000, interval - drainTimeout.milliseconds - 5000))
+    }
+
     /// One worker's share: the in-flight bound and the duplicate window divided among the
     /// workers (rounded up).
     var perWorker: ProcessorConfiguration {
@@ -132,6 +140,9 @@ public struct ProcessorError: Error, Sendable, CustomStringConvertible {
         public static let invalidConfiguration = Code(name: "invalid_configuration")
         public static let kafka = Code(name: "kafka")
         public static let outputLost = Code(name: "output_lost")
+        /// A controller call ignored cancellation past the hand-over limit: the processor stops
+        /// without handing its partitions over; exit the process so the call ends with it.
+        public static let callStuck = Code(name: "call_stuck")
     }
 
     public var code: Code

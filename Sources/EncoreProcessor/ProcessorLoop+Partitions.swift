@@ -127,6 +127,10 @@ extension ProcessorLoop {
                 )
                 let leaving = Set(partitions)
                 for action in calls.interrupt(where: leaving.contains) { perform(action) }
+            case .stuck(let partitions, let inWork):
+                stop(
+                    stuck:
+                        "a call of partitions \(partitions.sorted()) ignored cancellation (\(inWork) records in work)")
             }
         }
     }

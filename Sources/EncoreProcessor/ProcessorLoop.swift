@@ -24,7 +24,7 @@ final class ProcessorLoop {
     /// Jitter for retry backoff: a cheap generator (one draw per controller result), seeded once.
     var random = SplitMix64(seed: UInt64.random(in: 0...UInt64.max))
 
-    var ownership = PartitionOwnership<PartitionHandOver>()
+    var ownership: PartitionOwnership<PartitionHandOver>
     var scheduler: LaneScheduler<WorkItem, UserLane>
     var calls: CallTable<WorkItem>
     var outputs = OutputTracker<WorkItem>()
@@ -44,6 +44,8 @@ final class ProcessorLoop {
     var nextCommit: ContinuousClock.Instant
     /// The commit in flight, if any; one at a time.
     var commitTask: Task<Void, Never>? = nil
+    /// When the drain's overdue calls were last reported.
+    var drainReportedAt: ContinuousClock.Instant? = nil
 
     /// Counters kept here and published on each tick (and when the loop ends).
     var statistics = ProcessorStatistics()
@@ -67,6 +69,8 @@ final class ProcessorLoop {
         self.logger = logger
         scheduler = LaneScheduler(maxInFlight: configuration.maxInFlight)
         calls = CallTable(timeout: configuration.callTimeout, retry: configuration.retry)
+        ownership = PartitionOwnership(
+            reportInterval: configuration.drainTimeout, stuckAfter: configuration.stuckCallLimit)
         recent = RecentRequests(capacity: configuration.duplicateWindow)
         self.admission = admission
         encoder = OutputEncoder(configuration: configuration)
@@ -387,19 +391,44 @@ final class ProcessorLoop {
 
     func checkDrained() {
         guard let deadline = ownership.drainDeadline else { return }
+        let now = clock.now
         if calls.isEmpty && outputs.isIdle {
             end()
-        } else if clock.now >= deadline {
+        } else if now >= deadline && calls.isEmpty {
             logger.error(
-                "drain timed out with \(calls.count) calls that ignored cancellation and \(outputs.pendingRecords) records with undelivered outputs; their records are not committed and will be processed again"
+                "drain timed out with \(outputs.pendingRecords) records whose outputs are undelivered; they are not committed and will be processed again"
             )
             end()
+        } else if now >= deadline.advanced(by: configuration.stuckCallLimit) {
+            stop(stuck: "\(calls.count) calls ignored cancellation at shutdown")
+        } else if now >= deadline, drainReportedAt.map({ now >= $0.advanced(by: configuration.drainTimeout) }) ?? true {
+            // Never end with a call alive: its partitions would go to another member while it runs.
+            drainReportedAt = now
+            logger.error(
+                "drain deadline passed with \(calls.count) calls running: cancelling them and waiting for them to return"
+            )
+            for action in calls.interrupt(where: { _ in true }) { perform(action) }
         }
+    }
+
+    /// Ends the loop without handing anything over: a call is still alive after the hand-over limit.
+    /// ``PurchaseProcessor/run()`` throws ``ProcessorError/Code/callStuck``; the process must exit
+    /// (ending the call with it) before the group gives the partitions to another member.
+    func stop(stuck reason: String) {
+        guard !isFinished else { return }
+        let error = ProcessorError(
+            .callStuck,
+            "\(reason) for longer than the hand-over allows (\(configuration.stuckCallLimit) past the drain timeout, within max.poll.interval.ms); stopping without handing the partitions over, so that the call cannot run beside their next owner"
+        )
+        logger.error("\(error)")
+        failure = error
+        isFinished = true
+        recorder.publish(statistics)
     }
 
     func end() {
         isFinished = true
-        // Nothing more happens here: revocations still waiting are handed over with what finished.
+        // Nothing is in work: revocations still waiting are handed over with what finished.
         for revocation in ownership.takeRevocations() { handOver(revocation) }
         recorder.publish(statistics)
     }

@@ -61,7 +61,10 @@ public final class PurchaseProcessor: Sendable {
     }
 
     /// Processes until ``shutdown()`` is called (or the task is cancelled), then drains and returns.
-    /// Throws when the processor cannot go on without losing data (an output that cannot be delivered).
+    /// Throws when the processor cannot go on without losing data (an output that cannot be
+    /// delivered), or ``ProcessorError/Code/callStuck`` when a controller call ignored cancellation
+    /// for as long as the group allows: then the partitions were not handed over, and the caller
+    /// must exit the process so that the call cannot run beside their next owner.
     public func run() async throws(ProcessorError) {
         guard !hasRun.exchange(true, ordering: .acquiringAndReleasing) else {
             throw ProcessorError(.invalidConfiguration, "a processor runs once; create a new one")
@@ -148,7 +151,13 @@ public final class PurchaseProcessor: Sendable {
         } catch {
             logger.error("final offset commit failed: \(error)")
         }
-        await clients.consumer.close()
+        if failure?.code == .callStuck {
+            // Closing would hand the partitions over while the call still runs: leave the group to
+            // the process's exit, which ends the call too.
+            logger.error("not leaving the group cleanly: exit the process now")
+        } else {
+            await clients.consumer.close()
+        }
         forwarder.cancel()
         await forwarder.value
         await ticker.value

@@ -108,6 +108,13 @@ final class FakeProducer: OutputProducer {
     }
 }
 
+/// Set once, when the harness's loop has ended.
+final class EndedFlag: Sendable {
+    private let value = Atomic<Bool>(false)
+    var isSet: Bool { value.load(ordering: .acquiring) }
+    func set() { value.store(true, ordering: .releasing) }
+}
+
 /// Runs a ``ProcessorLoop`` against fakes: the dispatcher without Kafka.
 final class LoopHarness: Sendable {
     static let topic = "encore.purchase-requests"
@@ -116,6 +123,9 @@ final class LoopHarness: Sendable {
     let recorder = StatisticsRecorder()
     let inbox = Inbox<ProcessorInput>()
     private let pump: Task<ProcessorError?, Never>
+    private let endedFlag = EndedFlag()
+    /// Whether the loop has ended.
+    var hasEnded: Bool { endedFlag.isSet }
     private let offsets = Mutex<[Int32: Int64]>([:])
     /// Counts what the harness feeds as the consumer would; the loop releases it.
     let admission: KafkaAdmission
@@ -127,7 +137,7 @@ final class LoopHarness: Sendable {
         configure(&configuration)
         let inbox = self.inbox
         producer = FakeProducer { inbox.post(.delivered($0)) }
-        let (consumer, producer, recorder) = (self.consumer, self.producer, self.recorder)
+        let (consumer, producer, recorder, endedFlag) = (self.consumer, self.producer, self.recorder, self.endedFlag)
         let admission = KafkaAdmission(capacity: configuration.bufferCapacity)
         self.admission = admission
         pump = Task { [configuration] in
@@ -136,6 +146,7 @@ final class LoopHarness: Sendable {
                 producer: producer, inbox: inbox, admission: admission, logger: Logger(label: "test.loop"))
             while !loop.isFinished { loop.handle(await inbox.next()) }
             loop.cancelRemainingCalls()
+            endedFlag.set()
             return loop.failure
         }
         ticker = Task {

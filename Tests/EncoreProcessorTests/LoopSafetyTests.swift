@@ -10,7 +10,7 @@ import Testing
 /// The engine's promise within one process, through the production intake path: no purchase
 /// called twice or twice at once for a user, none handed over while running, outputs in order,
 /// no commit past an output that cannot be delivered.
-@Suite("Loop safety: rebalance, timeouts, redelivery, fatal outputs (no Kafka)")
+@Suite("Loop safety: rebalance, timeouts, redelivery, fatal outputs (no Kafka)", .timeLimit(.minutes(1)))
 struct LoopSafetyTests {
     /// Whether a hand-over happened, with its offsets.
     final class HandOverProbe: Sendable {
@@ -107,16 +107,69 @@ struct LoopSafetyTests {
     @Test("a user's outputs keep their order when a delivery fails and is produced again")
     func redeliveryOrder() async throws {
         let controller = RecordingController()
-        let harness = LoopHarness(configure: { $0.ledgerEnabled = false }, router: router(controller))
+        let harness = LoopHarness(router: router(controller))
+        // The first output (req-0's outcome) times out in librdkafka.
         harness.producer.failNext([KafkaError(code: .messageTimedOut, message: "broker away", isRetriable: true)])
         harness.assign(partitions: 1)
-        harness.feed(request(0, user: "u"))
-        harness.feed(request(1, user: "u"))
-        harness.feed(request(2, user: "u"))
+        for index in 0..<3 {
+            // Each grants a trial of its own product: every request publishes change events too.
+            var event = request(index, user: "u", product: "trial_\(index)")
+            event.entitlement = Entitlement(type: .freeTrial, value: 7, unit: .days)
+            harness.feed(event)
+        }
         #expect(await harness.waitForFinished(3))
         #expect(harness.producer.outcomes().map(\.requestID) == ["req-0", "req-1", "req-2"])
+        let changes = harness.producer.produced.filter { $0.topic == "encore.entitlement-changes" }.map {
+            try! EntitlementChangeEvent(jsonBytes: $0.value).sequence
+        }
+        #expect(!changes.isEmpty && changes == changes.sorted())
+        // It was produced again: one more hand-over to the producer than records acknowledged.
+        #expect(harness.producer.handedOver.count == harness.producer.produced.count + 1)
         #expect(await eventually { harness.consumer.snapshot.stored.values.first == 3 })
         await harness.stop()
+    }
+
+    @Test("shutdown never ends with a call alive: past the drain deadline it cancels and waits for the call")
+    func shutdownWaitsForTheCall() async throws {
+        let gate = Gate { $0.requestId == "req-0" }
+        let controller = RecordingController(gate: gate)
+        let harness = LoopHarness(
+            configure: {
+                $0.drainTimeout = .milliseconds(100)
+                $0.callTimeout = .seconds(60)
+            }, router: router(controller))
+        harness.assign(partitions: 1)
+        harness.feed(request(0, user: "u"))
+        #expect(await eventually { gate.waiting == 1 })
+        harness.inbox.post(.shutdown)
+        #expect(await eventually { controller.snapshot.cancelled == 1 })
+        #expect(!harness.hasEnded, "the loop ended with a call running")
+        gate.open()
+        #expect(await harness.ended() == nil)
+        #expect(harness.producer.outcomes().map(\.requestID) == ["req-0"])
+    }
+
+    @Test("a call that ignores cancellation for as long as the group allows stops the loop without a hand-over")
+    func stuckCallStops() async throws {
+        let gate = Gate { $0.requestId == "req-0" }
+        let controller = RecordingController(gate: gate)
+        let harness = LoopHarness(
+            configure: {
+                $0.callTimeout = .milliseconds(50)
+                $0.drainTimeout = .milliseconds(100)
+                // The hand-over limit: what max.poll.interval.ms leaves after the drain (1 s at least).
+                $0.kafka["max.poll.interval.ms"] = "200"
+            }, router: router(controller))
+        harness.assign(partitions: 1)
+        harness.feed(request(0, user: "u"))
+        #expect(await eventually { gate.waiting == 1 })
+        let probe = HandOverProbe()
+        probe.revoke(harness, partitions: [0])
+        let failure = await harness.ended()
+        #expect(failure?.code == .callStuck)
+        #expect(probe.offsets == nil, "handed over with a call alive")
+        #expect(harness.producer.outcomes().isEmpty)
+        gate.open()
     }
 
     @Test(

@@ -42,32 +42,64 @@ struct OutputTrackerTests {
         events.compactMap { if case .recordDone(_, let item) = $0 { item } else { nil } }
     }
 
-    @Test("a failed delivery is produced again after the delay; the user's later outputs wait behind it")
+    func update(user: String, sequences: [Int64]) -> LedgerUpdate {
+        LedgerUpdate(
+            changes: sequences.map {
+                EntitlementChangeEvent(
+                    appID: "app", appUserID: user, change: .granted,
+                    entitlement: Entitlement(type: .freeTrial, value: 7, unit: .days), status: .verified,
+                    isActive: true, effectiveAtMs: 1, sequence: $0)
+            },
+            state: EntitlementStateRecord(appID: "app", appUserID: user, sequence: sequences.last ?? 0),
+            partition: 0)
+    }
+
+    /// The sequences of change events handed out, in order (`0` for anything else).
+    func sequences(_ unsent: [(token: UInt, output: UnsentOutput)]) -> [Int64] {
+        unsent.map { entry in
+            switch entry.output {
+            case .change(let change): change.sequence
+            case .record(let record): (try? EntitlementChangeEvent(jsonBytes: record.value))?.sequence ?? -1
+            default: 0
+            }
+        }
+    }
+
+    func changeRecord(_ unsent: (token: UInt, output: UnsentOutput)) -> KafkaProducerRecord {
+        guard case .change(let change) = unsent.output else { fatalError("not a change") }
+        return KafkaProducerRecord(topic: "changes", key: Array(change.key.utf8), value: change.jsonBytes())
+    }
+
+    @Test("one change event of a user in flight at a time: a failed one is produced again before the user's next")
     func redeliveryKeepsOrder() {
         var tracker = OutputTracker<String>(redeliveryDelay: .milliseconds(500))
-        tracker.send(.outcome(.purchased, requestedAtMs: 0), outcome(0, user: "u"), for: ref(0), item: "req-0")
+        tracker.publish(update(user: "u", sequences: [1, 2]), for: ref(0), item: "req-0")
+        tracker.publish(update(user: "v", sequences: [1]), for: ref(1), item: "req-1")
+        // u's second change waits behind its first; v's goes.
         let first = tracker.takeUnsent()
-        #expect(ids(first) == ["req-0"])
+        #expect(sequences(first) == [1, 1])
         var events = tracker.delivered(
-            [KafkaDelivery(token: first[0].token, error: failure(.messageTimedOut), record: record(0, user: "u"))],
+            [KafkaDelivery(token: first[0].token, error: failure(.messageTimedOut), record: changeRecord(first[0]))],
             now: at(0))
         guard case .redelivering? = events.first else {
             Issue.record("a timed-out delivery was not redelivered: \(events)")
             return
         }
-        // The same user's next outcome is held; another user's goes.
-        tracker.send(.outcome(.purchased, requestedAtMs: 0), outcome(1, user: "u"), for: ref(1), item: "req-1")
-        tracker.send(.outcome(.purchased, requestedAtMs: 0), outcome(2, user: "v"), for: ref(2), item: "req-2")
-        #expect(ids(tracker.takeUnsent()) == ["req-2"])
+        // A later update of u (an expiry, a source event) waits too.
+        tracker.publish(update(user: "u", sequences: [3]), for: nil)
+        #expect(!tracker.hasUnsent)
         tracker.tick(now: at(499))
         #expect(!tracker.hasUnsent)
         tracker.tick(now: at(500))
         let again = tracker.takeUnsent()
-        #expect(ids(again) == ["req-0"] && again[0].token == first[0].token)
-        // Acknowledged: req-0's record is done and req-1 goes out after it.
+        #expect(sequences(again) == [1] && again[0].token == first[0].token)
         events = tracker.delivered([KafkaDelivery(token: again[0].token, error: nil, record: nil)], now: at(600))
-        #expect(done(events) == ["req-0"])
-        #expect(ids(tracker.takeUnsent()) == ["req-1"])
+        let second = tracker.takeUnsent()
+        #expect(sequences(second) == [2])
+        _ = tracker.delivered([KafkaDelivery(token: second[0].token, error: nil, record: nil)], now: at(700))
+        // Both changes acknowledged: the changelog record of the first update, then the next change.
+        let next = tracker.takeUnsent()
+        #expect(next.count == 2 && sequences(next).contains(3))
         #expect(!tracker.isIdle)
     }
 
