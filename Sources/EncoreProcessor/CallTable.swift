@@ -7,6 +7,7 @@ import EncoreEvents
 /// once. A pure state machine: the loop feeds it starts, results and the time, and carries out
 /// the ``Action``s it returns.
 struct CallTable<Item> {
+    /// Where a call is: in the controller, waiting to retry, or cancelled and not yet returned.
     enum Phase: Equatable {
         case running
         /// Waiting to retry at `until`.
@@ -27,6 +28,7 @@ struct CallTable<Item> {
         case interrupted
     }
 
+    /// A request's call: its item, the partition it belongs to, and its attempt.
     struct Call {
         let item: Item
         let partition: InputPartition
@@ -34,6 +36,7 @@ struct CallTable<Item> {
         var phase = Phase.running
     }
 
+    /// How a call ended: the controller's answer, or a failure for the outcome and dead letter.
     enum Settlement {
         case answered(PurchaseResult)
         case failed(PurchaseOutcomeEvent.Failure)

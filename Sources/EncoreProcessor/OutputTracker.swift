@@ -34,6 +34,7 @@ struct OutputTracker<Item> {
     }
 
     enum Event {
+        /// The broker acknowledged an output.
         case acknowledged(Output)
         /// Every output of the record is acknowledged.
         case recordDone(RecordRef, Item?)

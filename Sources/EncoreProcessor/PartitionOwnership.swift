@@ -76,6 +76,7 @@ struct PartitionOwnership<HandOver> {
         inWork[ref.partition, default: 0] += 1
     }
 
+    /// A record of `ref`'s assignment is no longer in work (done, or left to the next owner).
     mutating func endWork(_ ref: RecordRef) {
         guard owns(ref) else { return }
         let count = (inWork[ref.partition] ?? 1) - 1

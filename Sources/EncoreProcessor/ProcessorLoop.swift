@@ -330,6 +330,7 @@ final class ProcessorLoop {
             case .recordDone(let ref, let item):
                 recordDone(ref, item)
             case .redelivering(let topic, let error):
+                statistics.redelivered += 1
                 redelivering = ((redelivering?.count ?? 0) + 1, topic, error)
             case .fatal(let topic, let error):
                 // Committing past this record would lose its output; stop instead and let a restart redo it.

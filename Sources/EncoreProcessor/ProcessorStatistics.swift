@@ -22,6 +22,8 @@ public struct ProcessorStatistics: Sendable {
     /// Finished records handed over with a commit the broker refused (librdkafka's mock refuses
     /// commits during a rebalance): the next owner processes them again.
     public var redoneAfterHandOver = 0
+    /// Outputs produced again after a delivery failed (timed out, broker unreachable).
+    public var redelivered = 0
     /// Controller calls made, retries included.
     public var controllerCalls = 0
     /// Requests whose offsets are committable (outcome delivered, duplicate skipped, or dead-lettered).
@@ -58,6 +60,7 @@ public struct ProcessorStatistics: Sendable {
             total.duplicates += part.duplicates
             total.alreadyFinished += part.alreadyFinished
             total.redoneAfterHandOver += part.redoneAfterHandOver
+            total.redelivered += part.redelivered
             total.controllerCalls += part.controllerCalls
             total.finished += part.finished
             total.latency.merge(part.latency)

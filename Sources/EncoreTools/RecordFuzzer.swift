@@ -7,6 +7,7 @@ import Kafka
 /// keys, empty and huge values, missing or garbage keys and headers. Seeded: record `n` of seed
 /// `s` is always the same, so a failure is reproduced from the two numbers.
 public struct RecordFuzzer {
+    /// A record to produce: key, value and headers as a client might send them.
     public struct Record: Sendable {
         public var key: [UInt8]?
         public var value: [UInt8]
@@ -15,6 +16,7 @@ public struct RecordFuzzer {
         public var mutation: Mutation
     }
 
+    /// What was done to a valid request to make the record.
     public enum Mutation: String, CaseIterable, Sendable {
         case untouched, bitFlips, truncation, wrongType, deepNesting, hugeString, hugeNumber, invalidUTF8
         case duplicateKey, emptyValue, hugeValue, garbageKey, missingKey, garbageHeaders, nullOptionals
@@ -36,6 +38,7 @@ public struct RecordFuzzer {
         generator = RequestGenerator(options: options)
     }
 
+    /// The next record: a generated request, mutated one way (or left valid).
     public mutating func next() -> Record {
         var base = generator.next(nowMs: 1_764_475_643_000)
         // A request id no bit flip turns into another record's id.

@@ -36,6 +36,7 @@ public final class KafkaRevocation: Sendable {
 
     var offsetsToCommit: [KafkaTopicPartitionOffset] { answer.withLock { $0.offsets } }
 
+    /// Tells the application how the commit of the acknowledged offsets went.
     func reportCommit(_ error: KafkaError?) {
         answer.withLock { $0.committed }?(error)
     }

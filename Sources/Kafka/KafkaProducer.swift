@@ -275,7 +275,7 @@ final class RDKafkaPollThread: Sendable {
 
 extension Duration {
     /// Whole milliseconds, saturated to `Int32` as librdkafka's timeouts expect.
-    public var milliseconds: Int {
+    package var milliseconds: Int {
         let (seconds, attoseconds) = components
         let total = seconds * 1000 + attoseconds / 1_000_000_000_000_000
         return Int(min(total, Int64(Int32.max)))

@@ -29,6 +29,8 @@ struct DecoderFuzzTests {
                 verdicts[record.mutation, default: (0, 0)].invalid += 1
                 #expect(fast == nil, "\(context): the fast decoder accepted what the general one refused")
                 #expect(!error.message.isEmpty, "\(context)")
+                // A rejection names the field at fault (none for a record that is not a JSON object).
+                #expect(error.field.isEmpty || error.message.contains(error.field), "\(context): \(error)")
             }
             // The other decoders meet the same bytes on a misrouted topic: they must refuse, not crash.
             _ = try? EntitlementSourceEvent(jsonBytes: record.value)

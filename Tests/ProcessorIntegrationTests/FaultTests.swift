@@ -68,6 +68,7 @@ struct FaultTests {
         try cluster.setBrokerUp(1)
         #expect(await eventually(timeout: .seconds(120)) { processor.statistics.finished >= produced.count })
         #expect(finishedDuringOutage < produced.count, "the outage should land mid-run")
+        #expect(processor.statistics.redelivered > 0, "no delivery timed out: the outage was too short")
         let committedAll = try await eventually {
             try await committedOffsets(
                 bootstrap: bootstrap, group: "long-outage", topic: Topics.requests, partitions: 4

@@ -23,7 +23,7 @@ struct GracefulRebalanceTests {
         let valid = produced.filter { $0.requestID != nil }
         // Most calls are quick, one in fifteen takes 300 ms: rebalances land while calls run.
         let controller = RecordingController(latency: { request in
-            request.requestId.hashValue % 15 == 0 ? .milliseconds(300) : .milliseconds(3)
+            fnv1a(request.requestId) % 15 == 0 ? .milliseconds(300) : .milliseconds(3)
         })
         func member() throws -> PurchaseProcessor {
             try processor(

@@ -4,6 +4,7 @@ import Synchronization
 /// A controller that records concurrency and per-user order, with a latency per request and an
 /// optional gate that holds calls until opened.
 public final class RecordingController: PurchaseController {
+    /// What the controller saw: calls per user and request, concurrency, cancellations.
     public struct State {
         public var running = 0
         public var maxRunning = 0

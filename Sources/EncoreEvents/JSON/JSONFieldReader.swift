@@ -6,7 +6,10 @@ struct JSONFieldReader {
     init(_ value: JSONValue, path: String = "") throws(EventValidationError) {
         guard case .object(let fields) = value else {
             throw EventValidationError(
-                .wrongType, field: path, "expected an object, got \(value.typeName)")
+                .wrongType, field: path,
+                path.isEmpty
+                    ? "expected an object, got \(value.typeName)" : "'\(path)' must be an object, got \(value.typeName)"
+            )
         }
         self.fields = fields
         self.path = path
