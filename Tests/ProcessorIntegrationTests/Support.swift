@@ -126,10 +126,13 @@ func readTopic(bootstrap: String, topic: String, partitions: Int32 = 8) async th
     let configuration = KafkaConfiguration(["bootstrap.servers": bootstrap, "group.id": "reader-\(UUID())"])
     let admin = try KafkaAdmin(configuration: configuration)
     var ends: [Int32: Int64] = [:]
+    var total: Int64 = 0
     for partition in 0..<partitions {
-        ends[partition] = try await admin.watermarks(of: KafkaTopicPartition(topic: topic, partition: partition)).high
+        // What is held: from the low watermark (a broker may have dropped older records) to the end.
+        let (low, high) = try await admin.watermarks(of: KafkaTopicPartition(topic: topic, partition: partition))
+        ends[partition] = high
+        total += high - low
     }
-    let total = ends.values.reduce(0, +)
     let consumer = try KafkaConsumer(configuration: configuration)
     try consumer.assign((0..<partitions).map { KafkaTopicPartitionOffset(topic: topic, partition: $0, offset: -2) })
     var messages: [KafkaMessage] = []
@@ -137,7 +140,7 @@ func readTopic(bootstrap: String, topic: String, partitions: Int32 = 8) async th
         for await event in consumer.events {
             guard case .messages(let batch) = event else { continue }
             messages += batch.filter { $0.offset < ends[$0.partition] ?? 0 }
-            if messages.count >= total { break }
+            if messages.count >= Int(total) { break }
         }
     }
     await consumer.close()
