@@ -25,18 +25,26 @@ struct LoopSafetyTests {
         }
     }
 
+    /// A harness whose controller holds req-0 until its gate opens, ignoring cancellation (a
+    /// controller that goes on regardless); partition 0 assigned.
+    func harnessWithStuckCall(
+        configure: @escaping (inout ProcessorConfiguration) -> Void = {
+            $0.drainTimeout = .milliseconds(100)
+            $0.callTimeout = .seconds(60)
+        }
+    ) -> (Gate, RecordingController, LoopHarness) {
+        let gate = Gate { $0.requestId == "req-0" }
+        let controller = RecordingController(gate: gate)
+        let harness = LoopHarness(configure: configure, router: router(controller))
+        harness.assign(partitions: 1)
+        return (gate, controller, harness)
+    }
+
     @Test(
         "a revocation past its drain timeout cancels the running call and waits until it returned; never hands over before"
     )
     func revocationWaitsForTheCall() async throws {
-        let gate = Gate { $0.requestId == "req-0" }
-        let controller = RecordingController(gate: gate)
-        let harness = LoopHarness(
-            configure: {
-                $0.drainTimeout = .milliseconds(100)
-                $0.callTimeout = .seconds(60)
-            }, router: router(controller))
-        harness.assign(partitions: 1)
+        let (gate, controller, harness) = harnessWithStuckCall()
         harness.feed(request(0, user: "u"))
         harness.feed(request(1, user: "v"))
         #expect(await eventually { gate.waiting == 1 && harness.statistics.finished == 1 })
@@ -131,14 +139,7 @@ struct LoopSafetyTests {
 
     @Test("shutdown never ends with a call alive: past the drain deadline it cancels and waits for the call")
     func shutdownWaitsForTheCall() async throws {
-        let gate = Gate { $0.requestId == "req-0" }
-        let controller = RecordingController(gate: gate)
-        let harness = LoopHarness(
-            configure: {
-                $0.drainTimeout = .milliseconds(100)
-                $0.callTimeout = .seconds(60)
-            }, router: router(controller))
-        harness.assign(partitions: 1)
+        let (gate, controller, harness) = harnessWithStuckCall()
         harness.feed(request(0, user: "u"))
         #expect(await eventually { gate.waiting == 1 })
         harness.inbox.post(.shutdown)
@@ -151,16 +152,12 @@ struct LoopSafetyTests {
 
     @Test("a call that ignores cancellation for as long as the group allows stops the loop without a hand-over")
     func stuckCallStops() async throws {
-        let gate = Gate { $0.requestId == "req-0" }
-        let controller = RecordingController(gate: gate)
-        let harness = LoopHarness(
-            configure: {
-                $0.callTimeout = .milliseconds(50)
-                $0.drainTimeout = .milliseconds(100)
-                // The hand-over limit: what max.poll.interval.ms leaves after the drain (1 s at least).
-                $0.kafka["max.poll.interval.ms"] = "200"
-            }, router: router(controller))
-        harness.assign(partitions: 1)
+        let (gate, _, harness) = harnessWithStuckCall {
+            $0.callTimeout = .milliseconds(50)
+            $0.drainTimeout = .milliseconds(100)
+            // The hand-over limit: what max.poll.interval.ms leaves after the drain (1 s at least).
+            $0.kafka["max.poll.interval.ms"] = "200"
+        }
         harness.feed(request(0, user: "u"))
         #expect(await eventually { gate.waiting == 1 })
         let probe = HandOverProbe()
