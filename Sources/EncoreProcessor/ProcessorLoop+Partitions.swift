@@ -89,7 +89,8 @@ extension ProcessorLoop {
 
     func assign(_ assignment: [KafkaTopicPartition]) {
         let partitions = assignment.compactMap { inputPartition($0.topic, $0.partition) }
-        for partition in partitions { tracker.remove(partition) }
+        // A partition still owned keeps its generation and what it has received.
+        for partition in partitions where ownership.generations[partition] == nil { tracker.remove(partition) }
         ownership.assign(partitions)
         if ownership.isDraining { pauseOrResume(partitions, pause: true) }
     }
