@@ -20,17 +20,6 @@ struct OutputTrackerTests {
                 error: nil))
     }
 
-    /// The request ids of outcomes handed out, in order.
-    func ids(_ unsent: [(token: UInt, output: UnsentOutput)]) -> [String] {
-        unsent.map { entry in
-            switch entry.output {
-            case .outcome(let outcome): outcome.requestID
-            case .record(let record): (try? PurchaseOutcomeEvent(jsonBytes: record.value))?.requestID ?? "?"
-            default: "?"
-            }
-        }
-    }
-
     func failure(_ code: KafkaError.Code) -> KafkaError { KafkaError(code: code, message: "test") }
 
     func record(_ index: Int, user: String) -> KafkaProducerRecord {
