@@ -89,6 +89,12 @@ public struct DeadLetterEvent: EncoreEvent, Hashable {
 
     /// Values longer than this many bytes are cut, so the dead letter itself stays producible.
     public static let maximumOriginalValueBytes = 256 * 1024
+    /// Keys longer than this are cut (a user key is far shorter; anything longer is garbage).
+    public static let maximumOriginalKeyBytes = 16 * 1024
+    /// At most this many headers are kept, with keys of at most 1,024 characters and values of at
+    /// most this many bytes in all: a hostile record's dead letter stays under 1 MiB.
+    public static let maximumOriginalHeaders = 256
+    public static let maximumOriginalHeaderBytes = 128 * 1024
 
     public var originalTopic: String
     public var originalPartition: Int32
@@ -100,13 +106,18 @@ public struct DeadLetterEvent: EncoreEvent, Hashable {
     public var attempts: Int
     public var failedAtMs: Int64
     public var originalKey: Payload?
+    /// The original key was longer than ``maximumOriginalKeyBytes`` and was cut.
+    public var originalKeyTruncated: Bool
     public var originalHeaders: [Header]?
+    /// Headers past ``maximumOriginalHeaders`` or ``maximumOriginalHeaderBytes`` were left out.
+    public var originalHeadersTruncated: Bool
     public var requestID: String?
 
     public init(
         originalTopic: String, originalPartition: Int32, originalOffset: Int64, originalValue: Payload,
         originalValueTruncated: Bool = false, error: Failure, attempts: Int, failedAtMs: Int64,
-        originalKey: Payload? = nil, originalHeaders: [Header]? = nil, requestID: String? = nil
+        originalKey: Payload? = nil, originalKeyTruncated: Bool = false, originalHeaders: [Header]? = nil,
+        originalHeadersTruncated: Bool = false, requestID: String? = nil
     ) {
         self.originalTopic = originalTopic
         self.originalPartition = originalPartition
@@ -117,25 +128,39 @@ public struct DeadLetterEvent: EncoreEvent, Hashable {
         self.attempts = attempts
         self.failedAtMs = failedAtMs
         self.originalKey = originalKey
+        self.originalKeyTruncated = originalKeyTruncated
         self.originalHeaders = originalHeaders
+        self.originalHeadersTruncated = originalHeadersTruncated
         self.requestID = requestID
     }
 
-    /// A dead letter for raw record bytes, cutting values past ``maximumOriginalValueBytes``.
+    /// A dead letter for raw record bytes, cutting the value, the key and the headers past their
+    /// limits (``maximumOriginalValueBytes`` and the others).
     public init(
         topic: String, partition: Int32, offset: Int64, key: [UInt8]?, value: [UInt8],
         headers: [(key: String, value: [UInt8]?)], error: Failure, attempts: Int, failedAtMs: Int64,
         requestID: String? = nil
     ) {
         let truncated = value.count > Self.maximumOriginalValueBytes
+        let keyTruncated = (key?.count ?? 0) > Self.maximumOriginalKeyBytes
+        var kept: [Header] = []
+        var budget = Self.maximumOriginalHeaderBytes
+        for header in headers.prefix(Self.maximumOriginalHeaders) {
+            let size = header.value?.count ?? 0
+            guard size <= budget else { break }
+            budget -= size
+            kept.append(
+                Header(
+                    key: String(String.UnicodeScalarView(header.key.unicodeScalars.prefix(1024))),
+                    value: header.value.map { Payload(bytes: $0) }))
+        }
         self.init(
             originalTopic: topic, originalPartition: partition, originalOffset: offset,
             originalValue: Payload(bytes: truncated ? value.prefix(Self.maximumOriginalValueBytes) : value[...]),
             originalValueTruncated: truncated, error: error, attempts: attempts, failedAtMs: failedAtMs,
-            originalKey: key.map { Payload(bytes: $0) },
-            originalHeaders: headers.isEmpty
-                ? nil : headers.map { Header(key: $0.key, value: $0.value.map { Payload(bytes: $0) }) },
-            requestID: requestID)
+            originalKey: key.map { Payload(bytes: $0.prefix(Self.maximumOriginalKeyBytes)) },
+            originalKeyTruncated: keyTruncated, originalHeaders: kept.isEmpty ? nil : kept,
+            originalHeadersTruncated: kept.count < headers.count, requestID: requestID)
     }
 
     public init(jsonBytes: some Collection<UInt8>) throws(EventValidationError) {
@@ -171,7 +196,9 @@ public struct DeadLetterEvent: EncoreEvent, Hashable {
                     message: failure.string("message", maxLength: EventLimits.messageLength, allowEmpty: true),
                     retryable: failure.bool("retryable"), field: failure.optionalString("field")),
                 attempts: Int(json.int64("attempts")), failedAtMs: json.int64("failed_at_ms"), originalKey: key,
-                originalHeaders: headers, requestID: json.optionalString("request_id"))
+                originalKeyTruncated: json.optionalBool("original_key_truncated") ?? false, originalHeaders: headers,
+                originalHeadersTruncated: json.optionalBool("original_headers_truncated") ?? false,
+                requestID: json.optionalString("request_id"))
         }
     }
 
@@ -199,6 +226,7 @@ public struct DeadLetterEvent: EncoreEvent, Hashable {
             writer.field("original_key", originalKey.text)
             writer.field("original_key_encoding", originalKey.encoding)
         }
+        if originalKeyTruncated { writer.field("original_key_truncated", true) }
         if let originalHeaders {
             writer.key("original_headers")
             writer.beginArray()
@@ -213,6 +241,7 @@ public struct DeadLetterEvent: EncoreEvent, Hashable {
             }
             writer.endArray()
         }
+        if originalHeadersTruncated { writer.field("original_headers_truncated", true) }
         writer.field("request_id", requestID)
         writer.endObject()
         return writer.bytes

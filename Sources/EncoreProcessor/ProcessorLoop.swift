@@ -303,7 +303,9 @@ final class ProcessorLoop {
             topic: message.topic, partition: message.partition, offset: message.offset, key: message.key,
             value: message.value, headers: message.headers.map { ($0.key, $0.value) }, error: failure,
             attempts: attempts, failedAtMs: currentTimeMs(), requestID: requestID)
-        outputs.send(.deadLetter, .deadLetter(letter, key: message.key), for: ref, item: item)
+        // The dead letter is keyed like its record, unless that key is too long to be a user's.
+        let key = message.key.flatMap { $0.count <= DeadLetterEvent.maximumOriginalKeyBytes ? $0 : nil }
+        outputs.send(.deadLetter, .deadLetter(letter, key: key), for: ref, item: item)
     }
 
     func delivered(_ deliveries: [KafkaDelivery]) {

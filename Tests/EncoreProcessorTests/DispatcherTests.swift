@@ -264,6 +264,29 @@ struct DispatcherOutcomeTests {
         await harness.stop()
     }
 
+    @Test("a hostile record (huge key, hundreds of large headers) still becomes a producible dead letter")
+    func hostileRecord() async throws {
+        let harness = LoopHarness(router: router(RecordingController()))
+        harness.assign(partitions: 1)
+        let headers = (0..<300).map { KafkaHeader(key: "h\($0)", value: [UInt8](repeating: 0xFF, count: 2_000)) }
+        harness.feed(
+            KafkaMessage(
+                topic: LoopHarness.topic, partition: 0, offset: 0, key: [UInt8](repeating: 0x41, count: 100_000),
+                value: Array("not json".utf8), headers: headers))
+        #expect(await harness.waitForFinished(1))
+        let record = try #require(harness.producer.produced.first { $0.topic == "encore.dead-letters" })
+        // Under Kafka's default message.max.bytes, and readable by the contract's own decoder.
+        #expect(record.value.count + record.headers.count * 64 < 1_000_000 && record.key == nil)
+        let letter = try DeadLetterEvent(jsonBytes: record.value)
+        #expect(
+            letter.originalKeyTruncated && letter.originalKey?.text.count == DeadLetterEvent.maximumOriginalKeyBytes)
+        #expect(
+            letter.originalHeadersTruncated
+                && letter.originalHeaders?.count == DeadLetterEvent.maximumOriginalHeaderBytes / 2_000)
+        #expect(letter.error.stage == .decode)
+        await harness.stop()
+    }
+
     @Test("null in optional fields means absent: the request is processed, not dead-lettered")
     func nullOptionals() async throws {
         let controller = RecordingController()
