@@ -80,11 +80,12 @@ struct CallTable<Item> {
     }
 
     /// Attempt `attempt` of call `id` returned with `result`. `retryUnit` is a random value in
-    /// [0, 1) for the backoff's jitter; `retryDeadline`, when the partition is being handed over,
-    /// is when the call must be over: a retry that cannot end by then is not made.
+    /// [0, 1) for the backoff's jitter; `retryDeadline` gives, for a partition being handed over,
+    /// when its calls must be over: a retry that cannot end by then is not made. (Asked only when
+    /// a retry is due, so answers cost no lookup.)
     mutating func finished(
         _ id: Int, attempt: Int, _ result: Result<PurchaseResult, any Error>, now: ContinuousClock.Instant,
-        retryUnit: Double, retryDeadline: ContinuousClock.Instant?
+        retryUnit: Double, retryDeadline: (InputPartition) -> ContinuousClock.Instant?
     ) -> Action? {
         guard let call = calls[id], call.attempt == attempt, !call.phase.isBackingOff else { return nil }
         switch (call.phase, result) {
@@ -106,7 +107,7 @@ struct CallTable<Item> {
             guard error.isRetryable, retry.allowsRetry(after: attempt) else {
                 return end(id, .failed(.init(type: error.type, message: error.message, retryable: error.isRetryable)))
             }
-            if let retryDeadline, due.advanced(by: timeout) > retryDeadline {
+            if let deadline = retryDeadline(call.partition), due.advanced(by: timeout) > deadline {
                 // Retrying is safe (the controller said so): the next owner will.
                 calls[id] = nil
                 return .abandon(call.item)

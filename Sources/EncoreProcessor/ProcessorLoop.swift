@@ -118,10 +118,9 @@ final class ProcessorLoop {
         case .consumerEnded:
             beginDrain()
         case .attemptFinished(let id, let attempt, let result):
-            let partition = calls.calls[id]?.partition
             let action = calls.finished(
                 id, attempt: attempt, result, now: clock.now, retryUnit: random.nextUnit(),
-                retryDeadline: partition.flatMap { ownership.deadline(of: $0) })
+                retryDeadline: { self.ownership.deadline(of: $0) })
             if let action { perform(action) }
         case .delivered(let deliveries): delivered(deliveries)
         case .tick: tick()

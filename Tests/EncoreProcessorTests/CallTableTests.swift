@@ -43,7 +43,7 @@ struct CallTableTests {
         // Still there: its user's lane stays held until the call returns.
         #expect(table.count == 1 && table.tick(now: at(100)).isEmpty)
         let end = table.finished(
-            id, attempt: 1, .failure(CancellationError()), now: at(12), retryUnit: 0, retryDeadline: nil)
+            id, attempt: 1, .failure(CancellationError()), now: at(12), retryUnit: 0, retryDeadline: { _ in nil })
         guard case .settle("req-0", .failed(let failure), attempts: 1)? = end else {
             Issue.record("expected a failed settlement, got \(String(describing: end))")
             return
@@ -57,7 +57,8 @@ struct CallTableTests {
         var table = table()
         let id = launch(&table, "req-0")
         _ = table.tick(now: at(11))
-        let end = table.finished(id, attempt: 1, .success(.purchased), now: at(12), retryUnit: 0, retryDeadline: nil)
+        let end = table.finished(
+            id, attempt: 1, .success(.purchased), now: at(12), retryUnit: 0, retryDeadline: { _ in nil })
         guard case .settle("req-0", .answered(.purchased), attempts: 1)? = end else {
             Issue.record("expected purchased, got \(String(describing: end))")
             return
@@ -70,7 +71,9 @@ struct CallTableTests {
         let id = launch(&table, "req-0")
         let error = PurchaseControllerError.retryable("http_503", "unavailable")
         // unit 0: the backoff is half the cap (1 s), so 0.5 s.
-        #expect(table.finished(id, attempt: 1, .failure(error), now: at(1), retryUnit: 0, retryDeadline: nil) == nil)
+        #expect(
+            table.finished(id, attempt: 1, .failure(error), now: at(1), retryUnit: 0, retryDeadline: { _ in nil })
+                == nil)
         #expect(table.tick(now: at(1.4)).isEmpty)
         guard case .launch(id, "req-0", attempt: 2)? = table.tick(now: at(1.5)).first else {
             Issue.record("the retry was not launched when due")
@@ -78,11 +81,12 @@ struct CallTableTests {
         }
         // A result of the earlier attempt is stale.
         #expect(
-            table.finished(id, attempt: 1, .success(.purchased), now: at(2), retryUnit: 0, retryDeadline: nil) == nil)
+            table.finished(id, attempt: 1, .success(.purchased), now: at(2), retryUnit: 0, retryDeadline: { _ in nil })
+                == nil)
         let final = PurchaseControllerError.final("declined", "card declined")
         guard
             case .settle(_, .failed(let failure), attempts: 2)? = table.finished(
-                id, attempt: 2, .failure(final), now: at(2), retryUnit: 0, retryDeadline: nil)
+                id, attempt: 2, .failure(final), now: at(2), retryUnit: 0, retryDeadline: { _ in nil })
         else {
             Issue.record("a final error did not settle")
             return
@@ -95,7 +99,7 @@ struct CallTableTests {
         var table = table()
         let id = launch(&table, "req-0")
         let error = PurchaseControllerError.retryable("http_503", "unavailable")
-        _ = table.finished(id, attempt: 1, .failure(error), now: at(1), retryUnit: 0, retryDeadline: nil)
+        _ = table.finished(id, attempt: 1, .failure(error), now: at(1), retryUnit: 0, retryDeadline: { _ in nil })
         // Due at 1.5 s, it would end by 11.5 s; the hand-over must be over by 5 s.
         let actions = table.handOver(where: { $0 == Self.partition }, by: at(5))
         guard case .abandon("req-0")? = actions.first, actions.count == 1 else {
@@ -112,14 +116,15 @@ struct CallTableTests {
         let error = PurchaseControllerError.retryable("http_503", "unavailable")
         guard
             case .abandon? = table.finished(
-                id, attempt: 1, .failure(error), now: at(1), retryUnit: 0, retryDeadline: at(5))
+                id, attempt: 1, .failure(error), now: at(1), retryUnit: 0, retryDeadline: { _ in at(5) })
         else {
             Issue.record("a retry past the deadline was kept")
             return
         }
         let other = launch(&table, "req-1")
         #expect(
-            table.finished(other, attempt: 1, .failure(error), now: at(1), retryUnit: 0, retryDeadline: at(30)) == nil)
+            table.finished(other, attempt: 1, .failure(error), now: at(1), retryUnit: 0, retryDeadline: { _ in at(30) })
+                == nil)
         #expect(table.count == 1)
     }
 
@@ -135,7 +140,7 @@ struct CallTableTests {
         #expect(table.count == 1)
         guard
             case .abandon("req-0")? = table.finished(
-                id, attempt: 1, .failure(CancellationError()), now: at(1), retryUnit: 0, retryDeadline: nil)
+                id, attempt: 1, .failure(CancellationError()), now: at(1), retryUnit: 0, retryDeadline: { _ in nil })
         else {
             Issue.record("an interrupted call that failed was not abandoned")
             return
