@@ -79,6 +79,36 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
         }
     }
 
+    /// The request journal's entry for one of the user's requests: the intent written before its
+    /// first call (`result` absent), then its result once the outcome is acknowledged.
+    public struct RequestEntry: Sendable, Hashable {
+        public var requestID: String
+        /// Controller calls made or started so far (the intent's attempt number).
+        public var attempts: Int
+        /// When the latest call was about to start.
+        public var startedAtMs: Int64
+        /// The outcome's result; absent while the request is in flight (an intent).
+        public var result: OutcomeResult?
+        public var completedAtMs: Int64?
+
+        public init(
+            requestID: String, attempts: Int, startedAtMs: Int64, result: OutcomeResult? = nil,
+            completedAtMs: Int64? = nil
+        ) {
+            self.requestID = requestID
+            self.attempts = attempts
+            self.startedAtMs = startedAtMs
+            self.result = result
+            self.completedAtMs = completedAtMs
+        }
+
+        /// The entry's latest time, which retention counts from.
+        public var lastTouchedMs: Int64 { max(startedAtMs, completedAtMs ?? 0) }
+
+        /// Most entries one record may hold (the per-user cap is at most this).
+        public static let maximumCount = 10_000
+    }
+
     public var appID: String
     public var appUserID: String
     /// The sequence of the user's last published change (0: none yet).
@@ -88,10 +118,12 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
     public var sources: [Source]
     /// The last published answer of each access rule, by rule name.
     public var access: [String: Bool]
+    /// The request journal: the user's in-flight intents and recent results, oldest first.
+    public var requests: [RequestEntry]
 
     public init(
         appID: String, appUserID: String, sequence: Int64 = 0, updatedAtMs: Int64 = 0, grants: [Grant] = [],
-        sources: [Source] = [], access: [String: Bool] = [:]
+        sources: [Source] = [], access: [String: Bool] = [:], requests: [RequestEntry] = []
     ) {
         self.appID = appID
         self.appUserID = appUserID
@@ -100,6 +132,7 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
         self.grants = grants
         self.sources = sources
         self.access = access
+        self.requests = requests
     }
 
     /// The record key: `"{app_id}:{app_user_id}"`.
@@ -127,6 +160,16 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
                 let access = try JSONFieldReader(item, path: "access.\(index)")
                 record.access[try access.string("rule", maxLength: 64)] = try access.bool("is_active")
             }
+            // Absent in records written before the journal existed.
+            let requests = try json.optionalArray("requests", maxItems: RequestEntry.maximumCount) ?? []
+            for (index, item) in requests.enumerated() {
+                let entry = try JSONFieldReader(item, path: "requests.\(index)")
+                record.requests.append(
+                    try RequestEntry(
+                        requestID: entry.string("request_id"), attempts: Int(entry.int64("attempts")),
+                        startedAtMs: entry.int64("started_at_ms"), result: entry.optionalEnumeration("result"),
+                        completedAtMs: entry.optionalInt64("completed_at_ms")))
+            }
             return record
         }
     }
@@ -153,6 +196,16 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
         writer.objects("access", access.sorted(by: { $0.key < $1.key })) { writer, access in
             writer.field("rule", access.key)
             writer.field("is_active", access.value)
+        }
+        // Omitted while empty, as in records written before the journal existed.
+        if !requests.isEmpty {
+            writer.objects("requests", requests) { writer, entry in
+                writer.field("request_id", entry.requestID)
+                writer.field("attempts", entry.attempts)
+                writer.field("started_at_ms", entry.startedAtMs)
+                writer.field("result", entry.result)
+                writer.field("completed_at_ms", entry.completedAtMs)
+            }
         }
         writer.endObject()
         return writer.bytes

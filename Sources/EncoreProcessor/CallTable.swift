@@ -4,7 +4,8 @@ import EncoreEvents
 ///
 /// A call is over only when the controller has returned: a timeout cancels the call and waits for
 /// it (the user's lane stays held meanwhile), so one user never has two purchases in billing at
-/// once. A pure state machine: the loop feeds it starts, results and the time, and carries out
+/// once. A call that timed out had an unknown effect: it is tried again (a recovery call, as every
+/// attempt after the first) while attempts remain. A pure state machine: the loop feeds it starts, results and the time, and carries out
 /// the ``Action``s it returns.
 struct CallTable<Item> {
     /// Where a call is: in the controller, waiting to retry, or cancelled and not yet returned.
@@ -70,13 +71,16 @@ struct CallTable<Item> {
     var isEmpty: Bool { calls.isEmpty }
     var count: Int { calls.count }
 
-    /// Starts a call for `item`, whose record belongs to `partition`.
-    mutating func start(_ item: Item, partition: InputPartition, now: ContinuousClock.Instant) -> Action {
+    /// Starts a call for `item`, whose record belongs to `partition`, with attempt number
+    /// `attempt` (more than 1 when an earlier process started the request).
+    mutating func start(
+        _ item: Item, partition: InputPartition, attempt: Int = 1, now: ContinuousClock.Instant
+    ) -> Action {
         let id = nextID
         nextID += 1
-        calls[id] = Call(item: item, partition: partition)
-        deadlines.append((now.advanced(by: timeout), id, 1))
-        return .launch(call: id, item, attempt: 1)
+        calls[id] = Call(item: item, partition: partition, attempt: attempt)
+        deadlines.append((now.advanced(by: timeout), id, attempt))
+        return .launch(call: id, item, attempt: attempt)
     }
 
     /// Attempt `attempt` of call `id` returned with `result`. `retryUnit` is a random value in
@@ -93,32 +97,43 @@ struct CallTable<Item> {
             // Also after a cancellation: a definite answer is what happened in billing.
             return end(id, .answered(answer))
         case (.cancelling(.timedOut), .failure):
-            return end(
-                id,
-                .failed(
-                    .init(
-                        type: "timeout", message: "the controller did not answer within \(timeout)",
-                        retryable: false)))
+            // Its effect is unknown: the next attempt is a recovery call, which looks before it charges.
+            let failure = PurchaseOutcomeEvent.Failure(
+                type: "timeout",
+                message: "the controller did not answer within \(timeout) (attempt \(attempt) of \(retry.maxAttempts))",
+                retryable: false)
+            return retryOrEnd(id, call, failure: failure, now: now, retryUnit: retryUnit, retryDeadline: retryDeadline)
         case (.cancelling(.interrupted), .failure):
             calls[id] = nil
             return .abandon(call.item)
         case (_, .failure(let error as PurchaseControllerError)):
-            let due = now.advanced(by: retry.backoff(after: attempt, unit: retryUnit))
-            guard error.isRetryable, retry.allowsRetry(after: attempt) else {
-                return end(id, .failed(.init(type: error.type, message: error.message, retryable: error.isRetryable)))
-            }
-            if let deadline = retryDeadline(call.partition), due.advanced(by: timeout) > deadline {
-                // Retrying is safe (the controller said so): the next owner will.
-                calls[id] = nil
-                return .abandon(call.item)
-            }
-            calls[id]!.phase = .backingOff(until: due)
-            retries.schedule(id, at: due)
-            return nil
+            let failure = PurchaseOutcomeEvent.Failure(
+                type: error.type, message: error.message, retryable: error.isRetryable)
+            guard error.isRetryable else { return end(id, .failed(failure)) }
+            return retryOrEnd(id, call, failure: failure, now: now, retryUnit: retryUnit, retryDeadline: retryDeadline)
         case (_, .failure(let error)):
             return end(
                 id, .failed(.init(type: String(describing: type(of: error)), message: "\(error)", retryable: false)))
         }
+    }
+
+    /// Backs off before the next attempt while attempts remain and it can end before the
+    /// partition's hand-over; otherwise ends with `failure` (no attempts left) or leaves the
+    /// record to the next owner.
+    private mutating func retryOrEnd(
+        _ id: Int, _ call: Call, failure: PurchaseOutcomeEvent.Failure, now: ContinuousClock.Instant,
+        retryUnit: Double, retryDeadline: (InputPartition) -> ContinuousClock.Instant?
+    ) -> Action? {
+        guard retry.allowsRetry(after: call.attempt) else { return end(id, .failed(failure)) }
+        let due = now.advanced(by: retry.backoff(after: call.attempt, unit: retryUnit))
+        if let deadline = retryDeadline(call.partition), due.advanced(by: timeout) > deadline {
+            // The next owner retries, as a recovery call.
+            calls[id] = nil
+            return .abandon(call.item)
+        }
+        calls[id]!.phase = .backingOff(until: due)
+        retries.schedule(id, at: due)
+        return nil
     }
 
     private mutating func end(_ id: Int, _ settlement: Settlement) -> Action {

@@ -1,3 +1,4 @@
+import EncoreEvents
 /// Decides which work items may start: one at a time per lane (user), in arrival order, and at
 /// most `maxInFlight` calls across lanes. Lanes waiting for a slot are served round-robin.
 ///
@@ -153,6 +154,9 @@ struct UserLane: Hashable, Sendable {
     }
 
     func hash(into hasher: inout Hasher) { hasher.combine(hashCode) }
+
+    /// The user's key in the changelog and the ledger.
+    var key: String { userKey(appID: appID, appUserID: appUserID) }
 
     static func == (lhs: UserLane, rhs: UserLane) -> Bool {
         lhs.hashCode == rhs.hashCode && lhs.appUserID == rhs.appUserID && lhs.appID == rhs.appID

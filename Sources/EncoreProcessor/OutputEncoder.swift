@@ -55,14 +55,28 @@ struct OutputEncoder: Sendable {
                 type: .deadLetter, timeMs: letter.failedAtMs))
     }
 
-    /// `ce_id` is `entitlement:{user key}:{sequence}`: a change published twice (after a crash
-    /// between its delivery and its changelog record) carries the same id.
+    /// `ce_id` is `entitlement:{user key}:{sequence}:{digest}`, the digest (64-bit FNV-1a, hex) of
+    /// the event's JSON: equal ids mean equal content. A change published again unchanged (its
+    /// changelog record was lost in a crash) keeps its id; a redo whose content differs (another
+    /// time, another grant) under the same sequence number gets another id, so a reader can tell.
     func record(for change: EntitlementChangeEvent) -> KafkaProducerRecord {
-        KafkaProducerRecord(
-            topic: entitlementsTopic, key: Array(change.key.utf8), value: change.jsonBytes(),
+        let value = change.jsonBytes()
+        return KafkaProducerRecord(
+            topic: entitlementsTopic, key: Array(change.key.utf8), value: value,
             headers: headers(
-                id: Array("entitlement:\(change.key):\(change.sequence)".utf8), type: .entitlementChanged,
-                timeMs: change.effectiveAtMs))
+                id: Array("entitlement:\(change.key):\(change.sequence):\(Self.digest(value))".utf8),
+                type: .entitlementChanged, timeMs: change.effectiveAtMs))
+    }
+
+    /// 64-bit FNV-1a of `bytes`, as 16 hex digits.
+    static func digest(_ bytes: [UInt8]) -> String {
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in bytes {
+            hash ^= UInt64(byte)
+            hash = hash &* 0x100_0000_01b3
+        }
+        let hex = String(hash, radix: 16)
+        return String(repeating: "0", count: 16 - hex.count) + hex
     }
 
     /// The user's whole state, to the partition of the user's requests (co-partitioned).

@@ -14,6 +14,8 @@ struct OutputTracker<Item> {
     private struct Slot {
         var ref: RecordRef?
         var output: Output
+        /// The ledger update whose changelog record waits for this output.
+        var update: Int? = nil
         /// The record being produced again after a failed delivery.
         var redelivery: KafkaProducerRecord? = nil
     }
@@ -23,14 +25,17 @@ struct OutputTracker<Item> {
         var item: Item?
     }
 
-    /// A ledger update whose changelog record waits for its change events: the state is written
-    /// only after them, so a restored state never claims a change that was not published.
+    /// A ledger update whose changelog record waits for the outputs sent with it (change events,
+    /// the outcome and dead letter whose result it records): the state is written only after
+    /// them, so a restored state never claims a change or a result that was not published.
     private struct PendingUpdate {
         let ref: RecordRef?
         let state: EntitlementStateRecord
         let partition: Int32
-        var unacknowledgedChanges: Int
+        var unacknowledgedOutputs: Int
         var isWritten = false
+        /// The item whose call waits for this record (an intent): reported when it is acknowledged.
+        var intent: Item?
     }
 
     enum Event {
@@ -38,6 +43,8 @@ struct OutputTracker<Item> {
         case acknowledged(Output)
         /// Every output of the record is acknowledged.
         case recordDone(RecordRef, Item?)
+        /// The changelog record holding the item's intent is acknowledged: its call may start.
+        case intentWritten(Item)
         /// A delivery failed and will be produced again.
         case redelivering(topic: String, KafkaError)
         /// A delivery failed for good: the processor must stop.
@@ -78,21 +85,32 @@ struct OutputTracker<Item> {
     /// Sends an output of `ref`'s record (`nil`: of no record, such as an expiry).
     mutating func send(_ output: Output, _ unsentOutput: UnsentOutput, for ref: RecordRef?, item: Item? = nil) {
         if let ref { count(ref, item: item) }
-        enqueue(output, unsentOutput, for: ref)
+        enqueue(output, unsentOutput, for: ref, update: nil)
     }
 
-    /// Publishes a ledger update: its change events now, its changelog record once they and the
-    /// user's earlier updates are acknowledged. The record (if any) finishes after both.
-    mutating func publish(_ update: LedgerUpdate, for ref: RecordRef?, item: Item? = nil) {
+    /// Publishes a ledger update: `alongside` (the outcome and dead letter whose result the update
+    /// records) and its change events now, its changelog record once they and the user's earlier
+    /// updates are acknowledged. The record (if any) finishes after all of them. With `intent`,
+    /// the update is that item's intent, reported by ``Event/intentWritten(_:)`` once durable.
+    mutating func publish(
+        _ update: LedgerUpdate, for ref: RecordRef?, item: Item? = nil,
+        alongside: [(output: Output, unsent: UnsentOutput)] = [], intent: Item? = nil
+    ) {
         let id = nextUpdateID
         nextUpdateID += 1
         updates[id] = PendingUpdate(
-            ref: ref, state: update.state, partition: update.partition, unacknowledgedChanges: update.changes.count)
+            ref: ref, state: update.state, partition: update.partition,
+            unacknowledgedOutputs: alongside.count + update.changes.count, intent: intent)
         updateOrder[update.state.key, default: FIFO()].append(id)
         // The changelog record is counted now, so the record cannot finish before it is written.
         if let ref { count(ref, item: item) }
+        for (output, unsent) in alongside {
+            if let ref { count(ref, item: item) }
+            enqueue(output, unsent, for: ref, update: id)
+        }
         for change in update.changes {
-            send(.entitlementChange(update: id), .change(change), for: ref, item: item)
+            if let ref { count(ref, item: item) }
+            enqueue(.entitlementChange(update: id), .change(change), for: ref, update: id)
         }
         writeStateIfReady(ofUser: update.state.key)
     }
@@ -149,8 +167,8 @@ struct OutputTracker<Item> {
         }
     }
 
-    private mutating func enqueue(_ output: Output, _ unsentOutput: UnsentOutput, for ref: RecordRef?) {
-        let slot = Slot(ref: ref, output: output)
+    private mutating func enqueue(_ output: Output, _ unsentOutput: UnsentOutput, for ref: RecordRef?, update: Int?) {
+        let slot = Slot(ref: ref, output: output, update: update)
         let token: Int
         if let free = freeSlots.popLast() {
             token = free
@@ -188,22 +206,19 @@ struct OutputTracker<Item> {
 
     private mutating func acknowledged(_ slot: Slot, into events: inout [Event]) {
         events.append(.acknowledged(slot.output))
-        switch slot.output {
-        case .entitlementChange(let id):
-            if let key = updates[id]?.state.key {
-                changeAcknowledged(ofUser: key)
-                updates[id]!.unacknowledgedChanges -= 1
-                writeStateIfReady(ofUser: key)
-            }
-        case .entitlementState(let id):
-            if let update = updates.removeValue(forKey: id) {
-                let key = update.state.key
-                _ = updateOrder[key]?.popFirst()
-                if updateOrder[key]?.isEmpty ?? false { updateOrder[key] = nil }
-                writeStateIfReady(ofUser: key)
-            }
-        case .outcome, .deadLetter:
-            break
+        if case .entitlementChange(let id) = slot.output, let key = updates[id]?.state.key {
+            changeAcknowledged(ofUser: key)
+        }
+        if let id = slot.update, let key = updates[id]?.state.key {
+            updates[id]!.unacknowledgedOutputs -= 1
+            writeStateIfReady(ofUser: key)
+        }
+        if case .entitlementState(let id) = slot.output, let update = updates.removeValue(forKey: id) {
+            let key = update.state.key
+            _ = updateOrder[key]?.popFirst()
+            if updateOrder[key]?.isEmpty ?? false { updateOrder[key] = nil }
+            if let intent = update.intent { events.append(.intentWritten(intent)) }
+            writeStateIfReady(ofUser: key)
         }
         guard let ref = slot.ref, let pending = records[ref] else { return }
         if pending.outputs > 1 {
@@ -216,11 +231,13 @@ struct OutputTracker<Item> {
 
     /// Writes the user's oldest unwritten changelog record when its change events are acknowledged.
     private mutating func writeStateIfReady(ofUser key: String) {
-        guard let id = updateOrder[key]?.first, let update = updates[id], update.unacknowledgedChanges == 0,
+        guard let id = updateOrder[key]?.first, let update = updates[id], update.unacknowledgedOutputs == 0,
             !update.isWritten
         else { return }
         updates[id]!.isWritten = true
         // Counted with its update already.
-        enqueue(.entitlementState(update: id), .state(update.state, partition: update.partition), for: update.ref)
+        enqueue(
+            .entitlementState(update: id), .state(update.state, partition: update.partition), for: update.ref,
+            update: nil)
     }
 }

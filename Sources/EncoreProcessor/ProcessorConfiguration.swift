@@ -15,25 +15,27 @@ public struct ProcessorConfiguration: Sendable {
     public var sourcesTopic: String? = nil
     /// What products grant, and the access rules merging grants with other sources.
     public var catalog = EntitlementCatalog()
-    /// The entitlement ledger: change events, the changelog and its restore. Off, the processor
-    /// publishes outcomes and dead letters only.
+    /// The entitlement ledger's grants and change events. Off, the processor publishes outcomes
+    /// and dead letters, and the changelog carries the users' request journals only.
     public var ledgerEnabled = true
+    /// How long and how many of each user's requests the journal remembers (results and intents).
+    public var journal = JournalPolicy()
+    /// At-least-once (the default) or exactly-once (Kafka transactions).
+    public var guarantee = DeliveryGuarantee.atLeastOnce
     /// Dispatch loops in this process. The one consumer's partitions are split among them by
     /// partition number (a user's requests, sources and ledger state stay on one loop); they share
-    /// the consumer, the producer and the buffer, and the in-flight bound and the duplicate window
-    /// are shared out among them.
+    /// the consumer, the producer and the buffer, and the in-flight bound is shared out among them.
     public var workers = 1
     /// Controller calls running at once, across users.
     public var maxInFlight = 256
     /// Records held between the consumer and the broker's acknowledgement of their outputs;
     /// reaching it, the consumer stops handing out records (see `KafkaAdmission`).
     public var bufferCapacity = 10_000
-    /// A controller call longer than this is cancelled; once it has returned, the request ends as
+    /// A controller call longer than this is cancelled; once it has returned, it is tried again as a
+    /// recovery call (its effect is unknown) while attempts remain, then the request ends as
     /// `failed` with error `timeout` (unless it returned an answer after all).
     public var callTimeout: Duration = .seconds(30)
     public var retry = RetryPolicy()
-    /// How many recent request ids are remembered to skip duplicates (about 80 bytes each).
-    public var duplicateWindow = 200_000
     /// How long a revocation or shutdown waits for running calls and their outputs before it
     /// cancels what still runs; by default the call timeout plus 5 s, and never shorter than it.
     /// A revoked partition is not handed over while one of its calls runs, even past this.
@@ -64,13 +66,11 @@ public struct ProcessorConfiguration: Sendable {
         return .milliseconds(max(1000, interval - drainTimeout.milliseconds - 5000))
     }
 
-    /// One worker's share: the in-flight bound and the duplicate window divided among the
-    /// workers (rounded up).
+    /// One worker's share: the in-flight bound divided among the workers (rounded up).
     var perWorker: ProcessorConfiguration {
         var share = self
         func divided(_ value: Int) -> Int { (value + workers - 1) / workers }
         share.maxInFlight = divided(maxInFlight)
-        share.duplicateWindow = divided(duplicateWindow)
         return share
     }
 
@@ -82,8 +82,7 @@ public struct ProcessorConfiguration: Sendable {
         try require(maxInFlight >= 1, "max-in-flight", "must be at least 1, got \(maxInFlight)")
         try require((1...64).contains(workers), "workers", "must be between 1 and 64, got \(workers)")
         try require(
-            maxInFlight >= workers && duplicateWindow >= workers, "workers",
-            "\(workers) workers need --max-in-flight and --duplicate-window of at least \(workers)")
+            maxInFlight >= workers, "workers", "\(workers) workers need --max-in-flight of at least \(workers)")
         try require(bufferCapacity >= 1, "buffer-size", "must be at least 1, got \(bufferCapacity)")
         try require(callTimeout > .zero, "call-timeout", "must be positive")
         try require(commitInterval > .zero, "commit-interval-ms", "must be positive")
@@ -97,7 +96,7 @@ public struct ProcessorConfiguration: Sendable {
                 "must be longer than the drain timeout (\(drainTimeout.milliseconds) ms): it is the group's rebalance timeout, and a member may take the drain timeout to hand its partitions over; got \(interval)"
             )
         }
-        try require(duplicateWindow >= 1, "duplicate-window", "must be at least 1")
+        try require(journal.retentionMs >= 60_000, "dedupe-retention", "must be at least a minute")
         for (name, topic) in [
             ("requests-topic", requestsTopic), ("outcomes-topic", outcomesTopic),
             ("entitlements-topic", entitlementsTopic), ("dead-letter-topic", deadLetterTopic),
@@ -131,6 +130,16 @@ public struct ProcessorConfiguration: Sendable {
             throw ProcessorError(.invalidConfiguration, "-X: \(error.message)")
         }
     }
+}
+
+/// What the processor promises about its outputs when it or the broker fails.
+public enum DeliveryGuarantee: String, Sendable, CaseIterable {
+    /// Outputs acknowledged before offsets are committed; a crash may publish a record's outputs
+    /// again (the same content), never lose them.
+    case atLeastOnce = "at-least-once"
+    /// Outputs, changelog records and offsets commit in one Kafka transaction per batch; a
+    /// `read_committed` reader sees each output once.
+    case exactlyOnce = "exactly-once"
 }
 
 /// An error of the processor layer.

@@ -29,7 +29,7 @@ final class ProcessorLoop {
     var calls: CallTable<WorkItem>
     var outputs = OutputTracker<WorkItem>()
     var tracker = OffsetTracker<InputPartition>()
-    var recent: RecentRequests
+    /// The users' state: grants and the request journal (intents and results).
     var ledger: EntitlementLedger
     /// Counts the records held (handed out by the consumer, not yet done); released here, once per
     /// batch handled (`released` gathers them).
@@ -71,10 +71,9 @@ final class ProcessorLoop {
         calls = CallTable(timeout: configuration.callTimeout, retry: configuration.retry)
         ownership = PartitionOwnership(
             reportInterval: configuration.drainTimeout, stuckAfter: configuration.stuckCallLimit)
-        recent = RecentRequests(capacity: configuration.duplicateWindow)
         self.admission = admission
         encoder = OutputEncoder(configuration: configuration)
-        ledger = EntitlementLedger(catalog: configuration.catalog)
+        ledger = EntitlementLedger(catalog: configuration.catalog, journal: configuration.journal)
         nextCommit = ContinuousClock.now.advanced(by: configuration.commitInterval)
     }
 
@@ -171,25 +170,35 @@ final class ProcessorLoop {
             ownership.beginWork(ref)
             statistics.invalid += 1
             publishDeadLetter(
-                for: message, ref: ref, item: nil, failure: DeadLetterEvent.Failure(error), attempts: 0,
-                requestID: requestIDHint(message.value))
+                for: message, ref: ref, failure: DeadLetterEvent.Failure(error), requestID: requestIDHint(message.value)
+            )
         }
     }
 
     /// Starts `first`; an item that ends without a call or outputs frees its slot and lane, which
     /// starts at most one other.
+    ///
+    /// The user's journal decides: a request with a recorded result is a duplicate (finished, no
+    /// outputs); one with an intent and no result was started by an earlier process and is
+    /// called again only as a recovery call. Otherwise the intent is written first, and the call
+    /// starts once it is durable (``intentWritten(_:)``).
     func start(_ first: WorkItem) {
         var ready: WorkItem? = first
         while let item = ready {
             ready = nil
-            if recent.contains(item.requestID) {
+            let journaled = ledger.journalEntry(ofUser: item.lane.key, requestID: item.request.requestID)
+            if journaled?.result != nil {
                 statistics.duplicates += 1
                 finish(item.ref)
                 ready = scheduler.finish(lane: item.lane)
                 continue
             }
             ownership.beginWork(item.ref)
-            if let deadline = item.request.deadlineAtMs, currentTimeMs() > deadline {
+            if let journaled {
+                // Its earlier call may have reached billing: never "not attempted", always asked again.
+                item.firstAttempt = journaled.attempts + 1
+                statistics.recovered += 1
+            } else if let deadline = item.request.deadlineAtMs, currentTimeMs() > deadline {
                 let error = PurchaseOutcomeEvent.Failure(
                     type: "deadline_exceeded", message: "deadline_at_ms \(deadline) passed before the purchase started",
                     retryable: false)
@@ -204,9 +213,26 @@ final class ProcessorLoop {
             }
             item.controllerName = route.name
             item.controller = route.controller
-            perform(calls.start(item, partition: item.ref.partition, now: clock.now))
+            let intent = ledger.recordIntent(
+                item.request, attempt: item.firstAttempt, partition: item.ref.partition.number,
+                nowMs: currentTimeMs())
+            outputs.publish(intent, for: nil, intent: item)
         }
         statistics.peakInFlight = max(statistics.peakInFlight, scheduler.inFlight)
+    }
+
+    /// The item's intent is durable: its call starts, unless the loop is failing or the call
+    /// could not end before its partition's hand-over (the next owner calls it, as a recovery).
+    func intentWritten(_ item: WorkItem) {
+        let now = clock.now
+        let handOverDeadline = ownership.deadline(of: item.ref.partition)
+        guard failure == nil, ownership.owns(item.ref),
+            handOverDeadline.map({ now.advanced(by: configuration.callTimeout) <= $0 }) ?? true
+        else {
+            perform(.abandon(item))
+            return
+        }
+        perform(calls.start(item, partition: item.ref.partition, attempt: item.firstAttempt, now: now))
     }
 
     // MARK: Calls
@@ -233,6 +259,7 @@ final class ProcessorLoop {
     func launch(_ id: Int, _ item: WorkItem, attempt: Int) {
         guard let controller = item.controller else { return }
         let request = PurchaseRequest(event: item.request, attempt: attempt)
+        if request.isRecovery { statistics.recoveryCalls += 1 }
         let inbox = self.inbox
         // Immediate: a controller that answers without suspending (a cache, a no-op) costs no thread hop.
         item.task = Task.immediate {
@@ -256,12 +283,10 @@ final class ProcessorLoop {
                 publishOutcome(
                     item, result: answer.outcome, attempts: attempts, controller: item.controllerName, error: nil)
             case .failed(let error):
-                publishOutcome(item, result: .failed, attempts: attempts, controller: item.controllerName, error: error)
-                publishDeadLetter(
-                    for: item.message, ref: item.ref, item: item,
-                    failure: .init(
-                        stage: .controller, errorClass: error.type, message: error.message, retryable: error.retryable),
-                    attempts: attempts, requestID: item.request.requestID)
+                publishOutcome(
+                    item, result: .failed, attempts: attempts, controller: item.controllerName, error: error,
+                    deadLetter: .init(
+                        stage: .controller, errorClass: error.type, message: error.message, retryable: error.retryable))
             }
         } else {
             // Only reachable when a hand-over could not wait (the loop ended): nothing is applied.
@@ -276,35 +301,47 @@ final class ProcessorLoop {
 
     // MARK: Outputs
 
+    /// Publishes the request's outcome (and dead letter, when it failed) with the ledger update
+    /// recording its result and grants; the changelog record follows once they are acknowledged.
     func publishOutcome(
         _ item: WorkItem, result: OutcomeResult, attempts: Int, controller: String?,
-        error: PurchaseOutcomeEvent.Failure?
+        error: PurchaseOutcomeEvent.Failure?, deadLetter: DeadLetterEvent.Failure? = nil
     ) {
         let outcome = PurchaseOutcomeEvent(
             request: item.request, result: result, attempts: attempts, completedAtMs: currentTimeMs(),
             controller: controller, error: error)
-        outputs.send(
-            .outcome(result, requestedAtMs: item.request.requestedAtMs), .outcome(outcome), for: item.ref, item: item)
-        if configuration.ledgerEnabled,
-            let update = ledger.apply(
-                outcome: outcome, entitlement: item.request.entitlement, campaignID: item.request.campaignID,
-                offerID: item.request.offerID, partition: item.ref.partition.number)
-        {
-            outputs.publish(update, for: item.ref, item: item)
+        var alongside: [(output: Output, unsent: UnsentOutput)] = [
+            (.outcome(result, requestedAtMs: item.request.requestedAtMs), .outcome(outcome))
+        ]
+        if let deadLetter {
+            alongside.append(
+                deadLetterOutput(
+                    for: item.message, failure: deadLetter, attempts: attempts, requestID: item.request.requestID))
         }
+        let update = ledger.complete(
+            outcome, entitlement: item.request.entitlement, campaignID: item.request.campaignID,
+            offerID: item.request.offerID, partition: item.ref.partition.number, grants: configuration.ledgerEnabled)
+        outputs.publish(update, for: item.ref, item: item, alongside: alongside)
     }
 
+    /// Publishes a dead letter for a record no request of which is journaled (it did not decode).
     func publishDeadLetter(
-        for message: KafkaMessage, ref: RecordRef, item: WorkItem?, failure: DeadLetterEvent.Failure, attempts: Int,
-        requestID: String?
+        for message: KafkaMessage, ref: RecordRef, failure: DeadLetterEvent.Failure, requestID: String?
     ) {
+        let (output, unsent) = deadLetterOutput(for: message, failure: failure, attempts: 0, requestID: requestID)
+        outputs.send(output, unsent, for: ref)
+    }
+
+    func deadLetterOutput(
+        for message: KafkaMessage, failure: DeadLetterEvent.Failure, attempts: Int, requestID: String?
+    ) -> (output: Output, unsent: UnsentOutput) {
         let letter = DeadLetterEvent(
             topic: message.topic, partition: message.partition, offset: message.offset, key: message.key,
             value: message.value, headers: message.headers.map { ($0.key, $0.value) }, error: failure,
             attempts: attempts, failedAtMs: currentTimeMs(), requestID: requestID)
         // The dead letter is keyed like its record, unless that key is too long to be a user's.
         let key = message.key.flatMap { $0.count <= DeadLetterEvent.maximumOriginalKeyBytes ? $0 : nil }
-        outputs.send(.deadLetter, .deadLetter(letter, key: key), for: ref, item: item)
+        return (.deadLetter, .deadLetter(letter, key: key))
     }
 
     func delivered(_ deliveries: [KafkaDelivery]) {
@@ -330,6 +367,8 @@ final class ProcessorLoop {
                 break
             case .recordDone(let ref, let item):
                 recordDone(ref, item)
+            case .intentWritten(let item):
+                intentWritten(item)
             case .redelivering(let topic, let error):
                 statistics.redelivered += 1
                 redelivering = ((redelivering?.count ?? 0) + 1, topic, error)
@@ -340,10 +379,9 @@ final class ProcessorLoop {
         }
     }
 
-    /// Every output of the record is acknowledged: its request id counts as answered, its offset
-    /// may be committed, and its user's next request may start.
+    /// Every output of the record is acknowledged (its result is in the journal): its offset may
+    /// be committed, and its user's next request may start.
     func recordDone(_ ref: RecordRef, _ item: WorkItem?) {
-        if let item, ownership.owns(ref) { recent.insert(item.requestID) }
         ownership.endWork(ref)
         finish(ref)
         if let item, let next = scheduler.releaseLane(item.lane) { start(next) }

@@ -15,8 +15,13 @@ public struct ProcessorStatistics: Sendable {
     public var deadLetters = 0
     /// Invalid records (a subset of dead letters).
     public var invalid = 0
-    /// Requests skipped because their id already had an outcome.
+    /// Requests skipped because their user's journal holds their result (a re-send or a redo).
     public var duplicates = 0
+    /// Requests whose journal held an intent and no result: an earlier process started them, so
+    /// this one called them as recovery calls.
+    public var recovered = 0
+    /// Controller calls that carried `isRecovery` (every attempt after a request's first).
+    public var recoveryCalls = 0
     /// Records skipped because a previous owner of the partition had finished them (commit metadata).
     public var alreadyFinished = 0
     /// Finished records handed over with a commit the broker refused (librdkafka's mock refuses
@@ -58,6 +63,8 @@ public struct ProcessorStatistics: Sendable {
             total.deadLetters += part.deadLetters
             total.invalid += part.invalid
             total.duplicates += part.duplicates
+            total.recovered += part.recovered
+            total.recoveryCalls += part.recoveryCalls
             total.alreadyFinished += part.alreadyFinished
             total.redoneAfterHandOver += part.redoneAfterHandOver
             total.redelivered += part.redelivered

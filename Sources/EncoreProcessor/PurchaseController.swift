@@ -31,12 +31,17 @@ public struct PurchaseRequest: Sendable, Hashable {
     public var appUserId: String { event.appUserID }
     /// The whole request event (store, environment, offer, entitlement, attributes...).
     public let event: PurchaseRequestEvent
-    /// 1 for the first call, 2 for the first retry, and so on.
+    /// 1 for the first call, 2 for the first retry, and so on; it continues across restarts.
     public let attempt: Int
+    /// An earlier call of this request may have reached billing: it timed out, failed, or was
+    /// running when a processor stopped. Look the purchase up (by ``requestId``, the idempotency
+    /// key) before charging. Every call after a request's first carries it.
+    public let isRecovery: Bool
 
-    public init(event: PurchaseRequestEvent, attempt: Int = 1) {
+    public init(event: PurchaseRequestEvent, attempt: Int = 1, isRecovery: Bool? = nil) {
         self.event = event
         self.attempt = attempt
+        self.isRecovery = isRecovery ?? (attempt > 1)
     }
 }
 

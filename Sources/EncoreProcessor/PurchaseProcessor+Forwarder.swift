@@ -26,16 +26,15 @@ extension PurchaseProcessor {
                 let finished = await Self.finishedOffsets(
                     of: partitions, configuration: configuration, consumer: consumer, logger: logger)
                 var restored: [Int32: [String: EntitlementStateRecord]] = [:]
-                if configuration.ledgerEnabled {
-                    do throws(ProcessorError) {
-                        restored = try await Self.restoreLedger(
-                            of: partitions.filter { $0.topic == configuration.requestsTopic }.map(\.partition),
-                            configuration: configuration, logger: logger)
-                    } catch {
-                        // Processing without the users' state would overwrite it: stop instead.
-                        for inbox in inboxes { inbox.post(.failed(error)) }
-                        continue
-                    }
+                // The users' state and request journals, before any of their records is handled.
+                do throws(ProcessorError) {
+                    restored = try await Self.restoreLedger(
+                        of: partitions.filter { $0.topic == configuration.requestsTopic }.map(\.partition),
+                        configuration: configuration, logger: logger)
+                } catch {
+                    // Processing without the users' state would overwrite it: stop instead.
+                    for inbox in inboxes { inbox.post(.failed(error)) }
+                    continue
                 }
                 for (worker, part) in router.split(partitions, by: \.partition) {
                     let numbers = Set(part.map(\.partition))

@@ -16,10 +16,11 @@ extension PurchaseProcessor {
                     "requests-topic: '\(configuration.requestsTopic)' does not exist (create the topics with `encore-processor topics create`)"
                 )
             }
-            guard configuration.ledgerEnabled else { return }
             var state = try await admin.partitionCount(of: configuration.stateTopic)
             if state == nil {
-                logger.info("creating the ledger's changelog '\(configuration.stateTopic)' with \(requests) partitions")
+                logger.info(
+                    "creating the changelog (ledger and request journal) '\(configuration.stateTopic)' with \(requests) partitions"
+                )
                 try await admin.createTopics([
                     KafkaTopicSpecification(
                         name: configuration.stateTopic, partitions: requests, replicationFactor: -1,

@@ -47,8 +47,9 @@ public final class PurchaseProcessor: Sendable {
     }
 
     private var outputTopics: [String] {
-        [configuration.outcomesTopic, configuration.deadLetterTopic]
-            + (configuration.ledgerEnabled ? [configuration.entitlementsTopic, configuration.stateTopic] : [])
+        // The changelog holds the request journal, with the ledger or without it.
+        [configuration.outcomesTopic, configuration.deadLetterTopic, configuration.stateTopic]
+            + (configuration.ledgerEnabled ? [configuration.entitlementsTopic] : [])
     }
 
     /// A snapshot of the counters and latency histogram.

@@ -30,8 +30,9 @@ final class WorkItem {
     let message: KafkaMessage
     /// One lane per user.
     let lane: UserLane
-    /// The request id, for the duplicate window.
-    let requestID: HashedString
+    /// The attempt number of the first call this process makes: 1, or one past the attempts of
+    /// the intent an earlier process recorded (a recovery).
+    var firstAttempt = 1
 
     /// The routed controller, once the call started.
     var controllerName = ""
@@ -44,7 +45,6 @@ final class WorkItem {
         self.request = request
         self.message = message
         self.lane = UserLane(appID: request.appID, appUserID: request.appUserID)
-        self.requestID = HashedString(request.requestID)
     }
 }
 

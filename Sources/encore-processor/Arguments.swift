@@ -184,6 +184,20 @@ struct ParsedOptions {
         .milliseconds(try integer(name, range: minimum...Int(Int32.max)))
     }
 
+    /// A duration written as a number with a unit (`90s`, `30m`, `12h`, `7d`), in milliseconds.
+    func duration(_ name: String, range: ClosedRange<Int64>) throws(UsageError) -> Int64 {
+        guard let text = string(name) else { throw UsageError("\(spelling(name)) is required") }
+        let units: [Character: Int64] = ["s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000]
+        guard let unit = text.last.flatMap({ units[$0] }), let count = Int64(text.dropLast()), count >= 0,
+            count <= range.upperBound / unit, range.contains(count * unit)
+        else {
+            throw UsageError(
+                "\(spelling(name)): expected a duration like 90s, 30m, 12h or 7d between \(range.lowerBound / 1000) s and \(range.upperBound / 86_400_000) d, got '\(text)'"
+            )
+        }
+        return count * unit
+    }
+
     func choice(_ name: String, _ allowed: [String]) throws(UsageError) -> String {
         guard let value = string(name) else { throw UsageError("\(spelling(name)) is required") }
         guard allowed.contains(value) else {

@@ -1,3 +1,4 @@
+import EncoreEvents
 import EncoreProcessor
 import Foundation
 import Kafka
@@ -29,7 +30,19 @@ enum RunCommand {
         .option(
             "catalog", value: "FILE", environment: "ENCORE_CATALOG",
             "JSON file: what each product (id or prefix*) grants, and access rules."),
-        .flag("no-ledger", "Publish outcomes only: no entitlement changes, no changelog."),
+        .flag(
+            "no-ledger",
+            "No entitlement grants nor change events; the changelog still carries the request journal."),
+        .option(
+            "dedupe-retention", value: "DURATION", default: "7d",
+            "How long a request's result (or intent) stays in its user's journal: a re-send within it is not called again (s, m, h or d)."
+        ),
+        .option(
+            "dedupe-per-user", value: "N", default: "100",
+            "Most requests one user's journal holds (the oldest results go first)."),
+        .option(
+            "guarantee", value: "MODE", default: "at-least-once",
+            "at-least-once, or exactly-once (Kafka transactions; readers use isolation.level=read_committed)."),
         .option(
             "access-rule", value: "RULE", repeatable: true,
             "NAME = SOURCE:ID | ... (encore:TYPE, encore:TYPE@verified, SOURCE:*); adds to the catalog's rules."),
@@ -74,15 +87,14 @@ enum RunCommand {
             "Records held (read, not yet done) before the consumer stops reading."),
         .option(
             "call-timeout-ms", value: "MS", default: "30000",
-            "Cancel a controller call after this; its user's next request waits until it returned."),
+            "Cancel a controller call after this and try it again as a recovery call; its user's next request waits until it returned."
+        ),
         .option("max-attempts", value: "N", default: "5", "Calls per request when errors are retryable."),
         .option("retry-backoff-ms", value: "MS", default: "100", "First retry backoff (doubles, jittered, max 10 s)."),
         .option(
             "drain-timeout-ms", value: "MS",
             "Wait for running calls on revoke and shutdown (default: call timeout + 5000; must be longer)."),
         .option("commit-interval-ms", value: "MS", default: "200", "How often finished offsets are committed."),
-        .option(
-            "duplicate-window", value: "N", default: "200000", "Recent request ids remembered to skip duplicates."),
         .option("simulated-latency-ms", value: "MS", default: "20", "Mean latency of the simulated controller."),
         .option(
             "simulated-outcomes", value: "WEIGHTS", default: "purchased=0.8,cancelled=0.15,pending=0.05",
@@ -113,7 +125,13 @@ enum RunCommand {
             configuration.drainTimeout = try options.milliseconds("drain-timeout-ms", minimum: 1)
         }
         configuration.commitInterval = try options.milliseconds("commit-interval-ms", minimum: 1)
-        configuration.duplicateWindow = try options.integer("duplicate-window", range: 1...100_000_000)
+        configuration.journal = JournalPolicy(
+            retentionMs: try options.duration("dedupe-retention", range: 60_000...(3650 * 86_400_000)),
+            perUserCap: try options.integer(
+                "dedupe-per-user", range: 1...EntitlementStateRecord.RequestEntry.maximumCount))
+        configuration.guarantee =
+            DeliveryGuarantee(rawValue: try options.choice("guarantee", DeliveryGuarantee.allCases.map(\.rawValue)))
+            ?? .atLeastOnce
         configuration.retry = RetryPolicy(
             maxAttempts: try options.integer("max-attempts", range: 1...100),
             initialBackoff: try options.milliseconds("retry-backoff-ms", minimum: 1))

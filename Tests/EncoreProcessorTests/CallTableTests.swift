@@ -29,9 +29,12 @@ struct CallTableTests {
         return id
     }
 
-    @Test("a call past its timeout is cancelled and stays in the table until it returns; then it fails with timeout")
+    @Test(
+        "a call past its timeout is cancelled and stays in the table until it returns; then it is tried again (a recovery); with no attempts left it fails with timeout"
+    )
     func timeoutWaitsForTheCall() {
-        var table = table()
+        var table = CallTable<String>(
+            timeout: .seconds(10), retry: RetryPolicy(maxAttempts: 2, initialBackoff: .seconds(1)))
         let id = launch(&table, "req-0")
         #expect(table.tick(now: at(9.9)).isEmpty)
         let actions = table.tick(now: at(10))
@@ -42,9 +45,18 @@ struct CallTableTests {
         #expect(cancelled == id)
         // Still there: its user's lane stays held until the call returns.
         #expect(table.count == 1 && table.tick(now: at(100)).isEmpty)
+        // Returned: its effect is unknown, so it is tried again after the backoff, as attempt 2.
+        let returned = table.finished(
+            id, attempt: 1, .failure(CancellationError()), now: at(101), retryUnit: 0, retryDeadline: { _ in nil })
+        #expect(returned == nil && table.count == 1)
+        guard case .launch(id, "req-0", attempt: 2)? = table.tick(now: at(101.5)).first else {
+            Issue.record("expected the second attempt")
+            return
+        }
+        _ = table.tick(now: at(111.5))
         let end = table.finished(
-            id, attempt: 1, .failure(CancellationError()), now: at(12), retryUnit: 0, retryDeadline: { _ in nil })
-        guard case .settle("req-0", .failed(let failure), attempts: 1)? = end else {
+            id, attempt: 2, .failure(CancellationError()), now: at(112), retryUnit: 0, retryDeadline: { _ in nil })
+        guard case .settle("req-0", .failed(let failure), attempts: 2)? = end else {
             Issue.record("expected a failed settlement, got \(String(describing: end))")
             return
         }

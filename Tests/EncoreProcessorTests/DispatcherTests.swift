@@ -344,7 +344,7 @@ struct DispatcherOutcomeTests {
         event.placementID = "paywall"
         harness.feed(event)
         #expect(await harness.waitForFinished(1))
-        let record = try #require(harness.producer.produced.first)
+        let record = try #require(harness.producer.produced.first { $0.topic == "encore.purchase-outcomes" })
         #expect(record.key == Array("app:u".utf8))
         let headers = CloudEventHeaders(headers: record.headers.map { ($0.key, $0.stringValue) })
         #expect(headers?.eventType == .purchaseOutcome)

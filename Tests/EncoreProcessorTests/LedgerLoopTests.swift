@@ -45,14 +45,18 @@ struct LedgerLoopTests {
                 harness.producer.handedOver.filter { $0.topic == "encore.entitlement-changes" }.count == 1
             })
         try await Task.sleep(for: .milliseconds(300))
-        #expect(!harness.producer.handedOver.contains { $0.topic == "encore.entitlement-state" })
+        // Only the intent, written before the call; not the state with the grant and the result.
+        let early = harness.producer.handedOver.filter { $0.topic == "encore.entitlement-state" }.map {
+            try! EntitlementStateRecord(jsonBytes: $0.value)
+        }
+        #expect(early.count == 1 && early.first?.requests.map(\.result) == [nil] && early.first?.grants == [])
         #expect((harness.consumer.snapshot.stored.values.max() ?? 0) == 0)
         harness.producer.release("encore.entitlement-changes")
         #expect(await eventually { harness.consumer.snapshot.stored.values.first == 1 })
         let produced = harness.producer.produced
         // Acknowledgements arrive in `produced` order: had the state been written before the held
         // changes were acknowledged, its record would stand before them.
-        let stateIndex = try #require(produced.firstIndex { $0.topic == "encore.entitlement-state" })
+        let stateIndex = try #require(produced.lastIndex { $0.topic == "encore.entitlement-state" })
         #expect(produced.lastIndex { $0.topic == "encore.entitlement-changes" }.map { $0 < stateIndex } == true)
         let changes = produced.filter { $0.topic == "encore.entitlement-changes" }.map {
             try! EntitlementChangeEvent(jsonBytes: $0.value)
@@ -60,14 +64,22 @@ struct LedgerLoopTests {
         #expect(changes.map(\.sequence) == [1, 2] && changes.map(\.access) == [nil, "pro"])
         #expect(changes.allSatisfy { $0.key == "app:u1" })
         let states = produced.filter { $0.topic == "encore.entitlement-state" }
-        #expect(states.count == 1 && states.first?.partition == 0 && states.first?.key == Array("app:u1".utf8))
-        let state = try EntitlementStateRecord(jsonBytes: try #require(states.first).value)
+        // The intent, then the grant with the result.
+        #expect(states.count == 2 && states.allSatisfy { $0.partition == 0 && $0.key == Array("app:u1".utf8) })
+        let state = try EntitlementStateRecord(jsonBytes: try #require(states.last).value)
         #expect(state.sequence == 2 && state.access == ["pro": true] && state.grants.count == 1)
-        // Change events carry a stable CloudEvents id: user and sequence.
-        let ids = produced.filter { $0.topic == "encore.entitlement-changes" }.compactMap {
-            $0.headers.first { $0.key == "ce_id" }?.stringValue
-        }
-        #expect(ids == ["entitlement:app:u1:1", "entitlement:app:u1:2"])
+        #expect(state.requests.map(\.requestID) == ["req-0"] && state.requests.map(\.result) == [.purchased])
+        // Change events carry a CloudEvents id naming user, sequence and a digest of the content.
+        let changeRecords = produced.filter { $0.topic == "encore.entitlement-changes" }
+        let ids = changeRecords.compactMap { $0.headers.first { $0.key == "ce_id" }?.stringValue }
+        #expect(
+            ids
+                == changeRecords.map {
+                    "entitlement:app:u1:\(try! EntitlementChangeEvent(jsonBytes: $0.value).sequence):\(OutputEncoder.digest($0.value))"
+                })
+        #expect(
+            ids.first?.hasPrefix("entitlement:app:u1:1:") == true
+                && ids.last?.hasPrefix("entitlement:app:u1:2:") == true)
         await harness.stop()
     }
 
@@ -87,7 +99,8 @@ struct LedgerLoopTests {
             try! EntitlementChangeEvent(jsonBytes: $0.value)
         }
         #expect(changes.map(\.change) == [.verified] && changes.map(\.sequence) == [8])
-        #expect(harness.producer.produced.filter { $0.topic == "encore.entitlement-state" }.count == 1)
+        // Each request writes its intent and its result (the second records its result though it grants nothing new).
+        #expect(harness.producer.produced.filter { $0.topic == "encore.entitlement-state" }.count == 4)
         #expect(harness.statistics.entitlementChanges == 1)
         await harness.stop()
     }

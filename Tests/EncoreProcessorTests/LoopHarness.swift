@@ -180,6 +180,17 @@ final class LoopHarness: Sendable {
         assign(partitions: partitions, finished: [:])
     }
 
+    /// Assigns as the forwarder does after a restart or rebalance: the users' state and request
+    /// journals restored from the latest changelog record of each user produced so far.
+    func assignRestoringChangelog(partitions: Int32) {
+        var latest: [Int32: [String: EntitlementStateRecord]] = [:]
+        for record in producer.produced where record.topic == "encore.entitlement-state" {
+            let state = try! EntitlementStateRecord(jsonBytes: record.value)
+            latest[record.partition ?? 0, default: [:]][state.key] = state
+        }
+        assign(partitions: partitions, finished: [:], restored: latest.mapValues { Array($0.values) })
+    }
+
     /// Revokes `partitions` of the requests topic as the consumer would; returns the offsets the
     /// loop handed over with them, once it did.
     func revoke(_ partitions: [Int32]) async -> [KafkaTopicPartitionOffset] {

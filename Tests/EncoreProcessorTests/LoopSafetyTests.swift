@@ -60,7 +60,8 @@ struct LoopSafetyTests {
         #expect(harness.producer.outcomes().map(\.requestID).sorted() == ["req-0", "req-1"])
         // The same member gets the partition back and is handed req-0 again (its commit did not land):
         // it is answered already, so it is neither called nor answered twice.
-        harness.assign(partitions: 1)
+        // (Assigned as the forwarder does: the users' journals restored from the changelog written so far.)
+        harness.assignRestoringChangelog(partitions: 1)
         harness.feed(
             KafkaMessage(
                 topic: LoopHarness.topic, partition: 0, offset: 0, key: nil, value: request(0, user: "u").jsonBytes()))
@@ -94,11 +95,17 @@ struct LoopSafetyTests {
         await harness.stop()
     }
 
-    @Test("a timed-out call that honours cancellation fails with timeout, once it returned; not retried")
-    func timeoutFails() async throws {
+    @Test(
+        "a timed-out call that honours cancellation is tried again as a recovery call, once it returned; with no attempts left it fails with timeout"
+    )
+    func timeoutRecovers() async throws {
         let controller = RecordingController(
             latency: { $0.requestId == "req-0" ? .seconds(600) : .zero })
-        let harness = LoopHarness(configure: { $0.callTimeout = .milliseconds(50) }, router: router(controller))
+        let harness = LoopHarness(
+            configure: {
+                $0.callTimeout = .milliseconds(50)
+                $0.retry = RetryPolicy(maxAttempts: 3, initialBackoff: .milliseconds(1))
+            }, router: router(controller))
         harness.assign(partitions: 1)
         harness.feed(request(0, user: "u"))
         harness.feed(request(1, user: "u"))
@@ -106,9 +113,31 @@ struct LoopSafetyTests {
         let outcomes = harness.producer.outcomes()
         #expect(outcomes.map(\.requestID) == ["req-0", "req-1"])
         #expect(outcomes[0].result == .failed && outcomes[0].error?.type == "timeout")
-        #expect(outcomes[0].error?.retryable == false && outcomes[0].attempts == 1)
+        #expect(outcomes[0].error?.retryable == false && outcomes[0].attempts == 3)
         #expect(harness.producer.deadLetters().map(\.requestID) == ["req-0"])
-        #expect(controller.snapshot.calls == 2 && controller.snapshot.overlaps == [])
+        // Three calls of req-0, the second and third declared as recoveries; never two at once.
+        let calls = controller.snapshot
+        #expect(calls.callsByRequest == ["req-0": 3, "req-1": 1] && calls.recoveryCalls == 2)
+        #expect(calls.undeclaredRepeats == [] && calls.overlaps == [])
+        await harness.stop()
+    }
+
+    @Test("a call that timed out and then answers on its recovery call gets that answer as its outcome")
+    func timeoutThenRecoveryAnswers() async throws {
+        let controller = RecordingController(
+            latency: { $0.requestId == "req-0" && !$0.isRecovery ? .seconds(600) : .zero })
+        let harness = LoopHarness(
+            configure: {
+                $0.callTimeout = .milliseconds(50)
+                $0.retry = RetryPolicy(maxAttempts: 3, initialBackoff: .milliseconds(1))
+            }, router: router(controller))
+        harness.assign(partitions: 1)
+        harness.feed(request(0, user: "u"))
+        #expect(await harness.waitForFinished(1))
+        let outcomes = harness.producer.outcomes()
+        #expect(outcomes.map(\.result) == [.purchased] && outcomes.map(\.attempts) == [2])
+        #expect(controller.snapshot.recoveryCalls == 1 && controller.snapshot.undeclaredRepeats == [])
+        #expect(harness.producer.deadLetters().isEmpty)
         await harness.stop()
     }
 
@@ -179,12 +208,15 @@ struct LoopSafetyTests {
         harness.feed(request(0, user: "u"))
         #expect(await harness.waitForFinished(1))
         #expect(await eventually { harness.consumer.snapshot.stored.values.first == 1 })
+        // req-1's first output is its intent: it fails, so req-1 is never called.
         harness.producer.failNext([KafkaError(code: code, message: "gone", isRetriable: true)])
         harness.feed(request(1, user: "v"))
         let failure = await harness.ended()
         #expect(failure?.code == .outputLost)
-        #expect(failure?.message.contains("encore.purchase-outcomes") == true)
-        #expect(harness.producer.handedOver.count == 2, "the failed output was produced again")
+        #expect(failure?.message.contains("encore.entitlement-state") == true)
+        // req-0's intent, outcome and result; req-1's intent, once.
+        #expect(harness.producer.handedOver.count == 4, "the failed output was produced again")
+        #expect(controller.snapshot.calls == 1, "called without a durable intent")
         #expect(harness.consumer.snapshot.stored.values.max() == 1)
     }
 }

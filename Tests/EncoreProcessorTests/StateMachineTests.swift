@@ -89,15 +89,14 @@ struct PolicyTests {
         #expect(policy.allowsRetry(after: 3) && !policy.allowsRetry(after: 4))
     }
 
-    @Test("workers share out the in-flight bound and the duplicate window; statistics add up; partitions by number")
+    @Test("workers share out the in-flight bound; statistics add up; partitions by number")
     func workerShares() throws {
         var configuration = ProcessorConfiguration(kafka: KafkaConfiguration())
         configuration.workers = 3
         configuration.maxInFlight = 1000
         configuration.bufferCapacity = 10
-        configuration.duplicateWindow = 200_000
         let share = configuration.perWorker
-        #expect(share.maxInFlight == 334 && share.duplicateWindow == 66_667)
+        #expect(share.maxInFlight == 334)
         configuration.maxInFlight = 2
         #expect(throws: ProcessorError.self) { try configuration.validate() }
 
@@ -128,19 +127,6 @@ struct PolicyTests {
         }
         let back = WorkerProducer.split(deliveries, workers: 3)
         #expect(back.map(\.worker) == [0, 2] && back.map { $0.items.map(\.token) } == [[5], [7, 9]])
-    }
-
-    @Test("recent request ids are a bounded window")
-    func recent() {
-        var recent = RecentRequests(capacity: 2)
-        recent.insert(HashedString("a"))
-        recent.insert(HashedString("b"))
-        recent.insert(HashedString("a"))
-        #expect(recent.contains(HashedString("a")) && recent.contains(HashedString("b")))
-        recent.insert(HashedString("c"))
-        #expect(
-            !recent.contains(HashedString("a")) && recent.contains(HashedString("b"))
-                && recent.contains(HashedString("c")))
     }
 
     @Test("the ring-buffer queue keeps arrival order across wrap-around, growth and removal")

@@ -51,12 +51,19 @@ struct ProcessLifecycleTests {
         }
         let answered = Set(outcomes.map(\.requestID))
         #expect(answered == ids, "missing: \(ids.subtracting(answered).count)")
-        // A SIGKILL leaves what finished after the last commit to be done again (the request journal
-        // of the next issue removes those repeats); every repeated outcome must say what the first said.
-        let disagreeing = Dictionary(grouping: outcomes, by: \.requestID).filter { _, answers in
-            Set(answers.map { "\($0.result) \($0.attempts) \($0.controller ?? "") \($0.error?.type ?? "")" }).count > 1
+        // A request repeats only when the SIGKILL fell between its outcome's delivery and its result's
+        // changelog record: the restart found its intent and called it again as a recovery call
+        // (more attempts), and the simulated store answered what it had done. A request whose result
+        // was recorded is never answered again.
+        let repeated = Dictionary(grouping: outcomes, by: \.requestID).filter { $0.value.count > 1 }
+        let disagreeing = repeated.filter { _, answers in
+            Set(answers.map { "\($0.result) \($0.controller ?? "") \($0.error?.type ?? "")" }).count > 1
         }
         #expect(disagreeing.isEmpty, "requests answered differently: \(disagreeing.keys.sorted().prefix(5))")
+        let undeclared = repeated.filter { _, answers in
+            answers.count != 2 || answers[1].attempts <= answers[0].attempts
+        }
+        #expect(undeclared.isEmpty, "answered again without a recovery: \(undeclared.keys.sorted().prefix(5))")
         await broker.stop()
     }
 

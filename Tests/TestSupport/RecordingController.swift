@@ -20,6 +20,10 @@ public final class RecordingController: PurchaseController {
 
         /// Request ids called more than once.
         public var repeated: [String] { callsByRequest.filter { $0.value > 1 }.keys.sorted() }
+        /// Requests called again without `isRecovery`: what must never happen.
+        public var undeclaredRepeats: [String] = []
+        /// Calls that carried `isRecovery`.
+        public var recoveryCalls = 0
     }
     public let state = Mutex(State())
     public let latency: @Sendable (PurchaseRequest) -> Duration
@@ -43,6 +47,10 @@ public final class RecordingController: PurchaseController {
             state.maxRunning = max(state.maxRunning, state.running)
             if !state.runningUsers.insert(user).inserted { state.overlaps.append(user) }
             state.callsByUser[user, default: []].append(request.requestId)
+            if state.callsByRequest[request.requestId] != nil && !request.isRecovery {
+                state.undeclaredRepeats.append(request.requestId)
+            }
+            if request.isRecovery { state.recoveryCalls += 1 }
             state.callsByRequest[request.requestId, default: 0] += 1
         }
         defer {

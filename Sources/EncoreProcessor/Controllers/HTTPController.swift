@@ -8,8 +8,9 @@ import Foundation
 /// Forwards each purchase to an HTTP endpoint of the app's billing service, so a backend in any
 /// language can be the controller.
 ///
-/// POSTs the request event's JSON with `Idempotency-Key: <request_id>` and `Encore-Attempt: <n>`,
-/// and expects `{"result":"purchased|cancelled|pending"}`. 5xx, 429 and connection errors are
+/// POSTs the request event's JSON with `Idempotency-Key: <request_id>` and `Encore-Attempt: <n>`
+/// (and `Encore-Recovery: true` on a recovery call: look the purchase up before charging), and
+/// expects `{"result":"purchased|cancelled|pending"}`. 5xx, 429 and connection errors are
 /// retryable; other 4xx and malformed answers are final.
 public struct HTTPController: PurchaseController {
     public let url: URL
@@ -34,6 +35,7 @@ public struct HTTPController: PurchaseController {
         httpRequest.setValue("application/json", forHTTPHeaderField: "Content-Type")
         httpRequest.setValue(request.requestId, forHTTPHeaderField: "Idempotency-Key")
         httpRequest.setValue(String(request.attempt), forHTTPHeaderField: "Encore-Attempt")
+        if request.isRecovery { httpRequest.setValue("true", forHTTPHeaderField: "Encore-Recovery") }
         let data: Data
         let response: URLResponse
         do {

@@ -52,23 +52,24 @@ public struct SimulatedController: PurchaseController {
         public let message: String
     }
 
+    /// Answers like a store with an idempotency key: a recovery call first looks up what the
+    /// earlier attempts of the request answered, and returns the first definite answer among them
+    /// (the purchase is not made twice); otherwise it draws a new one.
     public func purchase(_ request: PurchaseRequest) async throws -> PurchaseResult {
-        var generator = SplitMix64(seed: seed ^ fnv1a(request.requestId) ^ UInt64(request.attempt) &* 0x9E37_79B9)
-        let latencyUnit = generator.nextUnit()
-        let answerUnit = generator.nextUnit()
+        let (latencyUnit, drawn) = draw(request.requestId, attempt: request.attempt)
+        var answer = drawn
+        if request.isRecovery {
+            for earlier in 1..<max(1, request.attempt) {
+                let (_, earlierAnswer) = draw(request.requestId, attempt: earlier)
+                if [.purchased, .cancelled, .pending].contains(earlierAnswer) {
+                    answer = earlierAnswer
+                    break
+                }
+            }
+        }
         if meanLatency > .zero {
             // One shared timer thread rather than a dispatch timer per call (see SimulatedDelays).
             try await SimulatedDelays.shared.sleep(for: meanLatency * (0.5 + latencyUnit))
-        }
-        let total = weights.reduce(0) { $0 + $1.weight }
-        var threshold = answerUnit * total
-        var answer = weights[weights.count - 1].answer
-        for entry in weights {
-            if threshold < entry.weight {
-                answer = entry.answer
-                break
-            }
-            threshold -= entry.weight
         }
         switch answer {
         case .purchased: return .purchased
@@ -77,6 +78,20 @@ public struct SimulatedController: PurchaseController {
         case .retryableError: throw PurchaseControllerError.retryable("store_unavailable", "simulated store outage")
         case .error: throw PurchaseControllerError.final("store_declined", "simulated store declined the purchase")
         }
+    }
+
+    /// The latency unit and the answer attempt `attempt` of `requestID` draws.
+    private func draw(_ requestID: String, attempt: Int) -> (latencyUnit: Double, answer: Answer) {
+        var generator = SplitMix64(seed: seed ^ fnv1a(requestID) ^ UInt64(attempt) &* 0x9E37_79B9)
+        let latencyUnit = generator.nextUnit()
+        let answerUnit = generator.nextUnit()
+        let total = weights.reduce(0) { $0 + $1.weight }
+        var threshold = answerUnit * total
+        for entry in weights {
+            if threshold < entry.weight { return (latencyUnit, entry.answer) }
+            threshold -= entry.weight
+        }
+        return (latencyUnit, weights[weights.count - 1].answer)
     }
 }
 

@@ -27,13 +27,15 @@ public struct EntitlementLedger: Sendable {
     }
 
     public let catalog: EntitlementCatalog
+    public let journal: JournalPolicy
     private var users: [String: UserEntry] = [:]
     /// Upcoming expiries (grants and source states), earliest first; at most one live entry per
     /// user (the one at its `scheduledAtMs`), so the queue grows with users, not with updates.
     private var expiries = TimerQueue<Int64, String>()
 
-    public init(catalog: EntitlementCatalog) {
+    public init(catalog: EntitlementCatalog, journal: JournalPolicy = JournalPolicy()) {
         self.catalog = catalog
+        self.journal = journal
     }
 
     public var userCount: Int { users.count }
@@ -58,6 +60,62 @@ public struct EntitlementLedger: Sendable {
     /// Forgets the users of partitions this processor no longer owns.
     public mutating func remove(partitions: Set<Int32>) {
         users = users.filter { !partitions.contains($0.value.partition) }
+    }
+
+    // MARK: Request journal
+
+    /// The journal's latest entry for `requestID` of user `key`: an intent (no result) or a result.
+    public func journalEntry(ofUser key: String, requestID: String) -> EntitlementStateRecord.RequestEntry? {
+        users[key]?.state.requests.last { $0.requestID == requestID }
+    }
+
+    /// Records that call `attempt` of `request` is about to start: the intent, which must be
+    /// durable before the call is made.
+    public mutating func recordIntent(
+        _ request: PurchaseRequestEvent, attempt: Int, partition: Int32, nowMs: Int64
+    ) -> LedgerUpdate {
+        let policy = journal
+        let update = mutate(request.key, request.appID, request.appUserID, partition: partition, nowMs: nowMs) {
+            state, _ in
+            state.requests.removeAll { $0.requestID == request.requestID }
+            state.requests.append(.init(requestID: request.requestID, attempts: attempt, startedAtMs: nowMs))
+            policy.prune(&state.requests, nowMs: nowMs)
+        }
+        // An intent always changes the state: its attempt number or start time is new.
+        return update ?? LedgerUpdate(changes: [], state: users[request.key]!.state, partition: partition)
+    }
+
+    /// Records a request's outcome: its result in the journal and, with `grants`, what it grants
+    /// (as ``apply(outcome:entitlement:campaignID:offerID:partition:)``).
+    public mutating func complete(
+        _ outcome: PurchaseOutcomeEvent, entitlement offered: Entitlement?, campaignID: String? = nil,
+        offerID: String? = nil, partition: Int32, grants: Bool = true
+    ) -> LedgerUpdate {
+        let status: EntitlementStatus? =
+            switch outcome.result {
+            case .purchased: .verified
+            case .pending: .provisional
+            case .cancelled, .failed, .notAttempted: nil
+            }
+        let entitlement = grants && status != nil ? offered ?? catalog.entitlement(for: outcome.productID) : nil
+        let policy = journal
+        let now = outcome.completedAtMs
+        let update = mutate(outcome.key, outcome.appID, outcome.appUserID, partition: partition, nowMs: now) {
+            state, changes in
+            if let status, let entitlement {
+                Self.grant(
+                    outcome, entitlement, status: status, campaignID: campaignID, offerID: offerID, to: &state,
+                    changes: &changes)
+            }
+            let started = state.requests.last { $0.requestID == outcome.requestID }?.startedAtMs ?? now
+            state.requests.removeAll { $0.requestID == outcome.requestID }
+            state.requests.append(
+                .init(
+                    requestID: outcome.requestID, attempts: outcome.attempts, startedAtMs: started,
+                    result: outcome.result, completedAtMs: now))
+            policy.prune(&state.requests, nowMs: now)
+        }
+        return update ?? LedgerUpdate(changes: [], state: users[outcome.key]!.state, partition: partition)
     }
 
     // MARK: Rules
@@ -87,32 +145,43 @@ public struct EntitlementLedger: Sendable {
             return nil
         }
         return mutate(key, outcome.appID, outcome.appUserID, partition: partition, nowMs: now) { state, changes in
-            let grant = EntitlementStateRecord.Grant(
-                productID: outcome.productID, entitlement: entitlement, status: status, isActive: true,
-                grantedAtMs: now, expiresAtMs: Self.expiry(of: entitlement, from: now), requestID: outcome.requestID,
-                campaignID: campaignID, offerID: offerID)
-            let existing = state.grants.firstIndex {
-                $0.isActive && ($0.productID == outcome.productID || $0.requestID == outcome.requestID)
+            Self.grant(
+                outcome, entitlement, status: status, campaignID: campaignID, offerID: offerID, to: &state,
+                changes: &changes)
+        }
+    }
+
+    /// What `outcome` grants, applied to `state` (a pending or completed purchase).
+    private static func grant(
+        _ outcome: PurchaseOutcomeEvent, _ entitlement: Entitlement, status: EntitlementStatus, campaignID: String?,
+        offerID: String?, to state: inout EntitlementStateRecord, changes: inout [EntitlementChangeEvent]
+    ) {
+        let now = outcome.completedAtMs
+        let grant = EntitlementStateRecord.Grant(
+            productID: outcome.productID, entitlement: entitlement, status: status, isActive: true,
+            grantedAtMs: now, expiresAtMs: Self.expiry(of: entitlement, from: now), requestID: outcome.requestID,
+            campaignID: campaignID, offerID: offerID)
+        let existing = state.grants.firstIndex {
+            $0.isActive && ($0.productID == outcome.productID || $0.requestID == outcome.requestID)
+        }
+        if let index = existing {
+            let current = state.grants[index]
+            if current.status == .provisional && status == .verified {
+                state.grants[index] = grant
+                changes.append(Self.change(.verified, grant, state: state, at: now))
+            } else if current.entitlement != entitlement {
+                // A different offer for the product replaces the grant, keeping the stronger status.
+                var replacement = grant
+                if current.status == .verified { replacement.status = .verified }
+                state.grants[index] = replacement
+                changes.append(Self.change(.granted, replacement, state: state, at: now))
             }
-            if let index = existing {
-                let current = state.grants[index]
-                if current.status == .provisional && status == .verified {
-                    state.grants[index] = grant
-                    changes.append(Self.change(.verified, grant, state: state, at: now))
-                } else if current.entitlement != entitlement {
-                    // A different offer for the product replaces the grant, keeping the stronger status.
-                    var replacement = grant
-                    if current.status == .verified { replacement.status = .verified }
-                    state.grants[index] = replacement
-                    changes.append(Self.change(.granted, replacement, state: state, at: now))
-                }
-                // Otherwise: the same grant again, nothing to observe.
-            } else {
-                // One grant per product: an expired one is replaced.
-                state.grants.removeAll { $0.productID == outcome.productID }
-                state.grants.append(grant)
-                changes.append(Self.change(.granted, grant, state: state, at: now))
-            }
+            // Otherwise: the same grant again, nothing to observe.
+        } else {
+            // One grant per product: an expired one is replaced.
+            state.grants.removeAll { $0.productID == outcome.productID }
+            state.grants.append(grant)
+            changes.append(Self.change(.granted, grant, state: state, at: now))
         }
     }
 
@@ -287,6 +356,33 @@ public struct EntitlementLedger: Sendable {
         case .percent, .dollars:
             // A trial measured in percent or dollars has no duration: it does not expire.
             return nil
+        }
+    }
+}
+
+/// How long and how many of a user's requests the journal remembers: a re-sent request whose
+/// result is still in the journal is not called again.
+public struct JournalPolicy: Sendable, Hashable {
+    /// Entries untouched for longer are dropped.
+    public var retentionMs: Int64
+    /// Most entries per user; past it, the oldest results go first, then the oldest intents.
+    public var perUserCap: Int
+
+    public init(retentionMs: Int64 = 7 * 86_400_000, perUserCap: Int = 100) {
+        precondition(retentionMs > 0 && (1...EntitlementStateRecord.RequestEntry.maximumCount).contains(perUserCap))
+        self.retentionMs = retentionMs
+        self.perUserCap = perUserCap
+    }
+
+    /// Drops entries past the retention at `nowMs`, then the oldest beyond the cap.
+    func prune(_ entries: inout [EntitlementStateRecord.RequestEntry], nowMs: Int64) {
+        let horizon = nowMs - retentionMs
+        if entries.contains(where: { $0.lastTouchedMs < horizon }) {
+            entries.removeAll { $0.lastTouchedMs < horizon }
+        }
+        while entries.count > perUserCap {
+            let oldest = entries.firstIndex { $0.result != nil } ?? entries.startIndex
+            entries.remove(at: oldest)
         }
     }
 }
