@@ -1,0 +1,145 @@
+import EncoreEvents
+import Foundation
+import TestSupport
+import Testing
+
+@testable import EncoreProcessor
+
+/// The request journal: its rules with an injected clock, and what the loop does with a journal
+/// restored from the changelog (a restart, a rebalance, a re-send days later).
+@Suite("Request journal: intents, results, retention, recovery (no Kafka)", .timeLimit(.minutes(1)))
+struct RequestJournalTests {
+    static let day: Int64 = 86_400_000
+    static let t0: Int64 = 1_764_475_643_000
+
+    func outcome(_ index: Int, user: String = "u", _ result: OutcomeResult, attempts: Int = 1, at ms: Int64)
+        -> PurchaseOutcomeEvent
+    {
+        PurchaseOutcomeEvent(request: request(index, user: user), result: result, attempts: attempts, completedAtMs: ms)
+    }
+
+    @Test("an intent, then its result: the entry keeps its start, takes the outcome's attempts and time")
+    func intentThenResult() {
+        var ledger = EntitlementLedger(catalog: EntitlementCatalog())
+        let intent = ledger.recordIntent(request(0, user: "u"), attempt: 1, partition: 3, nowMs: Self.t0)
+        #expect(intent.partition == 3 && intent.changes.isEmpty)
+        #expect(intent.state.requests == [.init(requestID: "req-0", attempts: 1, startedAtMs: Self.t0)])
+        #expect(ledger.journalEntry(ofUser: "app:u", requestID: "req-0")?.result == nil)
+        let done = ledger.complete(outcome(0, .purchased, attempts: 2, at: Self.t0 + 50), entitlement: nil, partition: 3)
+        #expect(
+            done.state.requests == [
+                .init(
+                    requestID: "req-0", attempts: 2, startedAtMs: Self.t0, result: .purchased,
+                    completedAtMs: Self.t0 + 50)
+            ])
+        #expect(ledger.journalEntry(ofUser: "app:u", requestID: "req-0")?.result == .purchased)
+        #expect(ledger.journalEntry(ofUser: "app:u", requestID: "req-1") == nil)
+        #expect(ledger.journalEntry(ofUser: "app:v", requestID: "req-0") == nil)
+        // Without grants (--no-ledger) the result is still recorded, and nothing is granted.
+        var bare = EntitlementLedger(catalog: EntitlementCatalog())
+        var event = request(1, user: "u")
+        event.entitlement = Entitlement(type: .freeTrial, value: 7, unit: .days)
+        let update = bare.complete(
+            PurchaseOutcomeEvent(request: event, result: .purchased, attempts: 1, completedAtMs: Self.t0),
+            entitlement: event.entitlement, partition: 0, grants: false)
+        #expect(update.changes.isEmpty && update.state.grants.isEmpty && update.state.requests.count == 1)
+    }
+
+    @Test("entries past the retention are dropped at the user's next write; past the cap, the oldest results first")
+    func retentionAndCap() {
+        var ledger = EntitlementLedger(
+            catalog: EntitlementCatalog(), journal: JournalPolicy(retentionMs: 7 * Self.day, perUserCap: 3))
+        _ = ledger.complete(outcome(0, .purchased, at: Self.t0), entitlement: nil, partition: 0)
+        _ = ledger.recordIntent(request(1, user: "u"), attempt: 1, partition: 0, nowMs: Self.t0 + 1)
+        _ = ledger.complete(outcome(2, .cancelled, at: Self.t0 + 2), entitlement: nil, partition: 0)
+        _ = ledger.complete(outcome(3, .failed, at: Self.t0 + 3), entitlement: nil, partition: 0)
+        // Four entries, cap 3: the oldest result (req-0) goes; the older intent (req-1) stays.
+        var ids = ledger.state(ofUser: "app:u")!.requests.map(\.requestID)
+        #expect(ids == ["req-1", "req-2", "req-3"])
+        // Seven days on, a write drops what was last touched more than seven days before.
+        let later = Self.t0 + 7 * Self.day + 2
+        _ = ledger.complete(outcome(4, .purchased, at: later), entitlement: nil, partition: 0)
+        ids = ledger.state(ofUser: "app:u")!.requests.map(\.requestID)
+        #expect(ids == ["req-2", "req-3", "req-4"])
+        _ = ledger.complete(outcome(5, .purchased, at: later + 2), entitlement: nil, partition: 0)
+        ids = ledger.state(ofUser: "app:u")!.requests.map(\.requestID)
+        #expect(ids == ["req-4", "req-5"], "req-3 was last touched at t0+3, more than 7 days before")
+    }
+
+    @Test("the journal round-trips through the changelog record")
+    func roundTrip() throws {
+        var ledger = EntitlementLedger(catalog: EntitlementCatalog())
+        _ = ledger.complete(outcome(0, .notAttempted, attempts: 0, at: Self.t0), entitlement: nil, partition: 0)
+        let update = ledger.recordIntent(request(1, user: "u"), attempt: 3, partition: 0, nowMs: Self.t0 + 9)
+        let decoded = try EntitlementStateRecord(jsonBytes: update.state.jsonBytes())
+        #expect(decoded == update.state && decoded.requests.count == 2)
+    }
+
+    // MARK: The loop with a restored journal
+
+    static func restored(_ entries: [EntitlementStateRecord.RequestEntry]) -> [Int32: [EntitlementStateRecord]] {
+        [0: [EntitlementStateRecord(appID: "app", appUserID: "u", requests: entries)]]
+    }
+
+    @Test("restored with a result: finished without a call, nothing re-emitted, counted as a duplicate")
+    func restoredResult() async throws {
+        let controller = RecordingController()
+        let harness = LoopHarness(router: router(controller))
+        harness.assign(
+            partitions: 1, finished: [:],
+            restored: Self.restored([
+                .init(
+                    requestID: "req-0", attempts: 1, startedAtMs: currentTimeMs() - 3 * Self.day, result: .purchased,
+                    completedAtMs: currentTimeMs() - 3 * Self.day)
+            ]))
+        // Re-sent three days after it was processed, then a new request of the same user.
+        harness.feed(request(0, user: "u"))
+        harness.feed(request(1, user: "u"))
+        #expect(await harness.waitForFinished(2))
+        #expect(controller.snapshot.callsByRequest == ["req-1": 1])
+        #expect(harness.producer.outcomes().map(\.requestID) == ["req-1"])
+        #expect(harness.statistics.duplicates == 1)
+        #expect(await eventually { harness.consumer.snapshot.stored.values.first == 2 })
+        await harness.stop()
+    }
+
+    @Test("restored with an intent and no result: called once, as a recovery, its attempt number continuing")
+    func restoredIntent() async throws {
+        let controller = RecordingController()
+        let harness = LoopHarness(router: router(controller))
+        harness.assign(
+            partitions: 1, finished: [:],
+            restored: Self.restored([.init(requestID: "req-0", attempts: 2, startedAtMs: currentTimeMs() - 5000)]))
+        var late = request(0, user: "u")
+        // A deadline that passed does not make it "not attempted": an earlier call may have charged.
+        late.deadlineAtMs = currentTimeMs() - 1000
+        harness.feed(late)
+        #expect(await harness.waitForFinished(1))
+        let seen = controller.snapshot
+        #expect(seen.callsByRequest == ["req-0": 1] && seen.recoveryCalls == 1)
+        let outcome = try #require(harness.producer.outcomes().first)
+        #expect(outcome.result == .purchased && outcome.attempts == 3)
+        #expect(harness.statistics.recovered == 1 && harness.statistics.recoveryCalls == 1)
+        // The intent was rewritten with the new attempt before the call, then the result.
+        let states = harness.producer.produced.filter { $0.topic == "encore.entitlement-state" }.map {
+            try! EntitlementStateRecord(jsonBytes: $0.value)
+        }
+        #expect(states.map { $0.requests.map(\.attempts) } == [[3], [3]])
+        #expect(states.map { $0.requests.map(\.result) } == [[nil], [.purchased]])
+        await harness.stop()
+    }
+
+    @Test("the same request read again in one process (a redelivery after a rebalance) is not called again")
+    func sameProcessRedo() async throws {
+        let controller = RecordingController()
+        let harness = LoopHarness(router: router(controller))
+        harness.assign(partitions: 1)
+        harness.feed(request(0, user: "u"))
+        #expect(await harness.waitForFinished(1))
+        harness.feed(request(0, user: "u"))
+        #expect(await harness.waitForFinished(2))
+        #expect(controller.snapshot.calls == 1 && harness.statistics.duplicates == 1)
+        #expect(harness.producer.outcomes().count == 1)
+        await harness.stop()
+    }
+}
