@@ -20,6 +20,9 @@ enum ProcessorInput: Sendable {
     case commitFinished(landed: [InputPartition: KafkaTopicPartitionOffset])
     /// The broker refused the commit of a hand-over: the next owner redoes `records` finished records.
     case handOverCommitRefused(records: Int)
+    /// Exactly-once: the transaction holding everything produced so far and `landed`'s offsets
+    /// committed (`error` nil) or failed.
+    case transactionFinished(landed: [InputPartition: KafkaTopicPartitionOffset], error: KafkaError?)
     case attemptFinished(call: Int, attempt: Int, Result<PurchaseResult, any Error>)
     /// The broker's answers for outputs, by the token they were produced with.
     case delivered([KafkaDelivery])

@@ -8,7 +8,15 @@ extension ProcessorLoop {
     /// order, so one user's outputs keep their order. Answers come back with the token.
     func flushOutputs() {
         guard outputs.hasUnsent else { return }
+        if let state = transactions {
+            // While a transaction commits, outputs wait for the next one.
+            guard state.phase == .open, !state.isClosed else { return }
+        }
         let unsent = outputs.takeUnsent()
+        if transactions != nil {
+            transactions!.unanswered += unsent.count
+            transactions!.produced = true
+        }
         let (encoder, producer, inbox) = (self.encoder, self.producer, self.inbox)
         outputQueue.async(execute: { Self.produce(unsent, encoder: encoder, producer: producer, inbox: inbox) })
     }

@@ -151,6 +151,16 @@ extension ProcessorLoop {
         )
         // The next owner restores these users from the changelog.
         ledger.remove(partitions: Set(revocation.partitions.filter { $0.topic == .requests }.map(\.number)))
+        if let state = transactions {
+            // Exactly-once: the offsets go into the next transaction (the last one held them all).
+            if state.isClosed {
+                revocation.handOver([]) { _ in }
+            } else {
+                transactions!.handOvers.append((revocation, offsets))
+                transactionTick(now: clock.now)
+            }
+            return
+        }
         let (inbox, logger) = (self.inbox, self.logger)
         revocation.handOver(offsets) { error in
             guard error != nil, atRisk > 0 else { return }

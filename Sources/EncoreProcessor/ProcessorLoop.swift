@@ -46,6 +46,9 @@ final class ProcessorLoop {
     var commitTask: Task<Void, Never>? = nil
     /// When the drain's overdue calls were last reported.
     var drainReportedAt: ContinuousClock.Instant? = nil
+    /// Exactly-once mode: the transaction in progress, and how to commit it; `nil` otherwise.
+    var transactions: TransactionState? = nil
+    let committer: (any TransactionCommitter)?
 
     /// Counters kept here and published on each tick (and when the loop ends).
     var statistics = ProcessorStatistics()
@@ -58,8 +61,10 @@ final class ProcessorLoop {
     init(
         configuration: ProcessorConfiguration, router: PurchaseRouter, recorder: StatisticsRecorder,
         consumer: any ConsumerControl, producer: any OutputProducer, inbox: Inbox<ProcessorInput>,
-        admission: KafkaAdmission, logger: Logger
+        admission: KafkaAdmission, logger: Logger, committer: (any TransactionCommitter)? = nil
     ) {
+        self.committer = committer
+        if committer != nil { transactions = TransactionState() }
         self.configuration = configuration
         self.router = router
         self.recorder = recorder
@@ -112,6 +117,8 @@ final class ProcessorLoop {
             }
         case .handOverCommitRefused(let records):
             statistics.redoneAfterHandOver += records
+        case .transactionFinished(let landed, let error):
+            transactionFinished(landed: landed, error: error)
         case .consumerFailed(let error):
             fail(ProcessorError(.kafka, "consumer failed: \(error)"))
         case .consumerEnded:
@@ -221,9 +228,18 @@ final class ProcessorLoop {
         statistics.peakInFlight = max(statistics.peakInFlight, scheduler.inFlight)
     }
 
-    /// The item's intent is durable: its call starts, unless the loop is failing or the call
-    /// could not end before its partition's hand-over (the next owner calls it, as a recovery).
+    /// The item's intent is durable (exactly-once: in the transaction, whose commit makes it so).
     func intentWritten(_ item: WorkItem) {
+        if transactions != nil {
+            transactions!.intents.append(item)
+        } else {
+            startCall(item)
+        }
+    }
+
+    /// Starts the call of an item whose intent is durable, unless the loop is failing or the call
+    /// could not end before its partition's hand-over (the next owner calls it, as a recovery).
+    func startCall(_ item: WorkItem) {
         let now = clock.now
         let handOverDeadline = ownership.deadline(of: item.ref.partition)
         guard failure == nil, ownership.owns(item.ref),
@@ -344,7 +360,18 @@ final class ProcessorLoop {
         return (.deadLetter, .deadLetter(letter, key: key))
     }
 
-    func delivered(_ deliveries: [KafkaDelivery]) {
+    func delivered(_ answers: [KafkaDelivery]) {
+        var deliveries = answers
+        if transactions != nil {
+            transactions!.unanswered -= deliveries.count
+            // A failed delivery dooms its transaction: never produced again, it stops the processor.
+            for index in deliveries.indices {
+                guard let error = deliveries[index].error else { continue }
+                deliveries[index].error = KafkaError(
+                    code: error.code, message: "in a transaction: \(error.message)", isRetriable: false, isFatal: true)
+            }
+        }
+        defer { commitTransactionIfAnswered() }
         let nowMs = currentTimeMs()
         var redelivering: (count: Int, topic: String, error: KafkaError)? = nil
         defer {
@@ -411,7 +438,11 @@ final class ProcessorLoop {
                 outputs.publish(update, for: nil)
             }
         }
-        if !ownership.isDraining && !ownership.hasRevocations { commitIfDue(now: now) }
+        if transactions != nil {
+            transactionTick(now: now)
+        } else if !ownership.isDraining && !ownership.hasRevocations {
+            commitIfDue(now: now)
+        }
     }
 
     // MARK: Shutdown
@@ -433,6 +464,11 @@ final class ProcessorLoop {
         guard let deadline = ownership.drainDeadline else { return }
         let now = clock.now
         if calls.isEmpty && outputs.isIdle {
+            // Exactly-once: the last transaction commits the last outputs and offsets first.
+            if let state = transactions, !state.isClosed {
+                transactionTick(now: now, force: true)
+                return
+            }
             end()
         } else if now >= deadline && calls.isEmpty {
             logger.error(

@@ -22,6 +22,8 @@ public struct ProcessorStatistics: Sendable {
     public var recovered = 0
     /// Controller calls that carried `isRecovery` (every attempt after a request's first).
     public var recoveryCalls = 0
+    /// Exactly-once: transactions committed (or attempted).
+    public var transactions = 0
     /// Records skipped because a previous owner of the partition had finished them (commit metadata).
     public var alreadyFinished = 0
     /// Finished records handed over with a commit the broker refused (librdkafka's mock refuses
@@ -65,6 +67,7 @@ public struct ProcessorStatistics: Sendable {
             total.duplicates += part.duplicates
             total.recovered += part.recovered
             total.recoveryCalls += part.recoveryCalls
+            total.transactions += part.transactions
             total.alreadyFinished += part.alreadyFinished
             total.redoneAfterHandOver += part.redoneAfterHandOver
             total.redelivered += part.redelivered

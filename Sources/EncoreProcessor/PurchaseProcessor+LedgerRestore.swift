@@ -56,8 +56,11 @@ extension PurchaseProcessor {
         of partitions: [Int32], configuration: ProcessorConfiguration, logger: Logger,
         since started: ContinuousClock.Instant, clock: ContinuousClock
     ) async throws(KafkaError) -> [Int32: [String: EntitlementStateRecord]] {
+        var kafka = configuration.kafka
+        // Exactly-once: what an aborted (or still open) transaction wrote is not the users' state.
+        if configuration.guarantee == .exactlyOnce { kafka.setDefault("isolation.level", "read_committed") }
         let (latest, records) = try await KafkaPartitionReader.fold(
-            configuration: configuration.kafka, topic: configuration.stateTopic, partitions: partitions,
+            configuration: kafka, topic: configuration.stateTopic, partitions: partitions,
             into: [Int32: [String: EntitlementStateRecord]]()
         ) { latest, message in
             do {

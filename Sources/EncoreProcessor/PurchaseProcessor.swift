@@ -78,6 +78,7 @@ public final class PurchaseProcessor: Sendable {
         // The consumer counts the records it hands out; the loops release them when done.
         let admission = KafkaAdmission(capacity: configuration.bufferCapacity)
         let clients = try makeClients(admission: admission, inboxes: inboxes)
+        let committer = try await transactionCommitter(clients)
         // The first outputs would otherwise wait for their topics' metadata (a start-up stall).
         for topic in outputTopics {
             do {
@@ -116,7 +117,7 @@ public final class PurchaseProcessor: Sendable {
                     let loop = ProcessorLoop(
                         configuration: share, router: router, recorder: worker.recorder, consumer: clients.consumer,
                         producer: WorkerProducer(producer: clients.producer, worker: index, workers: workers.count),
-                        inbox: worker.inbox, admission: admission, logger: logger)
+                        inbox: worker.inbox, admission: admission, logger: logger, committer: committer)
                     let failure = await withTaskCancellationHandler {
                         while !loop.isFinished { loop.handle(await worker.inbox.next()) }
                         return loop.failure
@@ -148,7 +149,8 @@ public final class PurchaseProcessor: Sendable {
             logger.error("outputs still undelivered at shutdown: \(error)")
         }
         do {
-            if !finalOffsets.isEmpty { try await clients.consumer.commit(finalOffsets) }
+            // Exactly-once: the last transaction held them.
+            if !finalOffsets.isEmpty && committer == nil { try await clients.consumer.commit(finalOffsets) }
         } catch {
             logger.error("final offset commit failed: \(error)")
         }
@@ -168,6 +170,21 @@ public final class PurchaseProcessor: Sendable {
             "stopped: \(statistics.received) received, \(statistics.outcomeCount) outcomes, \(statistics.deadLetters) dead letters, \(statistics.duplicates) duplicates"
         )
         if let failure { throw failure }
+    }
+
+    /// Exactly-once: registers the transactional producer (fencing an earlier one with the same
+    /// `transactional.id`) and begins the first transaction.
+    private func transactionCommitter(
+        _ clients: (consumer: KafkaConsumer, producer: KafkaProducer)
+    ) async throws(ProcessorError) -> (any TransactionCommitter)? {
+        guard configuration.guarantee == .exactlyOnce else { return nil }
+        do {
+            try await clients.producer.initTransactions()
+            try clients.producer.beginTransaction()
+        } catch {
+            throw ProcessorError(.kafka, "cannot start transactions (--guarantee exactly-once): \(error)")
+        }
+        return KafkaTransactionCommitter(producer: clients.producer, consumer: clients.consumer)
     }
 
     private func makeClients(
@@ -203,6 +220,15 @@ public final class PurchaseProcessor: Sendable {
         } else {
             consumerConfiguration.setDefault("queued.max.messages.kbytes", "16384")
         }
+        if configuration.guarantee == .exactlyOnce {
+            // One transactional producer per member; a zombie is fenced through the group metadata
+            // sent with the offsets. A stable id (-X transactional.id, per instance) also aborts a
+            // crashed member's open transaction at once instead of after transaction.timeout.ms.
+            producerConfiguration.setDefault(
+                "transactional.id", "\(configuration.groupID)-\(UInt64.random(in: 0...UInt64.max))")
+            producerConfiguration.setDefault("transaction.timeout.ms", "10000")
+            consumerConfiguration.setDefault("isolation.level", "read_committed")
+        }
         do {
             let producer = try KafkaProducer(
                 configuration: producerConfiguration, logger: Logger(label: "encore.producer"),
@@ -219,5 +245,23 @@ public final class PurchaseProcessor: Sendable {
         } catch {
             throw ProcessorError(.invalidConfiguration, "-X: \(error.message)")
         }
+    }
+}
+
+/// Commits the transaction in progress with consumer offsets and the group's metadata, then
+/// begins the next one.
+struct KafkaTransactionCommitter: TransactionCommitter {
+    let producer: KafkaProducer
+    let consumer: KafkaConsumer
+
+    func commit(offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError) {
+        if !offsets.isEmpty {
+            guard let metadata = consumer.groupMetadata() else {
+                throw KafkaError(code: .invalidConfiguration, message: "the consumer has no group metadata")
+            }
+            try await producer.sendOffsetsToTransaction(offsets, groupMetadata: metadata)
+        }
+        try await producer.commitTransaction()
+        try producer.beginTransaction()
     }
 }

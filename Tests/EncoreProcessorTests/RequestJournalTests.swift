@@ -25,7 +25,8 @@ struct RequestJournalTests {
         #expect(intent.partition == 3 && intent.changes.isEmpty)
         #expect(intent.state.requests == [.init(requestID: "req-0", attempts: 1, startedAtMs: Self.t0)])
         #expect(ledger.journalEntry(ofUser: "app:u", requestID: "req-0")?.result == nil)
-        let done = ledger.complete(outcome(0, .purchased, attempts: 2, at: Self.t0 + 50), entitlement: nil, partition: 3)
+        let done = ledger.complete(
+            outcome(0, .purchased, attempts: 2, at: Self.t0 + 50), entitlement: nil, partition: 3)
         #expect(
             done.state.requests == [
                 .init(

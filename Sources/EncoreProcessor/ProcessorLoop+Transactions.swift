@@ -1,0 +1,107 @@
+import Kafka
+
+/// Commits the transaction in progress with the group's offsets and begins the next one.
+/// ``PurchaseProcessor`` provides it over its transactional producer and its consumer.
+protocol TransactionCommitter: Sendable {
+    func commit(offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError)
+}
+
+/// Exactly-once mode: what the loop produces goes into one Kafka transaction at a time, committed
+/// with the consumer offsets of the records whose outputs it holds.
+///
+/// A call starts only once the transaction holding its intent committed, so an aborted
+/// transaction can only erase intents of calls never made, and every state an intent's record
+/// carries is committed too. While a transaction commits, new outputs wait (they belong to the
+/// next one). A failed delivery or commit stops the processor: a transaction that cannot commit
+/// takes other records' outputs with it, so the restart redoes everything uncommitted.
+struct TransactionState {
+    enum Phase { case open, committing }
+    var phase = Phase.open
+    /// Outputs handed to the producer in this transaction and not yet answered.
+    var unanswered = 0
+    /// Whether anything was produced in this transaction.
+    var produced = false
+    /// Items whose intents this transaction holds: their calls start when it commits.
+    var intents: [WorkItem] = []
+    /// Items of the transaction being committed.
+    var committing: [WorkItem] = []
+    /// Revocations whose offsets go into the next commit; handed over once it committed.
+    var handOvers: [(PartitionOwnership<PartitionHandOver>.Revocation, [KafkaTopicPartitionOffset])] = []
+    var handingOver: [(PartitionOwnership<PartitionHandOver>.Revocation, [KafkaTopicPartitionOffset])] = []
+    /// The final transaction (shutdown) committed: nothing more is produced.
+    var isClosed = false
+}
+
+extension ProcessorLoop {
+    var isTransactional: Bool { transactions != nil }
+
+    /// Starts committing when a commit is due (the interval passed, intents wait for it, or a
+    /// hand-over needs its offsets) and nothing is committing; the commit itself starts once every
+    /// output of the transaction is answered.
+    func transactionTick(now: ContinuousClock.Instant, force: Bool = false) {
+        guard var state = transactions, state.phase == .open, !state.isClosed, commitTask == nil else { return }
+        let due = now >= nextCommit || !state.intents.isEmpty || !state.handOvers.isEmpty || force
+        let offsetsChanged = ownership.generations.keys.contains { partition in
+            commitOffsets(for: [partition]).first.map { landed[partition] != $0 } ?? false
+        }
+        guard due, state.produced || offsetsChanged || !state.handOvers.isEmpty || force else { return }
+        state.phase = .committing
+        transactions = state
+        commitTransactionIfAnswered()
+    }
+
+    /// Commits once everything produced in the transaction has been answered.
+    func commitTransactionIfAnswered() {
+        guard var state = transactions, state.phase == .committing, state.unanswered == 0, commitTask == nil,
+            let committer
+        else { return }
+        nextCommit = clock.now.advanced(by: configuration.commitInterval)
+        // Partitions being revoked too: they are owned until handed over.
+        let changed = ownership.generations.keys.sorted().compactMap { partition in
+            commitOffsets(for: [partition]).first.flatMap { landed[partition] == $0 ? nil : (partition, $0) }
+        }
+        state.handingOver = state.handOvers
+        state.handOvers = []
+        state.committing = state.intents
+        state.intents = []
+        transactions = state
+        let offsets = changed.map(\.1) + state.handingOver.flatMap(\.1)
+        let inbox = self.inbox
+        commitTask = Task {
+            do throws(KafkaError) {
+                try await committer.commit(offsets: offsets)
+                inbox.post(.transactionFinished(landed: Dictionary(changed, uniquingKeysWith: { $1 }), error: nil))
+            } catch {
+                inbox.post(.transactionFinished(landed: [:], error: error))
+            }
+        }
+        statistics.transactions += 1
+    }
+
+    /// The transaction ended: calls whose intents it held start, revocations are handed over, and
+    /// the outputs waiting for the next transaction go out.
+    func transactionFinished(landed accepted: [InputPartition: KafkaTopicPartitionOffset], error: KafkaError?) {
+        commitTask = nil
+        guard var state = transactions else { return }
+        let (items, handingOver) = (state.committing, state.handingOver)
+        state.committing = []
+        state.handingOver = []
+        state.phase = .open
+        state.produced = false
+        transactions = state
+        if let error {
+            fail(ProcessorError(.outputLost, "the transaction cannot commit: \(error)"))
+            for item in items { perform(.abandon(item)) }
+            for (revocation, _) in handingOver { revocation.handOver([]) { _ in } }
+            return
+        }
+        for (partition, offset) in accepted where ownership.generations[partition] != nil {
+            landed[partition] = offset
+        }
+        for item in items { startCall(item) }
+        // The offsets were committed in the transaction: the consumer commits nothing.
+        for (revocation, _) in handingOver { revocation.handOver([]) { _ in } }
+        // The shutdown's last transaction: nothing is left to produce.
+        if ownership.isDraining && calls.isEmpty && outputs.isIdle { transactions?.isClosed = true }
+    }
+}

