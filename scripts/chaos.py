@@ -242,16 +242,16 @@ def read_topic(bootstrap, topic, committed_only):
         if high > low:
             ends[partition] = (low, high)
     consumer.assign([TopicPartition(topic, p, low) for p, (low, _) in ends.items()])
-    records, done, deadline = [], set(), time.time() + 60
-    while len(done) < len(ends) and time.time() < deadline:
-        message = consumer.poll(0.5)
+    # Until the ends are reached and then nothing more comes for two seconds: Tansu reports a high
+    # watermark short of its last batch's records, and read_committed stops at an open transaction.
+    records, done, deadline, quiet_since = [], set(), time.time() + 60, time.time()
+    while time.time() < deadline:
+        message = consumer.poll(0.2)
         if message is None or message.error():
-            # read_committed stops short of the high watermark at an open or aborted transaction's end.
-            if message is None and committed_only:
-                positions = consumer.position([TopicPartition(topic, p) for p in ends])
-                if all(p.offset >= 0 for p in positions) and time.time() > deadline - 50:
-                    break
+            if time.time() - quiet_since > (2 if len(done) == len(ends) else 10):
+                break
             continue
+        quiet_since = time.time()
         records.append(message)
         if message.offset() >= ends[message.partition()][1] - 1:
             done.add(message.partition())
@@ -421,6 +421,8 @@ def main():
         "resent": len(resent),
         "resent_called": sum(1 for i in resent_ids for c in calls_by_id.get(i, []) if c[5] >= resent_at),
         "resent_answered": sum(1 for i in resent_ids for a in outcomes.get(i, []) if a["completed_at_ms"] >= resent_wall_ms),
+        "resent_called_examples": [[c[0], c[2], c[3], c[4], round(c[5] - started, 1)] for i in sorted(resent_ids)
+                                   for c in calls_by_id.get(i, []) if c[5] >= resent_at][:10],
         "clean_exits": sum(1 for _, code in members.exit_codes if code == 0),
         "stopped": len(members.exit_codes),
         "actions": actions,

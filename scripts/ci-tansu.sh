@@ -42,3 +42,9 @@ assert report["all_committed"], "offsets not committed to the end"
 print(f"tansu: {count} requests processed with librdkafka {report['librdkafka']}, all outcomes delivered and committed "
       f"({report['throughput']:.0f}/s in a debug build)")
 PY
+
+# The purchase-safety chaos test (SIGKILLs, restarts, scale-out, re-sends) against Tansu, with the
+# newer librdkafka: no undeclared repeat call, no overlap, none lost, no conflicting outcome.
+python3 scripts/chaos.py --binary "$BINARY" --broker tansu --tansu-port $((PORT + 1)) >"$work/chaos.json" \
+  2>"$work/chaos.log" || { cat "$work/chaos.json"; tail -50 "$work/chaos.log"; exit 1; }
+python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print("tansu chaos:", {k: r[k] for k in ["requests", "sigkills", "billing_calls", "recovery_calls", "lost", "undeclared_repeats", "overlaps", "conflicting", "resent", "resent_called"]})' "$work/chaos.json"

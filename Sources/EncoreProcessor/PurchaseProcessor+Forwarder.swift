@@ -52,6 +52,8 @@ extension PurchaseProcessor {
                 }
             case .error(let error):
                 for inbox in inboxes where error.isFatal { inbox.post(.consumerFailed(error)) }
+            case .endOfPartition:
+                break  // not asked for
             }
         }
         for inbox in inboxes { inbox.post(.consumerEnded) }

@@ -14,6 +14,9 @@ public enum KafkaConsumerEvent: Sendable {
     case partitionsRevoked([KafkaTopicPartition], KafkaRevocation)
     /// A consumer error librdkafka reported (fatal ones end the stream).
     case error(KafkaError)
+    /// The consumer reached the end of a partition; `offset` is the next offset to read. Only with
+    /// `enable.partition.eof=true`.
+    case endOfPartition(KafkaTopicPartition, offset: Int64)
 }
 
 /// Lets the application say it has finished with revoked partitions.
@@ -209,6 +212,9 @@ public final class KafkaConsumer: Sendable {
         case .error(let error)?:
             sink.yield(.error(error))
             return false
+        case .endOfPartition(let partition, let offset)?:
+            sink.yield(.endOfPartition(partition, offset: offset))
+            return false
         case nil:
             return false
         }
@@ -217,6 +223,7 @@ public final class KafkaConsumer: Sendable {
     private enum PolledEvent {
         case message(KafkaMessage)
         case error(KafkaError)
+        case endOfPartition(KafkaTopicPartition, offset: Int64)
     }
 
     private static func event(
@@ -225,7 +232,9 @@ public final class KafkaConsumer: Sendable {
         let m = message.pointee
         let topic = m.rkt.map { String(cString: rd_kafka_topic_name($0)) } ?? "?"
         guard m.err == RD_KAFKA_RESP_ERR_NO_ERROR else {
-            if m.err == RD_KAFKA_RESP_ERR__PARTITION_EOF { return nil }
+            if m.err == RD_KAFKA_RESP_ERR__PARTITION_EOF {
+                return .endOfPartition(KafkaTopicPartition(topic: topic, partition: m.partition), offset: m.offset)
+            }
             let error = KafkaError(
                 m.err, context: "consume from \(topic)[\(m.partition)]", isFatal: m.err == RD_KAFKA_RESP_ERR__FATAL)
             client.logger.warning("consumer error \(error)")

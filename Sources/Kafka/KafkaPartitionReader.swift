@@ -1,4 +1,4 @@
-/// Reads partitions of a topic from their first record to their end at the time of the call:
+/// Reads partitions of a topic from their first record to (at least) their end at the time of the call:
 /// how a changelog is restored and how a compacted topic is queried. Joins no group, commits nothing.
 public enum KafkaPartitionReader {
     /// Folds every record of `partitions` of `topic` (in offset order per partition) into `initial`.
@@ -10,6 +10,8 @@ public enum KafkaPartitionReader {
         var configuration = configuration
         configuration.setDefault("group.id", "encore-partition-reader")
         configuration["enable.auto.commit"] = "false"
+        // The end may be a transaction's control record, which is never handed out as a record.
+        configuration["enable.partition.eof"] = "true"
         // Folding keeps up with fetching: a small prefetch keeps a large topic from passing through memory at once.
         configuration.setDefault("queued.max.messages.kbytes", "4096")
         let admin = try KafkaAdmin(configuration: configuration)
@@ -30,12 +32,25 @@ public enum KafkaPartitionReader {
                 var remaining = targets
                 var records = 0
                 for await event in consumer.events {
+                    if case .endOfPartition(let partition, let offset) = event {
+                        // (read_committed: the end of what is committed, which reaches `end` once
+                        // the transactions open there commit or abort.)
+                        if let end = remaining[partition.partition], offset >= end {
+                            remaining[partition.partition] = nil
+                        }
+                        if remaining.isEmpty { return (state, records) }
+                        continue
+                    }
                     guard case .messages(let batch) = event else { continue }
                     for message in batch {
-                        guard let end = remaining[message.partition], message.offset < end else { continue }
+                        // Records past the end are read too: they are as real, and some brokers (Tansu)
+                        // report the end as the last record batch's first offset + 1, short of its
+                        // other records, which arrive in the same fetch.
                         update(&state, message)
                         records += 1
-                        if message.offset + 1 >= end { remaining[message.partition] = nil }
+                        if let end = remaining[message.partition], message.offset + 1 >= end {
+                            remaining[message.partition] = nil
+                        }
                     }
                     if remaining.isEmpty { return (state, records) }
                 }

@@ -25,6 +25,7 @@ final class ConsumerProbe: Sendable {
                     state.value.withLock { $0.assigned.subtract(partitions) }
                     revocation.acknowledge()
                 case .error(let error): state.value.withLock { $0.errors.append(error) }
+                case .endOfPartition: break
                 }
             }
         }
