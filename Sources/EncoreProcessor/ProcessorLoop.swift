@@ -27,6 +27,8 @@ final class ProcessorLoop {
     var ownership: PartitionOwnership<PartitionHandOver>
     var scheduler: LaneScheduler<WorkItem, UserLane>
     var calls: CallTable<WorkItem>
+    /// Items whose intent is durable, waiting for a call slot (`maxInFlight` calls at once).
+    var waitingForSlot = FIFO<WorkItem>()
     var outputs = OutputTracker<WorkItem>()
     var tracker = OffsetTracker<InputPartition>()
     /// The users' state: grants and the request journal (intents and results).
@@ -72,7 +74,9 @@ final class ProcessorLoop {
         self.producer = producer
         self.inbox = inbox
         self.logger = logger
-        scheduler = LaneScheduler(maxInFlight: configuration.maxInFlight)
+        // Lanes bound the requests being processed (one per user); `maxInFlight` bounds the calls
+        // among them (``startCall(_:)``), so a request waiting for its intent holds no call slot.
+        scheduler = LaneScheduler(maxInFlight: max(configuration.maxInFlight, configuration.bufferCapacity))
         calls = CallTable(timeout: configuration.callTimeout, retry: configuration.retry)
         ownership = PartitionOwnership(
             reportInterval: configuration.drainTimeout, stuckAfter: configuration.stuckCallLimit)
@@ -225,7 +229,6 @@ final class ProcessorLoop {
                 nowMs: currentTimeMs())
             outputs.publish(intent, for: nil, intent: item)
         }
-        statistics.peakInFlight = max(statistics.peakInFlight, scheduler.inFlight)
     }
 
     /// The item's intent is durable (exactly-once: in the transaction, whose commit makes it so).
@@ -248,7 +251,17 @@ final class ProcessorLoop {
             perform(.abandon(item))
             return
         }
+        guard calls.count < configuration.maxInFlight else {
+            waitingForSlot.append(item)
+            return
+        }
         perform(calls.start(item, partition: item.ref.partition, attempt: item.firstAttempt, now: now))
+        statistics.peakInFlight = max(statistics.peakInFlight, calls.count)
+    }
+
+    /// A call left the table: the items waiting for a slot start, up to the bound.
+    func startWaitingCalls() {
+        while calls.count < configuration.maxInFlight, let item = waitingForSlot.popFirst() { startCall(item) }
     }
 
     // MARK: Calls
@@ -263,12 +276,14 @@ final class ProcessorLoop {
         case .settle(let item, let settlement, let attempts):
             item.task = nil
             settle(item, settlement, attempts: attempts)
+            startWaitingCalls()
         case .abandon(let item):
             // No outcome: the record stays unfinished and is read again by the next owner.
             item.task = nil
             ownership.endWork(item.ref)
             released += 1
             if let next = scheduler.finish(lane: item.lane) { start(next) }
+            startWaitingCalls()
         }
     }
 

@@ -25,6 +25,7 @@ public enum Benchmark {
         public var timeout: Duration = .seconds(600)
         /// The entitlement ledger runs (change events and changelog writes are part of the work).
         public var ledger = true
+        public var guarantee = DeliveryGuarantee.atLeastOnce
         public init() {}
     }
 
@@ -133,6 +134,7 @@ public enum Benchmark {
         configuration.deadLetterTopic = outputs[2]
         configuration.stateTopic = outputs[3]
         configuration.ledgerEnabled = options.ledger
+        configuration.guarantee = options.guarantee
         configuration.maxInFlight = options.maxInFlight
         configuration.workers = options.workers
         configuration.bufferCapacity = options.bufferCapacity

@@ -26,6 +26,9 @@ enum BenchCommand {
             .flag(
                 "no-ledger",
                 "Run without the entitlement ledger (for brokers that cannot create the co-partitioned changelog)."),
+            .option(
+                "guarantee", value: "MODE", default: "at-least-once",
+                "at-least-once or exactly-once (Kafka transactions; needs --workers 1)."),
             .flag("json", "Print the report as one JSON object."),
         ])
 
@@ -46,6 +49,9 @@ enum BenchCommand {
         benchmark.prefilledTopic = options.string("prefilled-topic")
         benchmark.timeout = .seconds(try options.integer("timeout-s", range: 1...86_400))
         benchmark.ledger = !options.flag("no-ledger")
+        benchmark.guarantee =
+            DeliveryGuarantee(rawValue: try options.choice("guarantee", DeliveryGuarantee.allCases.map(\.rawValue)))
+            ?? .atLeastOnce
         if benchmark.prefilledTopic != nil && benchmark.rate > 0 {
             throw UsageError("--prefilled-topic and --rate exclude each other")
         }

@@ -130,7 +130,10 @@ final class LoopHarness: Sendable {
     /// Counts what the harness feeds as the consumer would; the loop releases it.
     let admission: KafkaAdmission
 
-    init(configure: (inout ProcessorConfiguration) -> Void = { _ in }, router: PurchaseRouter) {
+    init(
+        configure: (inout ProcessorConfiguration) -> Void = { _ in }, router: PurchaseRouter,
+        committer makeCommitter: ((FakeProducer) -> any TransactionCommitter)? = nil
+    ) {
         var configuration = ProcessorConfiguration(kafka: KafkaConfiguration())
         configuration.retry = RetryPolicy(
             maxAttempts: 3, initialBackoff: .milliseconds(5), maxBackoff: .milliseconds(20))
@@ -138,12 +141,14 @@ final class LoopHarness: Sendable {
         let inbox = self.inbox
         producer = FakeProducer { inbox.post(.delivered($0)) }
         let (consumer, producer, recorder, endedFlag) = (self.consumer, self.producer, self.recorder, self.endedFlag)
+        let committer = makeCommitter?(producer)
         let admission = KafkaAdmission(capacity: configuration.bufferCapacity)
         self.admission = admission
         pump = Task { [configuration] in
             let loop = ProcessorLoop(
                 configuration: configuration, router: router, recorder: recorder, consumer: consumer,
-                producer: producer, inbox: inbox, admission: admission, logger: Logger(label: "test.loop"))
+                producer: producer, inbox: inbox, admission: admission, logger: Logger(label: "test.loop"),
+                committer: committer)
             while !loop.isFinished { loop.handle(await inbox.next()) }
             loop.cancelRemainingCalls()
             endedFlag.set()

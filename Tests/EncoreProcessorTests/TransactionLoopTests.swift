@@ -1,0 +1,66 @@
+import EncoreEvents
+import Foundation
+import Kafka
+import Synchronization
+import TestSupport
+import Testing
+
+@testable import EncoreProcessor
+
+/// Exactly-once mode through the loop, with a committer that holds each commit until released.
+@Suite("Exactly-once loop: calls after the intent's transaction, offsets in the transaction (no Kafka)")
+struct TransactionLoopTests {
+    /// Records each commit's offsets and what was produced by then; holds commits while `held`.
+    final class HeldCommitter: TransactionCommitter {
+        struct State {
+            var held = true
+            var commits: [[KafkaTopicPartitionOffset]] = []
+            var producedAtCommit: [Int] = []
+        }
+        let state = Mutex(State())
+        let producer: FakeProducer
+
+        init(producer: FakeProducer) { self.producer = producer }
+
+        func commit(offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError) {
+            while state.withLock({ $0.held }) { try? await Task.sleep(for: .milliseconds(2)) }
+            let produced = producer.handedOver.count
+            state.withLock {
+                $0.commits.append(offsets)
+                $0.producedAtCommit.append(produced)
+            }
+        }
+
+        func release() { state.withLock { $0.held = false } }
+        var snapshot: State { state.withLock { $0 } }
+    }
+
+    @Test("a call starts only once the transaction holding its intent committed; its offset commits in a later one")
+    func callAfterCommit() async throws {
+        let controller = RecordingController()
+        let made = Mutex<HeldCommitter?>(nil)
+        let harness = LoopHarness(router: router(controller)) { producer in
+            let committer = HeldCommitter(producer: producer)
+            made.withLock { $0 = committer }
+            return committer
+        }
+        let held = try #require(made.withLock { $0 })
+        harness.assign(partitions: 1)
+        harness.feed(request(0, user: "u"))
+        // The intent is produced and acknowledged, but its transaction is not committed: no call.
+        #expect(
+            await eventually {
+                harness.producer.produced.contains { $0.topic == "encore.entitlement-state" }
+            })
+        try await Task.sleep(for: .milliseconds(200))
+        #expect(controller.snapshot.calls == 0, "called before the intent's transaction committed")
+        #expect(harness.consumer.snapshot.stored.isEmpty)
+        held.release()
+        #expect(await harness.waitForFinished(1))
+        #expect(controller.snapshot.calls == 1)
+        // The offset past the record commits with the transaction holding its outcome, never through the consumer.
+        #expect(await eventually { held.snapshot.commits.contains { $0.map(\.offset) == [1] } })
+        #expect(harness.consumer.snapshot.stored.isEmpty)
+        await harness.stop()
+    }
+}
