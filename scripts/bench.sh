@@ -39,47 +39,66 @@ field() {
 }
 limit_rate() { grep -o 'rate=[0-9]*' | head -1 | cut -d= -f2; }
 rows=()
-row() { rows+=("$(printf '%-8s %-44s %14s %12s %9s %9s %9s' "$@")"); }
+row() { rows+=("$(printf '%-8s %-52s %14s %14s %9s %9s %9s %9s' "$@")"); }
+# A backlog row: throughput, ratio to limit.c, CPU and RSS of one `bench` report.
+backlog_row() { # broker label report
+  local rate; rate=$(echo "$3" | field 'd["throughput"]')
+  row "$1" "$2" "$(printf %.0f "$rate")/s" "$(python3 -c "print(f'{$rate/$limit:.1%}')")" "-" "-" \
+    "$(echo "$3" | field 'd["cpu_s"]')" "$(echo "$3" | field 'd["peak_rss_mb"]')"
+}
+# A steady-load row: achieved rate, p50 and p99 end-to-end latency.
+steady_row() { # broker label report
+  row "$1" "$2" "$(printf %.0f "$(echo "$3" | field 'd["throughput"]')")/s" "" \
+    "$(echo "$3" | field 'd["latency_ms"]["p50"]')" "$(echo "$3" | field 'd["latency_ms"]["p99"]')" \
+    "$(echo "$3" | field 'd["cpu_s"]')" "$(echo "$3" | field 'd["peak_rss_mb"]')"
+}
+# A fresh limit.c mock server (a mock slows down as it fills up); sets bs to its bootstrap servers.
+fresh_mock() { # name count
+  PARTS=$PARTS_MOCK IN_TOPIC=bench.requests OUT_TOPIC=bench.limit-outcomes .build/limit mockserver - "$2" \
+    >"$work/$1.out" 2>"$work/$1.err" &
+  pids+=($!)
+  for _ in $(seq 600); do grep -q BOOTSTRAP "$work/$1.out" && break; sleep 0.1; done
+  bs=$(awk '/BOOTSTRAP/ {print $2}' "$work/$1.out")
+}
+stop_mock() { kill "${pids[-1]}" 2>/dev/null || true; }
 
-echo "== mock cluster (limit.c mockserver, $N_MOCK requests, $PARTS partitions)" >&2
-PARTS=$PARTS IN_TOPIC=bench.requests OUT_TOPIC=bench.limit-outcomes .build/limit mockserver - "$N_MOCK" \
-  >"$work/mock.out" 2>"$work/mock.err" &
-pids+=($!)
-for _ in $(seq 600); do grep -q BOOTSTRAP "$work/mock.out" && break; sleep 0.1; done
-bs=$(awk '/BOOTSTRAP/ {print $2}' "$work/mock.out")
+# limit.c's mock cluster has no CreateTopics and auto-creates topics with 4 partitions: the
+# changelog (ledger and request journal) is co-partitioned with the requests only at 4 partitions.
+PARTS_MOCK=${PARTS_MOCK:-4}
+echo "== mock cluster (limit.c mockserver, $N_MOCK requests, $PARTS_MOCK partitions)" >&2
+fresh_mock mock "$N_MOCK"
 limit=$(GROUP=limit-g IN_TOPIC=bench.requests OUT_TOPIC=bench.limit-outcomes .build/limit run "$bs" "$N_MOCK" 2>/dev/null | limit_rate)
-row mock "limit.c consume→produce→commit" "$limit/s" "" "" "" ""
-# limit.c's mock cluster has no CreateTopics and auto-creates topics with 4 partitions, so the
-# ledger's changelog cannot be co-partitioned there: these two rows run without the ledger.
-noop=$($B bench --bootstrap-servers "$bs" --prefilled-topic bench.requests --count "$N_MOCK" --partitions "$PARTS" \
-  --no-ledger $W --json)
+row mock "limit.c consume→produce→commit" "$limit/s" "" "" "" "" ""
+noop=$($B bench --bootstrap-servers "$bs" --prefilled-topic bench.requests --count "$N_MOCK" --partitions "$PARTS_MOCK" \
+  $W --json)
 noop_rate=$(echo "$noop" | field 'd["throughput"]')
-row mock "processor, 0 ms controller, no ledger" "$(printf %.0f "$noop_rate")/s" \
-  "$(python3 -c "print(f'{$noop_rate/$limit:.1%}')")" "-" \
-  "$(echo "$noop" | field 'd["cpu_s"]')" "$(echo "$noop" | field 'd["peak_rss_mb"]')"
-slow=$($B bench --bootstrap-servers "$bs" --prefilled-topic bench.requests --count "$N_MOCK" --partitions "$PARTS" \
-  --latency-ms 20 --max-in-flight 1000 --no-ledger $W --json)
+backlog_row mock "processor, 0 ms controller, at-least-once" "$noop"
+slow=$($B bench --bootstrap-servers "$bs" --prefilled-topic bench.requests --count "$N_MOCK" --partitions "$PARTS_MOCK" \
+  --latency-ms 20 --max-in-flight 1000 $W --json)
 slow_rate=$(echo "$slow" | field 'd["throughput"]')
 bound=$(python3 -c "print(min(1000/0.020, $noop_rate))")
-row mock "processor, 20 ms, 1000 in flight, no ledger" "$(printf %.0f "$slow_rate")/s" \
-  "$(python3 -c "print(f'{$slow_rate/$bound:.1%} of bound')")" "-" \
+row mock "processor, 20 ms, 1000 in flight, at-least-once" "$(printf %.0f "$slow_rate")/s" \
+  "$(python3 -c "print(f'{$slow_rate/$bound:.1%} of bound')")" "-" "-" \
   "$(echo "$slow" | field 'd["cpu_s"]')" "$(echo "$slow" | field 'd["peak_rss_mb"]')"
-kill "${pids[0]}" 2>/dev/null || true
-# The steady-rate row on a fresh mock cluster of its own (a mock slows down as it fills up), out
-# of the processor's process like the others; the generator runs inside `bench`.
-PARTS=$PARTS IN_TOPIC=bench.unused OUT_TOPIC=bench.unused-out .build/limit mockserver - 1 \
-  >"$work/mock2.out" 2>"$work/mock2.err" &
-pids+=($!)
-for _ in $(seq 600); do grep -q BOOTSTRAP "$work/mock2.out" && break; sleep 0.1; done
-bs=$(awk '/BOOTSTRAP/ {print $2}' "$work/mock2.out")
+stop_mock
+# Exactly-once: one worker (one transaction at a time per member). The mock keeps no
+# transactional offset commits, so its "all committed" check cannot pass there (ignored).
+fresh_mock mock-eos "$N_MOCK"
+GROUP=limit-g IN_TOPIC=bench.requests OUT_TOPIC=bench.limit-outcomes .build/limit run "$bs" "$N_MOCK" >/dev/null 2>&1
+eos=$($B bench --bootstrap-servers "$bs" --prefilled-topic bench.requests --count "$N_MOCK" --partitions "$PARTS_MOCK" \
+  --workers 1 --guarantee exactly-once --json || true)
+backlog_row mock "processor, 0 ms controller, exactly-once" "$eos"
+stop_mock
 half=$(python3 -c "print(int($noop_rate/2))")
-steady=$($B bench --bootstrap-servers "$bs" --count $((half * 10)) --partitions "$PARTS" --rate "$half" --no-ledger $W \
-  --json)
-row mock "processor at $half/s offered (half of 0 ms), no ledger" \
-  "$(printf %.0f "$(echo "$steady" | field 'd["throughput"]')")/s" \
-  "" "$(echo "$steady" | field 'd["latency_ms"]["p99"]')" "$(echo "$steady" | field 'd["cpu_s"]')" \
-  "$(echo "$steady" | field 'd["peak_rss_mb"]')"
-kill "${pids[1]}" 2>/dev/null || true
+for guarantee in at-least-once exactly-once; do
+  workers=$W
+  [ "$guarantee" = exactly-once ] && workers="--workers 1"
+  fresh_mock "steady-$guarantee" 1
+  steady=$($B bench --bootstrap-servers "$bs" --count $((half * 10)) --partitions "$PARTS_MOCK" --rate "$half" \
+    --guarantee "$guarantee" $workers --json || true)
+  steady_row mock "processor at $half/s offered, $guarantee" "$steady"
+  stop_mock
+done
 
 echo "== Tansu ($N_TANSU requests, $PARTS partitions, librdkafka from the confluent-kafka wheel)" >&2
 "$tansu" broker --listener-url "tcp://127.0.0.1:$PORT" --advertised-listener-url "tcp://127.0.0.1:$PORT" \
@@ -92,27 +111,24 @@ $B topics create --bootstrap-servers "127.0.0.1:$PORT" --partitions "$PARTS" --r
 IN_TOPIC=bench.requests OUT_TOPIC=bench.limit-outcomes PARTS=$PARTS .build/limit fill "127.0.0.1:$PORT" "$N_TANSU" 2>/dev/null
 limit=$(GROUP=limit-g IN_TOPIC=bench.requests OUT_TOPIC=bench.limit-outcomes PARTS=$PARTS \
   CCONF=fetch.queue.backoff.ms=10 .build/limit run "127.0.0.1:$PORT" "$N_TANSU" 2>/dev/null | limit_rate)
-row tansu "limit.c consume→produce→commit" "$limit/s" "" "" "" ""
+row tansu "limit.c consume→produce→commit" "$limit/s" "" "" "" "" ""
 noop=$($B bench --bootstrap-servers "127.0.0.1:$PORT" --prefilled-topic bench.requests --count "$N_TANSU" \
   --partitions "$PARTS" $W --json)
 noop_rate=$(echo "$noop" | field 'd["throughput"]')
-row tansu "processor, 0 ms controller ($N_TANSU backlog)" "$(printf %.0f "$noop_rate")/s" \
-  "$(python3 -c "print(f'{$noop_rate/$limit:.1%}')")" "-" \
-  "$(echo "$noop" | field 'd["cpu_s"]')" "$(echo "$noop" | field 'd["peak_rss_mb"]')"
+backlog_row tansu "processor, 0 ms, at-least-once ($N_TANSU backlog)" "$noop"
 slow=$($B bench --bootstrap-servers "127.0.0.1:$PORT" --prefilled-topic bench.requests --count "$N_TANSU" \
   --partitions "$PARTS" --latency-ms 20 --max-in-flight 1000 $W --json)
 slow_rate=$(echo "$slow" | field 'd["throughput"]')
 bound=$(python3 -c "print(min(1000/0.020, $noop_rate))")
-row tansu "processor, 20 ms, 1000 in flight" "$(printf %.0f "$slow_rate")/s" \
-  "$(python3 -c "print(f'{$slow_rate/$bound:.1%} of bound')")" "-" \
+row tansu "processor, 20 ms, 1000 in flight, at-least-once" "$(printf %.0f "$slow_rate")/s" \
+  "$(python3 -c "print(f'{$slow_rate/$bound:.1%} of bound')")" "-" "-" \
   "$(echo "$slow" | field 'd["cpu_s"]')" "$(echo "$slow" | field 'd["peak_rss_mb"]')"
 half=$(python3 -c "print(int($noop_rate/2))")
 steady=$($B bench --bootstrap-servers "127.0.0.1:$PORT" --count $((half * 10)) --partitions "$PARTS" --rate "$half" $W \
   --json)
-row tansu "processor at $half/s offered (half of 0 ms)" "$(printf %.0f "$(echo "$steady" | field 'd["throughput"]')")/s" \
-  "" "$(echo "$steady" | field 'd["latency_ms"]["p99"]')" "$(echo "$steady" | field 'd["cpu_s"]')" \
-  "$(echo "$steady" | field 'd["peak_rss_mb"]')"
+steady_row tansu "processor at $half/s offered, at-least-once" "$steady"
+# Exactly-once is not measured on Tansu: its read_committed consumers stall (see README).
 
-echo "(p99: end-to-end latency under a steady offered load; backlog runs have none to report)"
-printf '%-8s %-44s %14s %12s %9s %9s %9s\n' broker scenario throughput ratio "p99 ms" "CPU s" "RSS MB"
+echo "(p50/p99: end-to-end latency under a steady offered load; backlog runs have none to report)"
+printf '%-8s %-52s %14s %14s %9s %9s %9s %9s\n' broker scenario throughput ratio "p50 ms" "p99 ms" "CPU s" "RSS MB"
 printf '%s\n' "${rows[@]}"

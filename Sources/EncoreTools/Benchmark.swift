@@ -105,8 +105,12 @@ public enum Benchmark {
                             configs: $0 == outputs[3] ? ["cleanup.policy": "compact"] : [:])
                     }, timeout: .seconds(5))
             } catch {
-                // librdkafka's mock cluster has no CreateTopics; it creates topics on first use.
+                // librdkafka's mock cluster has no CreateTopics; it creates topics (4 partitions) when
+                // their metadata is first asked for: asked here, so the changelog exists at start.
                 logger.warning("cannot create topics (\(error)); relying on the broker's auto-creation")
+                let producer = try KafkaProducer(configuration: kafka)
+                for topic in created { _ = try? await producer.prepare(topic: topic, timeout: .seconds(5)) }
+                await producer.close()
             }
         } else {
             let embedded = try EmbeddedKafkaCluster()
