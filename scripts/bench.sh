@@ -3,11 +3,11 @@
 # processing) and `encore-processor bench` on the same broker, in the same run, on the same
 # requests, first on librdkafka's mock cluster, then on Tansu. Prints both and the ratio.
 #
-#   scripts/bench.sh              # N_MOCK=100000 N_TANSU=1000000 PARTS=8
+#   scripts/bench.sh              # N_MOCK=60000 (4 partitions: the mock keeps ~5 MiB each) N_TANSU=1000000 PARTS=8
 #   LIMIT_C=path/to/limit.c N_TANSU=200000 scripts/bench.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-N_MOCK=${N_MOCK:-100000}
+N_MOCK=${N_MOCK:-60000}
 N_TANSU=${N_TANSU:-1000000}
 PARTS=${PARTS:-8}
 LIMIT_C=${LIMIT_C:-../shared/bench/limit.c}
@@ -67,7 +67,7 @@ stop_mock() { kill "${pids[-1]}" 2>/dev/null || true; }
 PARTS_MOCK=${PARTS_MOCK:-4}
 echo "== mock cluster (limit.c mockserver, $N_MOCK requests, $PARTS_MOCK partitions)" >&2
 fresh_mock mock "$N_MOCK"
-limit=$(GROUP=limit-g IN_TOPIC=bench.requests OUT_TOPIC=bench.limit-outcomes .build/limit run "$bs" "$N_MOCK" 2>/dev/null | limit_rate)
+limit=$(GROUP=limit-g IN_TOPIC=bench.requests OUT_TOPIC=bench.limit-outcomes PARTS=$PARTS_MOCK .build/limit run "$bs" "$N_MOCK" 2>/dev/null | limit_rate)
 row mock "limit.c consume→produce→commit" "$limit/s" "" "" "" "" ""
 noop=$($B bench --bootstrap-servers "$bs" --prefilled-topic bench.requests --count "$N_MOCK" --partitions "$PARTS_MOCK" \
   $W --json)
@@ -84,7 +84,7 @@ stop_mock
 # Exactly-once: one worker (one transaction at a time per member). The mock keeps no
 # transactional offset commits, so its "all committed" check cannot pass there (ignored).
 fresh_mock mock-eos "$N_MOCK"
-GROUP=limit-g IN_TOPIC=bench.requests OUT_TOPIC=bench.limit-outcomes .build/limit run "$bs" "$N_MOCK" >/dev/null 2>&1
+GROUP=limit-g IN_TOPIC=bench.requests OUT_TOPIC=bench.limit-outcomes PARTS=$PARTS_MOCK .build/limit run "$bs" "$N_MOCK" >/dev/null 2>&1
 eos=$($B bench --bootstrap-servers "$bs" --prefilled-topic bench.requests --count "$N_MOCK" --partitions "$PARTS_MOCK" \
   --workers 1 --guarantee exactly-once --json || true)
 backlog_row mock "processor, 0 ms controller, exactly-once" "$eos"
