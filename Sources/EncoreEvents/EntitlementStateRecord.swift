@@ -90,23 +90,35 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
         /// The outcome's result; absent while the request is in flight (an intent).
         public var result: OutcomeResult?
         public var completedAtMs: Int64?
+        /// A failure the processor decided (timeout, attempts exhausted, no controller) is
+        /// journaled before its outcome is published, with what rebuilds that outcome exactly:
+        /// its error, controller and the record's offset. A restart that reads the same record
+        /// again publishes the same outcome rather than asking billing again.
+        public var error: PurchaseOutcomeEvent.Failure?
+        public var controller: String?
+        public var offset: Int64?
 
         public init(
             requestID: String, attempts: Int, startedAtMs: Int64, result: OutcomeResult? = nil,
-            completedAtMs: Int64? = nil
+            completedAtMs: Int64? = nil, error: PurchaseOutcomeEvent.Failure? = nil, controller: String? = nil,
+            offset: Int64? = nil
         ) {
             self.requestID = requestID
             self.attempts = attempts
             self.startedAtMs = startedAtMs
             self.result = result
             self.completedAtMs = completedAtMs
+            self.error = error
+            self.controller = controller
+            self.offset = offset
         }
 
         /// The entry's latest time, which retention counts from.
         public var lastTouchedMs: Int64 { max(startedAtMs, completedAtMs ?? 0) }
 
-        /// Most entries one record may hold (the per-user cap is at most this).
-        public static let maximumCount = 10_000
+        /// Most entries one record may hold (the per-user cap is at most this): 1,000 entries of
+        /// the longest request ids stay well within ``EntitlementStateRecord/maximumBytes``.
+        public static let maximumCount = 1000
     }
 
     public var appID: String
@@ -135,11 +147,15 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
         self.requests = requests
     }
 
+    /// The largest record accepted (librdkafka's default `message.max.bytes` is 1,000,000).
+    public static let maximumBytes = 1 << 20
+
     /// The record key: `"{app_id}:{app_user_id}"`.
     public var key: String { userKey(appID: appID, appUserID: appUserID) }
 
     public init(jsonBytes: some Collection<UInt8>) throws(EventValidationError) {
-        self = try Self.decode(jsonBytes) { (json) throws(EventValidationError) in
+        // A user's record holds grants and the request journal: larger than an event.
+        self = try Self.decode(jsonBytes, limit: Self.maximumBytes) { (json) throws(EventValidationError) in
             var record = try EntitlementStateRecord(
                 appID: json.string("app_id"), appUserID: json.string("app_user_id"),
                 sequence: json.int64("sequence"), updatedAtMs: json.int64("updated_at_ms"))
@@ -164,11 +180,18 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
             let requests = try json.optionalArray("requests", maxItems: RequestEntry.maximumCount) ?? []
             for (index, item) in requests.enumerated() {
                 let entry = try JSONFieldReader(item, path: "requests.\(index)")
+                let error = try entry.optionalObject("error").map { (error) throws(EventValidationError) in
+                    try PurchaseOutcomeEvent.Failure(
+                        type: error.string("type", maxLength: 128),
+                        message: error.string("message", maxLength: EventLimits.messageLength, allowEmpty: true),
+                        retryable: error.bool("retryable"))
+                }
                 record.requests.append(
                     try RequestEntry(
                         requestID: entry.string("request_id"), attempts: Int(entry.int64("attempts")),
                         startedAtMs: entry.int64("started_at_ms"), result: entry.optionalEnumeration("result"),
-                        completedAtMs: entry.optionalInt64("completed_at_ms")))
+                        completedAtMs: entry.optionalInt64("completed_at_ms"), error: error,
+                        controller: entry.optionalString("controller"), offset: entry.optionalInt64("offset")))
             }
             return record
         }
@@ -205,6 +228,16 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
                 writer.field("started_at_ms", entry.startedAtMs)
                 writer.field("result", entry.result)
                 writer.field("completed_at_ms", entry.completedAtMs)
+                if let error = entry.error {
+                    writer.key("error")
+                    writer.beginObject()
+                    writer.field("type", error.type)
+                    writer.field("message", error.message)
+                    writer.field("retryable", error.retryable)
+                    writer.endObject()
+                }
+                writer.field("controller", entry.controller)
+                writer.field("offset", entry.offset)
             }
         }
         writer.endObject()

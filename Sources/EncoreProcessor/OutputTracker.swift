@@ -77,6 +77,9 @@ struct OutputTracker<Item> {
     /// Records with outputs not yet acknowledged.
     var pendingRecords: Int { records.count }
 
+    /// Whether any changelog record is not yet acknowledged.
+    var hasStateUpdates: Bool { !updates.isEmpty }
+
     /// Whether a ledger update of a user of requests partition `partition` is not yet written.
     func hasUpdates(ofPartition partition: Int32) -> Bool {
         updates.values.contains { $0.partition == partition }

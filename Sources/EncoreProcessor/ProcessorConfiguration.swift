@@ -127,6 +127,14 @@ public struct ProcessorConfiguration: Sendable {
                 "needs -X partition.assignment.strategy=range (got '\(strategy)'): a member must own the same partitions of the requests and sources topics"
             )
         }
+        // Intents, results and outputs must be durable when acknowledged.
+        try require(
+            ["all", "-1"].contains(kafka["acks"] ?? "all"), "acks",
+            "must be all (-1): an intent or outcome acknowledged by one replica can be lost; got \(kafka["acks"] ?? "")"
+        )
+        try require(
+            kafka["enable.idempotence"] ?? "true" == "true", "enable.idempotence",
+            "must stay true: a retried produce could write a changelog record twice or out of order")
         do {
             try kafka.validate()
         } catch {

@@ -108,6 +108,18 @@ extension ProcessorLoop {
         for action in calls.handOver(where: leaving.contains, by: now.advanced(by: configuration.drainTimeout)) {
             perform(action)
         }
+        abandonWaitingForSlot { leaving.contains($0) }
+    }
+
+    /// Items of leaving partitions that wait for a call slot are left to the next owner (their
+    /// intent is durable: it calls them as recoveries) rather than holding the hand-over.
+    func abandonWaitingForSlot(of isLeaving: (InputPartition) -> Bool) {
+        guard !waitingForSlot.isEmpty else { return }
+        var kept = FIFO<WorkItem>()
+        while let item = waitingForSlot.popFirst() {
+            if isLeaving(item.ref.partition) { perform(.abandon(item)) } else { kept.append(item) }
+        }
+        waitingForSlot = kept
     }
 
     /// Completes the revocations whose partitions have nothing in work; reports overdue ones and

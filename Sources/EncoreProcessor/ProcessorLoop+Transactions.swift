@@ -33,13 +33,12 @@ struct TransactionState {
 }
 
 extension ProcessorLoop {
-    var isTransactional: Bool { transactions != nil }
-
     /// Starts committing when a commit is due (the interval passed, intents wait for it, or a
     /// hand-over needs its offsets) and nothing is committing; the commit itself starts once every
     /// output of the transaction is answered.
     func transactionTick(now: ContinuousClock.Instant, force: Bool = false) {
-        guard var state = transactions, state.phase == .open, !state.isClosed, commitTask == nil else { return }
+        guard var state = transactions, state.phase == .open, !state.isClosed, commitTask == nil, failure == nil
+        else { return }
         let due = now >= nextCommit || !state.intents.isEmpty || !state.handOvers.isEmpty || force
         let offsetsChanged = ownership.generations.keys.contains { partition in
             commitOffsets(for: [partition]).first.map { landed[partition] != $0 } ?? false
@@ -53,12 +52,13 @@ extension ProcessorLoop {
     /// Commits once everything produced in the transaction has been answered.
     func commitTransactionIfAnswered() {
         guard var state = transactions, state.phase == .committing, state.unanswered == 0, commitTask == nil,
-            let committer
+            failure == nil, let committer
         else { return }
         nextCommit = clock.now.advanced(by: configuration.commitInterval)
-        // Partitions being revoked too: they are owned until handed over.
+        // Every owned partition's offset, changed or not (revoked ones too until handed over): the
+        // broker checks the group generation with them, so a zombie member cannot commit.
         let changed = ownership.generations.keys.sorted().compactMap { partition in
-            commitOffsets(for: [partition]).first.flatMap { landed[partition] == $0 ? nil : (partition, $0) }
+            commitOffsets(for: [partition]).first.map { (partition, $0) }
         }
         state.handingOver = state.handOvers
         state.handOvers = []

@@ -104,8 +104,9 @@ final class ProcessorLoop {
             // Admitted by the reader of the consumer already.
             for record in records { receive(record.message, record.payload) }
         case .assigned(let partitions, let finished, let restored):
-            // The ledger knows the partitions' users before any of their records is handled.
-            for (partition, states) in restored {
+            // The ledger knows the partitions' users before any of their records is handled. A
+            // partition still owned keeps what the loop knows: newer than what was read.
+            for (partition, states) in restored where ownership.generations[.requests(partition)] == nil {
                 for state in states.values { ledger.restore(state, partition: partition) }
             }
             assign(partitions)
@@ -198,6 +199,19 @@ final class ProcessorLoop {
         while let item = ready {
             ready = nil
             let journaled = ledger.journalEntry(ofUser: item.lane.key, requestID: item.request.requestID)
+            if let journaled, journaled.result == .failed, let error = journaled.error,
+                journaled.offset == item.ref.offset, let completedAtMs = journaled.completedAtMs
+            {
+                // The same record again: its failure was journaled before its outcome, which may
+                // not have been published. Published again, identical.
+                ownership.beginWork(item.ref)
+                item.decidedFailure = (error, journaled.attempts, completedAtMs)
+                item.controllerName = journaled.controller ?? ""
+                publishDecidedFailure(item)
+                statistics.republished += 1
+                ready = scheduler.endCall(lane: item.lane)
+                continue
+            }
             if journaled?.result != nil {
                 statistics.duplicates += 1
                 finish(item.ref)
@@ -206,9 +220,30 @@ final class ProcessorLoop {
             }
             ownership.beginWork(item.ref)
             if let journaled {
-                // Its earlier call may have reached billing: never "not attempted", always asked again.
+                // Its earlier call may have reached billing: never "not attempted", always asked
+                // again, unless its attempts ran out (then failed, for reconciliation).
                 item.firstAttempt = journaled.attempts + 1
                 statistics.recovered += 1
+                let route = router.controller(for: item.request.productID)
+                guard journaled.attempts < configuration.retry.maxAttempts, route != nil else {
+                    item.controllerName = route?.name ?? ""
+                    journalFailure(
+                        item,
+                        route == nil
+                            ? .init(
+                                type: "no_controller",
+                                message:
+                                    "no controller is routed for product \(item.request.productID) and an earlier call may have reached billing",
+                                retryable: false)
+                            : .init(
+                                type: "attempts_exhausted",
+                                message:
+                                    "\(journaled.attempts) calls were started before a restart, the most allowed (--max-attempts)",
+                                retryable: false),
+                        attempts: journaled.attempts)
+                    ready = scheduler.endCall(lane: item.lane)
+                    continue
+                }
             } else if let deadline = item.request.deadlineAtMs, currentTimeMs() > deadline {
                 let error = PurchaseOutcomeEvent.Failure(
                     type: "deadline_exceeded", message: "deadline_at_ms \(deadline) passed before the purchase started",
@@ -231,9 +266,12 @@ final class ProcessorLoop {
         }
     }
 
-    /// The item's intent is durable (exactly-once: in the transaction, whose commit makes it so).
+    /// The item's intent is durable (exactly-once: in the transaction, whose commit makes it so),
+    /// or its decided failure: that is published now.
     func intentWritten(_ item: WorkItem) {
-        if transactions != nil {
+        if item.decidedFailure != nil {
+            publishDecidedFailure(item)
+        } else if transactions != nil {
             transactions!.intents.append(item)
         } else {
             startCall(item)
@@ -291,6 +329,13 @@ final class ProcessorLoop {
         guard let controller = item.controller else { return }
         let request = PurchaseRequest(event: item.request, attempt: attempt)
         if request.isRecovery { statistics.recoveryCalls += 1 }
+        if attempt > item.firstAttempt {
+            // The journal follows the attempts (not waited for: an older count only repeats a number).
+            outputs.publish(
+                ledger.recordIntent(
+                    item.request, attempt: attempt, partition: item.ref.partition.number, nowMs: currentTimeMs()),
+                for: nil)
+        }
         let inbox = self.inbox
         // Immediate: a controller that answers without suspending (a cache, a no-op) costs no thread hop.
         item.task = Task.immediate {
@@ -314,10 +359,7 @@ final class ProcessorLoop {
                 publishOutcome(
                     item, result: answer.outcome, attempts: attempts, controller: item.controllerName, error: nil)
             case .failed(let error):
-                publishOutcome(
-                    item, result: .failed, attempts: attempts, controller: item.controllerName, error: error,
-                    deadLetter: .init(
-                        stage: .controller, errorClass: error.type, message: error.message, retryable: error.retryable))
+                journalFailure(item, error, attempts: attempts)
             }
         } else {
             // Only reachable when a hand-over could not wait (the loop ended): nothing is applied.
@@ -332,14 +374,38 @@ final class ProcessorLoop {
 
     // MARK: Outputs
 
+    /// A failed call (or one that cannot be made): journaled first, published once that is
+    /// durable (``intentWritten(_:)``), so every outcome of the request says the same.
+    func journalFailure(_ item: WorkItem, _ error: PurchaseOutcomeEvent.Failure, attempts: Int) {
+        let now = currentTimeMs()
+        item.decidedFailure = (error, attempts, now)
+        let update = ledger.recordFailure(
+            item.request, attempts: attempts, error: error,
+            controller: item.controllerName.isEmpty ? nil : item.controllerName, offset: item.ref.offset,
+            partition: item.ref.partition.number, nowMs: now)
+        outputs.publish(update, for: nil, intent: item)
+    }
+
+    /// Publishes the journaled failure of `item`: its outcome and dead letter, as journaled.
+    func publishDecidedFailure(_ item: WorkItem) {
+        guard let failure = item.decidedFailure else { return }
+        let error = failure.error
+        publishOutcome(
+            item, result: .failed, attempts: failure.attempts,
+            controller: item.controllerName.isEmpty ? nil : item.controllerName, error: error,
+            deadLetter: .init(
+                stage: .controller, errorClass: error.type, message: error.message, retryable: error.retryable),
+            completedAtMs: failure.completedAtMs)
+    }
+
     /// Publishes the request's outcome (and dead letter, when it failed) with the ledger update
     /// recording its result and grants; the changelog record follows once they are acknowledged.
     func publishOutcome(
         _ item: WorkItem, result: OutcomeResult, attempts: Int, controller: String?,
-        error: PurchaseOutcomeEvent.Failure?, deadLetter: DeadLetterEvent.Failure? = nil
+        error: PurchaseOutcomeEvent.Failure?, deadLetter: DeadLetterEvent.Failure? = nil, completedAtMs: Int64? = nil
     ) {
         let outcome = PurchaseOutcomeEvent(
-            request: item.request, result: result, attempts: attempts, completedAtMs: currentTimeMs(),
+            request: item.request, result: result, attempts: attempts, completedAtMs: completedAtMs ?? currentTimeMs(),
             controller: controller, error: error)
         var alongside: [(output: Output, unsent: UnsentOutput)] = [
             (.outcome(result, requestedAtMs: item.request.requestedAtMs), .outcome(outcome))
@@ -347,7 +413,8 @@ final class ProcessorLoop {
         if let deadLetter {
             alongside.append(
                 deadLetterOutput(
-                    for: item.message, failure: deadLetter, attempts: attempts, requestID: item.request.requestID))
+                    for: item.message, failure: deadLetter, attempts: attempts, requestID: item.request.requestID,
+                    failedAtMs: outcome.completedAtMs))
         }
         let update = ledger.complete(
             outcome, entitlement: item.request.entitlement, campaignID: item.request.campaignID,
@@ -364,12 +431,13 @@ final class ProcessorLoop {
     }
 
     func deadLetterOutput(
-        for message: KafkaMessage, failure: DeadLetterEvent.Failure, attempts: Int, requestID: String?
+        for message: KafkaMessage, failure: DeadLetterEvent.Failure, attempts: Int, requestID: String?,
+        failedAtMs: Int64? = nil
     ) -> (output: Output, unsent: UnsentOutput) {
         let letter = DeadLetterEvent(
             topic: message.topic, partition: message.partition, offset: message.offset, key: message.key,
             value: message.value, headers: message.headers.map { ($0.key, $0.value) }, error: failure,
-            attempts: attempts, failedAtMs: currentTimeMs(), requestID: requestID)
+            attempts: attempts, failedAtMs: failedAtMs ?? currentTimeMs(), requestID: requestID)
         // The dead letter is keyed like its record, unless that key is too long to be a user's.
         let key = message.key.flatMap { $0.count <= DeadLetterEvent.maximumOriginalKeyBytes ? $0 : nil }
         return (.deadLetter, .deadLetter(letter, key: key))
@@ -473,19 +541,23 @@ final class ProcessorLoop {
         for action in calls.handOver(where: { _ in true }, by: now.advanced(by: configuration.drainTimeout)) {
             perform(action)
         }
+        abandonWaitingForSlot { _ in true }
     }
 
     func checkDrained() {
         guard let deadline = ownership.drainDeadline else { return }
         let now = clock.now
         if calls.isEmpty && outputs.isIdle {
-            // Exactly-once: the last transaction commits the last outputs and offsets first.
-            if let state = transactions, !state.isClosed {
+            // Exactly-once: the last transaction commits the last outputs and offsets first (not
+            // after a failure: what is uncommitted then is left to the restart).
+            if let state = transactions, !state.isClosed, failure == nil {
                 transactionTick(now: now, force: true)
                 return
             }
             end()
-        } else if now >= deadline && calls.isEmpty {
+        } else if now >= deadline && calls.isEmpty && !outputs.hasStateUpdates {
+            // (Changelog writes are waited for: one landing after the next owner's restore would
+            // set a user's journal back.)
             logger.error(
                 "drain timed out with \(outputs.pendingRecords) records whose outputs are undelivered; they are not committed and will be processed again"
             )

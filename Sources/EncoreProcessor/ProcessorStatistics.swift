@@ -24,6 +24,9 @@ public struct ProcessorStatistics: Sendable {
     public var recoveryCalls = 0
     /// Exactly-once: transactions committed (or attempted).
     public var transactions = 0
+    /// Records read again after a restart whose failure was journaled before its outcome: the
+    /// outcome was published again, identical.
+    public var republished = 0
     /// Records skipped because a previous owner of the partition had finished them (commit metadata).
     public var alreadyFinished = 0
     /// Finished records handed over with a commit the broker refused (librdkafka's mock refuses
@@ -68,6 +71,7 @@ public struct ProcessorStatistics: Sendable {
             total.recovered += part.recovered
             total.recoveryCalls += part.recoveryCalls
             total.transactions += part.transactions
+            total.republished += part.republished
             total.alreadyFinished += part.alreadyFinished
             total.redoneAfterHandOver += part.redoneAfterHandOver
             total.redelivered += part.redelivered

@@ -59,20 +59,26 @@ extension PurchaseProcessor {
         var kafka = configuration.kafka
         // Exactly-once: what an aborted (or still open) transaction wrote is not the users' state.
         if configuration.guarantee == .exactlyOnce { kafka.setDefault("isolation.level", "read_committed") }
-        let (latest, records) = try await KafkaPartitionReader.fold(
+        let (folded, records) = try await KafkaPartitionReader.fold(
             configuration: kafka, topic: configuration.stateTopic, partitions: partitions,
-            into: [Int32: [String: EntitlementStateRecord]]()
-        ) { latest, message in
+            into: (latest: [Int32: [String: EntitlementStateRecord]](), invalid: [String]())
+        ) { folded, message in
             do {
                 let state = try EntitlementStateRecord(jsonBytes: message.value)
-                latest[message.partition, default: [:]][state.key] = state
+                folded.latest[message.partition, default: [:]][state.key] = state
             } catch {
-                // An older valid record of the user, if any, stands.
-                Logger(label: "encore.ledger").warning(
-                    "changelog record \(message.topic)[\(message.partition)]@\(message.offset) is not a valid state (\(error)); skipped"
-                )
+                folded.invalid.append("\(message.topic)[\(message.partition)]@\(message.offset): \(error)")
             }
         }
+        // Going on with an older record of the user would forget intents and results: fail closed.
+        if let first = folded.invalid.first {
+            throw KafkaError(
+                code: .invalidConfiguration,
+                message:
+                    "\(folded.invalid.count) changelog records are not valid states (first: \(first)); remove them or fix the topic"
+            )
+        }
+        let latest = folded.latest
         let users = latest.values.reduce(0) { $0 + $1.count }
         logger.info(
             "restored the ledger state of \(users) users from \(records) changelog records of \(partitions.count) partitions in \(clock.now - started)"

@@ -33,6 +33,8 @@ final class WorkItem {
     /// The attempt number of the first call this process makes: 1, or one past the attempts of
     /// the intent an earlier process recorded (a recovery).
     var firstAttempt = 1
+    /// A failure the loop decided and journaled; published once that record is durable.
+    var decidedFailure: (error: PurchaseOutcomeEvent.Failure, attempts: Int, completedAtMs: Int64)? = nil
 
     /// The routed controller, once the call started.
     var controllerName = ""

@@ -42,17 +42,13 @@ public enum KafkaPartitionReader {
                         continue
                     }
                     guard case .messages(let batch) = event else { continue }
+                    // Records past the end are read too: they are as real, and some brokers (Tansu)
+                    // report the end as the last record batch's first offset + 1, short of its other
+                    // records. A partition is done at the consumer's end-of-partition past the end.
                     for message in batch {
-                        // Records past the end are read too: they are as real, and some brokers (Tansu)
-                        // report the end as the last record batch's first offset + 1, short of its
-                        // other records, which arrive in the same fetch.
                         update(&state, message)
                         records += 1
-                        if let end = remaining[message.partition], message.offset + 1 >= end {
-                            remaining[message.partition] = nil
-                        }
                     }
-                    if remaining.isEmpty { return (state, records) }
                 }
                 return nil
             }

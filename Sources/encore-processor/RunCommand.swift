@@ -39,7 +39,7 @@ enum RunCommand {
         ),
         .option(
             "dedupe-per-user", value: "N", default: "100",
-            "Most requests one user's journal holds (the oldest results go first)."),
+            "Most requests one user's journal holds, at most 1000 (the oldest results go first)."),
         .option(
             "guarantee", value: "MODE", default: "at-least-once",
             "at-least-once, or exactly-once (Kafka transactions; readers use isolation.level=read_committed)."),

@@ -130,17 +130,105 @@ struct RequestJournalTests {
         await harness.stop()
     }
 
-    @Test("the same request read again in one process (a redelivery after a rebalance) is not called again")
-    func sameProcessRedo() async throws {
+    @Test("a journal at its cap, with the longest request ids, is still a restorable record")
+    func journalAtCap() throws {
+        var ledger = EntitlementLedger(
+            catalog: EntitlementCatalog(),
+            journal: JournalPolicy(retentionMs: Self.day, perUserCap: EntitlementStateRecord.RequestEntry.maximumCount))
+        var state: EntitlementStateRecord? = nil
+        for index in 0..<EntitlementStateRecord.RequestEntry.maximumCount {
+            var event = request(index, user: "u")
+            event.requestID = String(repeating: "r", count: 240) + String(index)
+            state = ledger.recordIntent(event, attempt: 1, partition: 0, nowMs: Self.t0 + Int64(index)).state
+        }
+        let bytes = try #require(state).jsonBytes()
+        #expect(bytes.count > 200_000)
+        #expect(try EntitlementStateRecord(jsonBytes: bytes).requests.count == 1000)
+    }
+
+    @Test(
+        "a failure is journaled before its outcome: a restart reading the record again publishes the same outcome, without a call"
+    )
+    func journaledFailureRepublished() async throws {
+        // First process: the call times out and has no attempt left.
+        let slow = RecordingController(latency: { _ in .seconds(600) })
+        let first = LoopHarness(
+            configure: {
+                $0.callTimeout = .milliseconds(50)
+                $0.retry = RetryPolicy(maxAttempts: 1, initialBackoff: .milliseconds(1))
+            }, router: router(slow))
+        first.assign(partitions: 1)
+        first.feed(request(0, user: "u"))
+        #expect(await eventually { first.producer.outcomes().count == 1 })
+        let firstOutcome = try #require(first.producer.outcomes().first)
+        #expect(firstOutcome.result == .failed && firstOutcome.error?.type == "timeout")
+        // The changelog: the intent, the failure (written before the outcome), the final state.
+        let states = first.producer.produced.filter { $0.topic == "encore.entitlement-state" }.map {
+            try! EntitlementStateRecord(jsonBytes: $0.value)
+        }
+        #expect(states.count >= 2 && states[1].requests.first?.error?.type == "timeout")
+        // "Crash" before the final state: a second process restores the failure's record.
+        let billing = RecordingController()
+        let second = LoopHarness(router: router(billing))
+        let latest: [Int32: [EntitlementStateRecord]] = [0: [states[1]]]
+        second.assign(partitions: 1, finished: [:], restored: latest)
+        second.feed(request(0, user: "u"))  // the same record, offset 0
+        second.feed(request(0, user: "u"))  // a re-send, offset 1
+        #expect(await second.waitForFinished(2))
+        #expect(billing.snapshot.calls == 0, "asked billing again after a journaled failure")
+        #expect(second.producer.outcomes() == [firstOutcome], "the outcome published again differs")
+        #expect(second.producer.deadLetters().map(\.failedAtMs) == first.producer.deadLetters().map(\.failedAtMs))
+        #expect(second.statistics.republished == 1 && second.statistics.duplicates == 1)
+        await second.stop()
+    }
+
+    @Test("restored with an intent whose attempts ran out: failed for reconciliation, without another call")
+    func restoredIntentAttemptsExhausted() async throws {
         let controller = RecordingController()
-        let harness = LoopHarness(router: router(controller))
-        harness.assign(partitions: 1)
+        let harness = LoopHarness(
+            configure: { $0.retry = RetryPolicy(maxAttempts: 3) }, router: router(controller))
+        harness.assign(
+            partitions: 1, finished: [:],
+            restored: Self.restored([.init(requestID: "req-0", attempts: 3, startedAtMs: currentTimeMs() - 5000)]))
         harness.feed(request(0, user: "u"))
         #expect(await harness.waitForFinished(1))
-        harness.feed(request(0, user: "u"))
-        #expect(await harness.waitForFinished(2))
-        #expect(controller.snapshot.calls == 1 && harness.statistics.duplicates == 1)
-        #expect(harness.producer.outcomes().count == 1)
+        #expect(controller.snapshot.calls == 0)
+        let outcome = try #require(harness.producer.outcomes().first)
+        #expect(outcome.result == .failed && outcome.error?.type == "attempts_exhausted" && outcome.attempts == 3)
+        #expect(harness.producer.deadLetters().map(\.requestID) == ["req-0"])
+        await harness.stop()
+    }
+
+    @Test("a request waiting for a call slot does not hold its partition's hand-over")
+    func waitingForSlotLeftToNextOwner() async throws {
+        // User a holds the only call slot with retryable failures; b's request waits for the slot.
+        let controller = RecordingController(
+            latency: { $0.appUserId == "a" ? .milliseconds(100) : .zero },
+            answer: { request in
+                if request.appUserId == "a" { throw PurchaseControllerError.retryable("busy", "try later") }
+                return .purchased
+            })
+        let harness = LoopHarness(
+            configure: {
+                $0.maxInFlight = 1
+                $0.callTimeout = .milliseconds(200)
+                $0.drainTimeout = .milliseconds(300)
+                $0.kafka["max.poll.interval.ms"] = "1000"
+                $0.retry = RetryPolicy(maxAttempts: 50, initialBackoff: .milliseconds(5), maxBackoff: .milliseconds(10))
+            }, router: router(controller))
+        harness.assign(partitions: 2)
+        harness.feed(request(0, user: "a"), partition: 1)
+        #expect(await eventually { controller.snapshot.calls >= 1 })
+        harness.feed(request(1, user: "b"), partition: 0)
+        #expect(
+            await eventually {
+                harness.producer.produced.filter { $0.topic == "encore.entitlement-state" }.count >= 2
+            })
+        // Partition 0 is handed over at once, b left to the next owner (its intent is durable).
+        let offsets = await harness.revoke([0])
+        #expect(offsets.map(\.offset).allSatisfy { $0 == 0 })
+        #expect(!harness.hasEnded, "stopped as if a call were stuck")
+        #expect(controller.snapshot.callsByRequest["req-1"] == nil)
         await harness.stop()
     }
 }

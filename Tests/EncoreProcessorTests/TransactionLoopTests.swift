@@ -64,3 +64,55 @@ struct TransactionLoopTests {
         await harness.stop()
     }
 }
+
+/// Failure, hand-over and shutdown in exactly-once mode.
+@Suite("Exactly-once loop: failed commits, hand-over, shutdown (no Kafka)", .timeLimit(.minutes(1)))
+struct TransactionEndingTests {
+    final class FailingCommitter: TransactionCommitter {
+        let attempts = Mutex(0)
+        func commit(offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError) {
+            attempts.withLock { $0 += 1 }
+            throw KafkaError(code: .invalidConfiguration, message: "the transaction must be aborted")
+        }
+    }
+
+    final class RecordingCommitter: TransactionCommitter {
+        let commits = Mutex<[[KafkaTopicPartitionOffset]]>([])
+        func commit(offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError) {
+            try? await Task.sleep(for: .milliseconds(10))
+            commits.withLock { $0.append(offsets) }
+        }
+    }
+
+    @Test("a failed commit stops the loop once: no call, no second commit")
+    func failedCommitStops() async throws {
+        let controller = RecordingController()
+        let committer = FailingCommitter()
+        let harness = LoopHarness(router: router(controller)) { _ in committer }
+        harness.assign(partitions: 1)
+        harness.feed(request(0, user: "u"))
+        let failure = await harness.ended()
+        #expect(failure?.code == .outputLost)
+        #expect(committer.attempts.withLock { $0 } == 1, "committed again after a failed transaction")
+        #expect(controller.snapshot.calls == 0, "called though the intent's transaction failed")
+    }
+
+    @Test("a revocation and the shutdown complete; offsets go only into transactions, every owned partition's")
+    func revokeAndShutdown() async throws {
+        let controller = RecordingController(latency: { _ in .milliseconds(20) })
+        let committer = RecordingCommitter()
+        let harness = LoopHarness(router: router(controller)) { _ in committer }
+        harness.assign(partitions: 2)
+        for index in 0..<20 { harness.feed(request(index, user: "u\(index % 5)"), partition: Int32(index % 2)) }
+        #expect(await eventually { controller.snapshot.calls >= 2 })
+        let handedOver = await harness.revoke([0])
+        #expect(handedOver.isEmpty, "the consumer commits nothing in exactly-once mode")
+        await harness.stop()
+        #expect(harness.hasEnded && harness.consumer.snapshot.stored.isEmpty)
+        let commits = committer.commits.withLock { $0 }
+        // Partition 1 stayed: its offset is in the last transaction; partition 0's left with its hand-over.
+        #expect(commits.last.map { $0.map(\.partition) } == [1])
+        #expect((commits.last?.first?.offset ?? 0) >= 1)
+        #expect(controller.snapshot.undeclaredRepeats == [] && controller.snapshot.overlaps == [])
+    }
+}

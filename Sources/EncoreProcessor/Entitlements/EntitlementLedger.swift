@@ -85,6 +85,27 @@ public struct EntitlementLedger: Sendable {
         return update ?? LedgerUpdate(changes: [], state: users[request.key]!.state, partition: partition)
     }
 
+    /// Records a failure the processor decided, before its outcome is published: with what
+    /// rebuilds that outcome (error, controller, the record's offset), so that a restart reading
+    /// the record again publishes the same outcome instead of calling billing again.
+    public mutating func recordFailure(
+        _ request: PurchaseRequestEvent, attempts: Int, error: PurchaseOutcomeEvent.Failure, controller: String?,
+        offset: Int64, partition: Int32, nowMs: Int64
+    ) -> LedgerUpdate {
+        let policy = journal
+        let update = mutate(request.key, request.appID, request.appUserID, partition: partition, nowMs: nowMs) {
+            state, _ in
+            let started = state.requests.last { $0.requestID == request.requestID }?.startedAtMs ?? nowMs
+            state.requests.removeAll { $0.requestID == request.requestID }
+            state.requests.append(
+                .init(
+                    requestID: request.requestID, attempts: attempts, startedAtMs: started, result: .failed,
+                    completedAtMs: nowMs, error: error, controller: controller, offset: offset))
+            policy.prune(&state.requests, nowMs: nowMs)
+        }
+        return update ?? LedgerUpdate(changes: [], state: users[request.key]!.state, partition: partition)
+    }
+
     /// Records a request's outcome: its result in the journal and, with `grants`, what it grants
     /// (as ``apply(outcome:entitlement:campaignID:offerID:partition:)``).
     public mutating func complete(
@@ -107,12 +128,15 @@ public struct EntitlementLedger: Sendable {
                     outcome, entitlement, status: status, campaignID: campaignID, offerID: offerID, to: &state,
                     changes: &changes)
             }
-            let started = state.requests.last { $0.requestID == outcome.requestID }?.startedAtMs ?? now
-            state.requests.removeAll { $0.requestID == outcome.requestID }
-            state.requests.append(
-                .init(
-                    requestID: outcome.requestID, attempts: outcome.attempts, startedAtMs: started,
-                    result: outcome.result, completedAtMs: now))
+            let earlier = state.requests.last { $0.requestID == outcome.requestID }
+            // A failure journaled before its outcome stays as it was (it rebuilds the outcome).
+            if earlier?.result == nil || earlier?.error == nil {
+                state.requests.removeAll { $0.requestID == outcome.requestID }
+                state.requests.append(
+                    .init(
+                        requestID: outcome.requestID, attempts: outcome.attempts,
+                        startedAtMs: earlier?.startedAtMs ?? now, result: outcome.result, completedAtMs: now))
+            }
             policy.prune(&state.requests, nowMs: now)
         }
         return update ?? LedgerUpdate(changes: [], state: users[outcome.key]!.state, partition: partition)
