@@ -44,7 +44,8 @@ struct CallTable<Item> {
     }
 
     enum Action {
-        /// Call the controller (attempt `attempt`) and report with ``finished(_:attempt:_:now:retryUnit:retryDeadline:)``.
+        /// Call the controller (attempt `attempt`) and report with
+        /// ``finished(_:attempt:_:now:retryUnit:retryDeadline:)``.
         case launch(call: Int, Item, attempt: Int)
         /// Cancel the running attempt; the table waits for it to return.
         case cancel(call: Int, Item)

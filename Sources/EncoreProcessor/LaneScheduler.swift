@@ -120,24 +120,6 @@ struct LaneScheduler<Item, LaneKey: Hashable> {
     }
 }
 
-/// A string with its hash computed once: request ids are looked up twice per request, and a probe
-/// compares the stored hashes before any bytes.
-struct HashedString: Hashable, Sendable {
-    let value: String
-    private let hashCode: Int
-
-    init(_ value: String) {
-        self.value = value
-        hashCode = value.hashValue
-    }
-
-    func hash(into hasher: inout Hasher) { hasher.combine(hashCode) }
-
-    static func == (lhs: HashedString, rhs: HashedString) -> Bool {
-        lhs.hashCode == rhs.hashCode && lhs.value == rhs.value
-    }
-}
-
 /// A user's lane: `{app_id}:{app_user_id}` without building that string, hash computed once.
 struct UserLane: Hashable, Sendable {
     let appID: String

@@ -1,3 +1,4 @@
+import EncoreEvents
 import Kafka
 
 /// Everything the processor needs to run, with the defaults of the `run` command.
@@ -100,6 +101,9 @@ public struct ProcessorConfiguration: Sendable {
             )
         }
         try require(journal.retentionMs >= 60_000, "dedupe-retention", "must be at least a minute")
+        try require(
+            (1...EntitlementStateRecord.RequestEntry.maximumCount).contains(journal.perUserCap), "dedupe-per-user",
+            "must be between 1 and \(EntitlementStateRecord.RequestEntry.maximumCount), got \(journal.perUserCap)")
         for (name, topic) in [
             ("requests-topic", requestsTopic), ("outcomes-topic", outcomesTopic),
             ("entitlements-topic", entitlementsTopic), ("dead-letter-topic", deadLetterTopic),

@@ -247,21 +247,3 @@ public final class PurchaseProcessor: Sendable {
         }
     }
 }
-
-/// Commits the transaction in progress with consumer offsets and the group's metadata, then
-/// begins the next one.
-struct KafkaTransactionCommitter: TransactionCommitter {
-    let producer: KafkaProducer
-    let consumer: KafkaConsumer
-
-    func commit(offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError) {
-        if !offsets.isEmpty {
-            guard let metadata = consumer.groupMetadata() else {
-                throw KafkaError(code: .invalidConfiguration, message: "the consumer has no group metadata")
-            }
-            try await producer.sendOffsetsToTransaction(offsets, groupMetadata: metadata)
-        }
-        try await producer.commitTransaction()
-        try producer.beginTransaction()
-    }
-}

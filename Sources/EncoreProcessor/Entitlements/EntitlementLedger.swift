@@ -392,8 +392,8 @@ public struct JournalPolicy: Sendable, Hashable {
     /// Most entries per user; past it, the oldest results go first, then the oldest intents.
     public var perUserCap: Int
 
+    /// (``ProcessorConfiguration/validate()`` checks the bounds: at least a minute, 1 to 1,000.)
     public init(retentionMs: Int64 = 7 * 86_400_000, perUserCap: Int = 100) {
-        precondition(retentionMs > 0 && (1...EntitlementStateRecord.RequestEntry.maximumCount).contains(perUserCap))
         self.retentionMs = retentionMs
         self.perUserCap = perUserCap
     }
@@ -404,7 +404,7 @@ public struct JournalPolicy: Sendable, Hashable {
         if entries.contains(where: { $0.lastTouchedMs < horizon }) {
             entries.removeAll { $0.lastTouchedMs < horizon }
         }
-        while entries.count > perUserCap {
+        while entries.count > max(1, perUserCap) {
             let oldest = entries.firstIndex { $0.result != nil } ?? entries.startIndex
             entries.remove(at: oldest)
         }
