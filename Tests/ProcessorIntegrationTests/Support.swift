@@ -56,6 +56,11 @@ final class ChildProcess: Sendable {
         try process.run()
     }
 
+    deinit {
+        // A test that failed half-way leaves no process behind.
+        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+    }
+
     var stdout: String { (try? String(contentsOf: stdoutURL, encoding: .utf8)) ?? "" }
     var stderr: String { (try? String(contentsOf: stderrURL, encoding: .utf8)) ?? "" }
 
