@@ -181,10 +181,7 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
             for (index, item) in requests.enumerated() {
                 let entry = try JSONFieldReader(item, path: "requests.\(index)")
                 let error = try entry.optionalObject("error").map { (error) throws(EventValidationError) in
-                    try PurchaseOutcomeEvent.Failure(
-                        type: error.string("type", maxLength: 128),
-                        message: error.string("message", maxLength: EventLimits.messageLength, allowEmpty: true),
-                        retryable: error.bool("retryable"))
+                    try PurchaseOutcomeEvent.Failure(error)
                 }
                 record.requests.append(
                     try RequestEntry(
@@ -228,14 +225,7 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
                 writer.field("started_at_ms", entry.startedAtMs)
                 writer.field("result", entry.result)
                 writer.field("completed_at_ms", entry.completedAtMs)
-                if let error = entry.error {
-                    writer.key("error")
-                    writer.beginObject()
-                    writer.field("type", error.type)
-                    writer.field("message", error.message)
-                    writer.field("retryable", error.retryable)
-                    writer.endObject()
-                }
+                entry.error?.write("error", to: &writer)
                 writer.field("controller", entry.controller)
                 writer.field("offset", entry.offset)
             }

@@ -13,6 +13,24 @@ public struct PurchaseOutcomeEvent: EncoreEvent, Hashable {
             self.message = message
             self.retryable = retryable
         }
+
+        /// Reads `{type, message, retryable}` (an outcome's `error`, a journal entry's `error`).
+        init(_ json: JSONFieldReader) throws(EventValidationError) {
+            try self.init(
+                type: json.string("type", maxLength: 128),
+                message: json.string("message", maxLength: EventLimits.messageLength, allowEmpty: true),
+                retryable: json.bool("retryable"))
+        }
+
+        /// Writes the failure as the object field `name`.
+        func write(_ name: StaticString, to writer: inout JSONWriter) {
+            writer.key(name)
+            writer.beginObject()
+            writer.field("type", type)
+            writer.field("message", message)
+            writer.field("retryable", retryable)
+            writer.endObject()
+        }
     }
 
     public var requestID: String
@@ -76,10 +94,7 @@ public struct PurchaseOutcomeEvent: EncoreEvent, Hashable {
     public init(jsonBytes: some Collection<UInt8>) throws(EventValidationError) {
         self = try Self.decode(jsonBytes) { (json) throws(EventValidationError) in
             let failure = try json.optionalObject("error").map { (error) throws(EventValidationError) in
-                try Failure(
-                    type: error.string("type", maxLength: 128),
-                    message: error.string("message", maxLength: EventLimits.messageLength, allowEmpty: true),
-                    retryable: error.bool("retryable"))
+                try Failure(error)
             }
             let outcome = try PurchaseOutcomeEvent(
                 requestID: json.string("request_id"), appID: json.string("app_id"),
@@ -115,14 +130,7 @@ public struct PurchaseOutcomeEvent: EncoreEvent, Hashable {
         writer.field("promo_offer_id", promoOfferID)
         writer.field("controller", controller)
         writer.field("transaction_id", transactionID)
-        if let error {
-            writer.key("error")
-            writer.beginObject()
-            writer.field("type", error.type)
-            writer.field("message", error.message)
-            writer.field("retryable", error.retryable)
-            writer.endObject()
-        }
+        error?.write("error", to: &writer)
         writer.endObject()
         return writer.bytes
     }

@@ -95,18 +95,24 @@ struct LoopSafetyTests {
         await harness.stop()
     }
 
-    @Test(
-        "a timed-out call that honours cancellation is tried again as a recovery call, once it returned; with no attempts left it fails with timeout"
-    )
-    func timeoutRecovers() async throws {
-        let controller = RecordingController(
-            latency: { $0.requestId == "req-0" ? .seconds(600) : .zero })
+    /// Calls time out after 50 ms; three attempts, retried at once; partition 0 assigned.
+    func timeoutHarness(_ controller: RecordingController) -> LoopHarness {
         let harness = LoopHarness(
             configure: {
                 $0.callTimeout = .milliseconds(50)
                 $0.retry = RetryPolicy(maxAttempts: 3, initialBackoff: .milliseconds(1))
             }, router: router(controller))
         harness.assign(partitions: 1)
+        return harness
+    }
+
+    @Test(
+        "a timed-out call that honours cancellation is tried again as a recovery call, once it returned; with no attempts left it fails with timeout"
+    )
+    func timeoutRecovers() async throws {
+        let controller = RecordingController(
+            latency: { $0.requestId == "req-0" ? .seconds(600) : .zero })
+        let harness = timeoutHarness(controller)
         harness.feed(request(0, user: "u"))
         harness.feed(request(1, user: "u"))
         #expect(await harness.waitForFinished(2))
@@ -126,12 +132,7 @@ struct LoopSafetyTests {
     func timeoutThenRecoveryAnswers() async throws {
         let controller = RecordingController(
             latency: { $0.requestId == "req-0" && !$0.isRecovery ? .seconds(600) : .zero })
-        let harness = LoopHarness(
-            configure: {
-                $0.callTimeout = .milliseconds(50)
-                $0.retry = RetryPolicy(maxAttempts: 3, initialBackoff: .milliseconds(1))
-            }, router: router(controller))
-        harness.assign(partitions: 1)
+        let harness = timeoutHarness(controller)
         harness.feed(request(0, user: "u"))
         #expect(await harness.waitForFinished(1))
         let outcomes = harness.producer.outcomes()
