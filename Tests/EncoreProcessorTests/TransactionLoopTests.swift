@@ -15,7 +15,8 @@ struct TransactionLoopTests {
         struct State {
             var held = true
             var commits: [[KafkaTopicPartitionOffset]] = []
-            var producedAtCommit: [Int] = []
+            /// The topics handed to the producer when each commit happened.
+            var producedAtCommit: [[String]] = []
         }
         let state = Mutex(State())
         let producer: FakeProducer
@@ -24,7 +25,7 @@ struct TransactionLoopTests {
 
         func commit(offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError) {
             while state.withLock({ $0.held }) { try? await Task.sleep(for: .milliseconds(2)) }
-            let produced = producer.handedOver.count
+            let produced = producer.handedOver.map(\.topic)
             state.withLock {
                 $0.commits.append(offsets)
                 $0.producedAtCommit.append(produced)
@@ -58,6 +59,8 @@ struct TransactionLoopTests {
         held.release()
         #expect(await harness.waitForFinished(1))
         #expect(controller.snapshot.calls == 1)
+        // The first transaction held the intent alone; the outcome went into a later one.
+        #expect(held.snapshot.producedAtCommit.first == ["encore.entitlement-state"])
         // The offset past the record commits with the transaction holding its outcome, never through the consumer.
         #expect(await eventually { held.snapshot.commits.contains { $0.map(\.offset) == [1] } })
         #expect(harness.consumer.snapshot.stored.isEmpty)

@@ -35,6 +35,8 @@ struct ChaosTests {
     func exactlyOnceKills() async throws {
         let report = try await chaos(["--guarantee", "exactly-once"])
         #expect((report?["sigkills"] as? Int ?? 0) >= 4)
+        #expect((report?["recovery_calls"] as? Int ?? 0) > 0)
+        #expect((report?["resent"] as? Int ?? 0) > 0)
     }
 
     @Test(
