@@ -1,5 +1,6 @@
 import EncoreEvents
 import Foundation
+import Kafka
 import TestSupport
 import Testing
 
@@ -128,6 +129,35 @@ struct RequestJournalTests {
         #expect(states.map { $0.requests.map(\.attempts) } == [[3], [3]])
         #expect(states.map { $0.requests.map(\.result) } == [[nil], [.purchased]])
         await harness.stop()
+    }
+
+    @Test("an assignment that includes a partition still owned keeps the loop's journal, newer than the restore")
+    func reassignedOwnedPartitionKeepsJournal() async throws {
+        let controller = RecordingController()
+        let harness = LoopHarness(router: router(controller))
+        harness.assign(partitions: 1)
+        harness.feed(request(0, user: "u"))
+        #expect(await harness.waitForFinished(1))
+        // Assigned again while owned, with what the changelog held before req-0 (nothing for u).
+        harness.assign(
+            partitions: 1, finished: [:], restored: [0: [EntitlementStateRecord(appID: "app", appUserID: "u")]])
+        harness.feed(request(0, user: "u"))
+        #expect(await harness.waitForFinished(2))
+        #expect(controller.snapshot.calls == 1 && harness.statistics.duplicates == 1)
+        await harness.stop()
+    }
+
+    @Test("a configuration that would make intents less durable is refused, naming the property")
+    func durabilityEnforced() {
+        for (key, value) in [("acks", "1"), ("enable.idempotence", "false")] {
+            var configuration = ProcessorConfiguration(kafka: KafkaConfiguration([key: value]))
+            configuration.groupID = "g"
+            #expect {
+                try configuration.validate()
+            } throws: { error in
+                (error as? ProcessorError)?.message.hasPrefix(key) == true
+            }
+        }
     }
 
     @Test("a journal at its cap, with the longest request ids, is still a restorable record")
