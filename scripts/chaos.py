@@ -244,14 +244,18 @@ def read_topic(bootstrap, topic, committed_only):
     consumer.assign([TopicPartition(topic, p, low) for p, (low, _) in ends.items()])
     # Until the ends are reached and then nothing more comes for two seconds: Tansu reports a high
     # watermark short of its last batch's records, and read_committed stops at an open transaction.
-    records, done, deadline, quiet_since = [], set(), time.time() + 60, time.time()
-    while time.time() < deadline:
+    # (Until the first record arrives, up to the deadline: a loaded machine may take a while.)
+    records, done, deadline, last = [], set(), time.time() + 60, None
+    while ends and time.time() < deadline:
         message = consumer.poll(0.2)
         if message is None or message.error():
-            if time.time() - quiet_since > (2 if len(done) == len(ends) else 10):
+            quiet = time.time() - last if last is not None else 0
+            # read_committed may stop short of the end (an open or aborted transaction there);
+            # otherwise every partition is read to its end.
+            if (len(done) == len(ends) and quiet > 2) or (committed_only and quiet > 10):
                 break
             continue
-        quiet_since = time.time()
+        last = time.time()
         records.append(message)
         if message.offset() >= ends[message.partition()][1] - 1:
             done.add(message.partition())
@@ -348,7 +352,9 @@ def main():
         # must not be called nor answered again.
         time.sleep(3)
         recorded = set()
-        for message in read_topic(cluster.bootstrap, STATE, committed_only):
+        state_records = read_topic(cluster.bootstrap, STATE, committed_only)
+
+        for message in state_records:
             state = json.loads(message.value())
             recorded |= {e["request_id"] for e in state.get("requests") or [] if e.get("result")}
         resent = [i for i in range(args.requests) if ids[i] in recorded][: args.resend]
@@ -436,6 +442,8 @@ def main():
     if exact:
         must_be_zero += ["repeated_outcomes", "repeated_changes"]
     failed = [name for name in must_be_zero if report[name] != 0]
+    if report["resent"] == 0:
+        failed.append("resent")  # the re-send step found no journaled result: it checked nothing
     if report["clean_exits"] != report["stopped"]:
         failed.append("clean_exits")
     report["failed"] = failed
