@@ -9,6 +9,7 @@ let commands: [(definition: CommandDefinition, execute: (ParsedOptions) async th
     (BrokerCommand.definition, BrokerCommand.execute),
     (BenchCommand.definition, BenchCommand.execute),
     (EntitlementsCommand.definition, EntitlementsCommand.execute),
+    (DeadLettersCommand.definition, DeadLettersCommand.execute),
 ]
 
 @MainActor func overview() -> String {

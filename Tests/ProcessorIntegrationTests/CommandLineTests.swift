@@ -14,7 +14,8 @@ func runBinary(
 @Suite("Command line")
 struct CommandLineTests {
     @Test(
-        "every command has --help", arguments: ["run", "demo", "generate", "topics", "broker", "bench", "entitlements"])
+        "every command has --help",
+        arguments: ["run", "demo", "generate", "topics", "broker", "bench", "entitlements", "dead-letters"])
     func help(command: String) async throws {
         let (status, output, _) = try await runBinary([command, "--help"])
         #expect(status == 0)
