@@ -164,8 +164,11 @@ struct KafkaRoundTripTests {
         let overflowed = await eventually(timeout: .seconds(1)) { probe.messages.count > 10 }
         #expect(!overflowed, "\(probe.messages.count) records handed out with capacity 10")
         // ...and resumed once records are released.
+        // (Not "unpaused" as such: once ten more are out the buffer is full again and, past the stall
+        // limit, paused again, so that state may last only a moment.)
         admission.release(10)
-        #expect(await eventually { !admission.isPausedForRoom && probe.messages.count > 10 })
+        #expect(await eventually { probe.messages.count > 10 })
+        #expect(probe.messages.count <= 20, "more handed out than released room for")
         var released = 10
         while released < 50 {
             let received = probe.messages.count
