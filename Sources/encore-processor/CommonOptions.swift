@@ -35,6 +35,16 @@ enum CommonOptions {
         "partitions", value: "N", default: "8", "Partitions per topic when this command creates the topics.")
 
     /// Applies `--log-level` and builds the Kafka configuration from `--bootstrap-servers` and `-X`.
+    /// The partitions of `topic`, asked without creating it; `nil` (with a message naming it on
+    /// standard error) when it does not exist.
+    static func partitionCount(of topic: String, described: String, kafka: KafkaConfiguration) async throws -> Int? {
+        var adminConfiguration = kafka
+        adminConfiguration["allow.auto.create.topics"] = "false"
+        let count = try await KafkaAdmin(configuration: adminConfiguration).partitionCount(of: topic)
+        if count == nil { FileHandle.standardError.write(Data("the \(described) '\(topic)' does not exist\n".utf8)) }
+        return count
+    }
+
     static func kafkaConfiguration(_ options: ParsedOptions) throws(UsageError) -> KafkaConfiguration {
         if let level = options.string("log-level") {
             guard let parsed = Logger.Level(name: level) else {

@@ -61,12 +61,10 @@ enum DeadLettersCommand {
             print("configuration OK")
             return 0
         }
-        var adminConfiguration = kafka
-        adminConfiguration["allow.auto.create.topics"] = "false"
-        guard let partitions = try await KafkaAdmin(configuration: adminConfiguration).partitionCount(of: topic) else {
-            FileHandle.standardError.write(Data("the dead-letter topic '\(topic)' does not exist\n".utf8))
-            return 2
-        }
+        guard
+            let partitions = try await CommonOptions.partitionCount(
+                of: topic, described: "dead-letter topic", kafka: kafka)
+        else { return 2 }
         let read = try await KafkaPartitionReader.fold(
             configuration: kafka, topic: topic, partitions: Array(0..<Int32(partitions)), timeout: timeout,
             into: [Found]()

@@ -41,12 +41,10 @@ enum EntitlementsCommand {
             print("configuration OK")
             return 0
         }
-        var adminConfiguration = kafka
-        adminConfiguration["allow.auto.create.topics"] = "false"
-        guard let partitions = try await KafkaAdmin(configuration: adminConfiguration).partitionCount(of: topic) else {
-            FileHandle.standardError.write(Data("the changelog topic '\(topic)' does not exist\n".utf8))
-            return 1
-        }
+        guard
+            let partitions = try await CommonOptions.partitionCount(
+                of: topic, described: "changelog topic", kafka: kafka)
+        else { return 1 }
         let key = Array(user.utf8)
         // The user's partition under Kafka's default (murmur2) partitioner first; the others only
         // when the requests were partitioned some other way.
