@@ -53,6 +53,15 @@ public struct PurchaseRequestEvent: EncoreEvent, Hashable {
         self = try Self.decodeGeneral(jsonBytes)
     }
 
+    /// The `request_id` of a record that is not a valid request, when one can be read (for its
+    /// dead letter, and for an audit naming it).
+    public static func requestIDHint(_ bytes: [UInt8]) -> String? {
+        guard bytes.count <= EventLimits.recordBytes, case .object(let fields)? = try? JSONValue.parse(bytes),
+            case .string(let id)? = fields["request_id"], !id.isEmpty, id.count <= EventLimits.identifierLength
+        else { return nil }
+        return id
+    }
+
     /// The general decoder: any valid JSON, and the errors that name the field at fault.
     static func decodeGeneral(_ jsonBytes: some Collection<UInt8>) throws(EventValidationError) -> Self {
         try Self.decode(jsonBytes) { (json) throws(EventValidationError) in

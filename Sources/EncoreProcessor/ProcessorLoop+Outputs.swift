@@ -49,14 +49,6 @@ extension ProcessorLoop {
     }
 }
 
-/// The `request_id` of a record that failed validation, when one can be read, for its dead letter.
-func requestIDHint(_ bytes: [UInt8]) -> String? {
-    guard bytes.count <= EventLimits.recordBytes, case .object(let fields)? = try? JSONValue.parse(bytes),
-        case .string(let id)? = fields["request_id"], !id.isEmpty, id.count <= EventLimits.identifierLength
-    else { return nil }
-    return id
-}
-
 /// What the loop needs of the consumer: flow control and commits. ``KafkaConsumer`` provides it.
 protocol ConsumerControl: Sendable {
     func pause(_ partitions: [KafkaTopicPartition]) throws(KafkaError)

@@ -182,7 +182,8 @@ final class ProcessorLoop {
             ownership.beginWork(ref)
             statistics.invalid += 1
             publishDeadLetter(
-                for: message, ref: ref, failure: DeadLetterEvent.Failure(error), requestID: requestIDHint(message.value)
+                for: message, ref: ref, failure: DeadLetterEvent.Failure(error),
+                requestID: PurchaseRequestEvent.requestIDHint(message.value)
             )
         }
     }

@@ -10,6 +10,7 @@ let commands: [(definition: CommandDefinition, execute: (ParsedOptions) async th
     (BenchCommand.definition, BenchCommand.execute),
     (EntitlementsCommand.definition, EntitlementsCommand.execute),
     (DeadLettersCommand.definition, DeadLettersCommand.execute),
+    (AuditCommand.definition, AuditCommand.execute),
 ]
 
 @MainActor func overview() -> String {

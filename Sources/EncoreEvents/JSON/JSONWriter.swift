@@ -1,36 +1,36 @@
 /// Writes compact JSON into a byte buffer, fields in the order they are written.
-struct JSONWriter {
-    private(set) var bytes: [UInt8] = []
+public struct JSONWriter: Sendable {
+    public private(set) var bytes: [UInt8] = []
     private var needsComma = false
 
-    init(capacity: Int = 384) {
+    public init(capacity: Int = 384) {
         bytes.reserveCapacity(capacity)
     }
 
-    mutating func beginObject() {
+    public mutating func beginObject() {
         separate()
         bytes.append(UInt8(ascii: "{"))
         needsComma = false
     }
 
-    mutating func endObject() {
+    public mutating func endObject() {
         bytes.append(UInt8(ascii: "}"))
         needsComma = true
     }
 
-    mutating func beginArray() {
+    public mutating func beginArray() {
         separate()
         bytes.append(UInt8(ascii: "["))
         needsComma = false
     }
 
-    mutating func endArray() {
+    public mutating func endArray() {
         bytes.append(UInt8(ascii: "]"))
         needsComma = true
     }
 
     /// Writes a field name; the next value written is its value.
-    mutating func key(_ name: StaticString) {
+    public mutating func key(_ name: StaticString) {
         separate()
         bytes.append(UInt8(ascii: "\""))
         bytes.append(contentsOf: UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount))
@@ -40,13 +40,13 @@ struct JSONWriter {
     }
 
     /// Writes a field name that is not known at compile time (map keys).
-    mutating func key(dynamic name: String) {
+    public mutating func key(dynamic name: String) {
         string(name)
         bytes.append(UInt8(ascii: ":"))
         needsComma = false
     }
 
-    mutating func string(_ value: String) {
+    public mutating func string(_ value: String) {
         separate()
         bytes.append(UInt8(ascii: "\""))
         // Most values need no escaping: copy them whole.
@@ -82,7 +82,7 @@ struct JSONWriter {
         needsComma = true
     }
 
-    mutating func integer(_ value: Int64) {
+    public mutating func integer(_ value: Int64) {
         separate()
         if value == 0 {
             bytes.append(UInt8(ascii: "0"))
@@ -108,7 +108,7 @@ struct JSONWriter {
         needsComma = true
     }
 
-    mutating func number(_ value: Double) {
+    public mutating func number(_ value: Double) {
         if value.rounded() == value, abs(value) < 1e15 {
             integer(Int64(value))
         } else {
@@ -118,7 +118,7 @@ struct JSONWriter {
         }
     }
 
-    mutating func bool(_ value: Bool) {
+    public mutating func bool(_ value: Bool) {
         separate()
         bytes.append(contentsOf: value ? Array("true".utf8) : Array("false".utf8))
         needsComma = true
@@ -130,43 +130,43 @@ struct JSONWriter {
 
     // Optional conveniences: absent values are omitted, never written as null.
 
-    mutating func field(_ name: StaticString, _ value: String) {
+    public mutating func field(_ name: StaticString, _ value: String) {
         key(name)
         string(value)
     }
 
-    mutating func field(_ name: StaticString, _ value: String?) {
+    public mutating func field(_ name: StaticString, _ value: String?) {
         if let value { field(name, value) }
     }
 
-    mutating func field(_ name: StaticString, _ value: Int64) {
+    public mutating func field(_ name: StaticString, _ value: Int64) {
         key(name)
         integer(value)
     }
 
-    mutating func field(_ name: StaticString, _ value: Int64?) {
+    public mutating func field(_ name: StaticString, _ value: Int64?) {
         if let value { field(name, value) }
     }
 
-    mutating func field(_ name: StaticString, _ value: Int) {
+    public mutating func field(_ name: StaticString, _ value: Int) {
         field(name, Int64(value))
     }
 
-    mutating func field(_ name: StaticString, _ value: Bool) {
+    public mutating func field(_ name: StaticString, _ value: Bool) {
         key(name)
         bool(value)
     }
 
-    mutating func field<E: RawRepresentable<String>>(_ name: StaticString, _ value: E) {
+    public mutating func field<E: RawRepresentable<String>>(_ name: StaticString, _ value: E) {
         field(name, value.rawValue)
     }
 
-    mutating func field<E: RawRepresentable<String>>(_ name: StaticString, _ value: E?) {
+    public mutating func field<E: RawRepresentable<String>>(_ name: StaticString, _ value: E?) {
         if let value { field(name, value.rawValue) }
     }
 
     /// Writes `name` as an array with one object per item, its fields written by `body`.
-    mutating func objects<Item>(
+    public mutating func objects<Item>(
         _ name: StaticString, _ items: some Sequence<Item>, _ body: (inout JSONWriter, Item) -> Void
     ) {
         key(name)

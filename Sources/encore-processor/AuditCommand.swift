@@ -1,0 +1,104 @@
+import EncoreEvents
+import EncoreProcessor
+import EncoreTools
+import Foundation
+import Kafka
+
+/// `encore-processor audit`: checks a range of requests and everything that belongs to them.
+enum AuditCommand {
+    static let definition = CommandDefinition(
+        name: "audit",
+        summary: "Check a time range of requests against the pipeline's promises (exit 1 on discrepancies).",
+        usage: "audit --bootstrap-servers HOST:PORT [--from TIME] [--to TIME] [--json] [--html FILE] [options]",
+        options: CommonOptions.kafka + CommonOptions.topics + [
+            .option(
+                "from", value: "TIME", "Requests whose record timestamp is at or after TIME (RFC 3339 or epoch ms)."),
+            .option("to", value: "TIME", "Requests whose record timestamp is before TIME."),
+            .flag("json", "Print one JSON object: the counts, figures and examples."),
+            .option("html", value: "FILE", "Also write a self-contained HTML report to FILE."),
+            .option("timeout-ms", value: "MS", default: "600000", "Give up reading a topic after this long."),
+            .flag("check", "Validate the arguments and exit."),
+        ],
+        discussion: """
+            Reads the requests topic, then the outcomes, sources (when given), entitlement changes,
+            changelog and dead-letter topics, each to its current end, and checks the requests whose
+            record timestamp falls in the range: missing_outcomes, invalid_requests (a figure),
+            undead_invalid, duplicate_outcomes, conflicting_outcomes, orphan_outcomes,
+            order_violations, unexplained_changes, sequence_gaps, sequence_repeats, state_mismatches.
+            Exit status: 0 without discrepancies, 1 with, 2 on a usage or connection error.
+            """)
+
+    static func execute(_ options: ParsedOptions) async throws -> Int32 {
+        try options.noPositionals()
+        let kafka = try CommonOptions.kafkaConfiguration(options)
+        guard kafka.bootstrapServers != nil else {
+            throw UsageError("--bootstrap-servers (or ENCORE_BOOTSTRAP_SERVERS) is required")
+        }
+        let range = PipelineAudit.Range(
+            fromMs: try options.string("from").map { try DeadLettersCommand.time($0, option: "from") },
+            toMs: try options.string("to").map { try DeadLettersCommand.time($0, option: "to") })
+        if let from = range.fromMs, let to = range.toMs, to <= from {
+            throw UsageError("--to must be later than --from")
+        }
+        let timeout = try options.milliseconds("timeout-ms", minimum: 1)
+        var topics: [PipelineAudit.Topic: String] = [
+            .requests: options.string("requests-topic")!, .outcomes: options.string("outcomes-topic")!,
+            .changes: options.string("entitlements-topic")!, .state: options.string("state-topic")!,
+            .deadLetters: options.string("dead-letter-topic")!,
+        ]
+        topics[.sources] = options.string("sources-topic")
+        if options.flag("check") {
+            print("configuration OK")
+            return 0
+        }
+        let report: AuditReport
+        do {
+            guard let read = try await audit(range: range, topics: topics, kafka: kafka, timeout: timeout) else {
+                return 2
+            }
+            report = read
+        } catch {
+            FileHandle.standardError.write(Data("audit: \(error)\n".utf8))
+            return 2
+        }
+        if let path = options.string("html") {
+            do {
+                try Data(report.html().utf8).write(to: URL(fileURLWithPath: path))
+            } catch {
+                FileHandle.standardError.write(Data("audit: cannot write --html \(path): \(error)\n".utf8))
+                return 2
+            }
+        }
+        print(options.flag("json") ? report.json() : report.table())
+        return report.failures == 0 ? 0 : 1
+    }
+
+    /// Reads every topic, in the order the audit needs them. `nil` when a topic does not exist.
+    static func audit(
+        range: PipelineAudit.Range, topics: [PipelineAudit.Topic: String], kafka: KafkaConfiguration,
+        timeout: Duration
+    ) async throws -> AuditReport? {
+        var audit = PipelineAudit(range: range, topics: topics)
+        let progress = isatty(2) == 1
+        for kind in PipelineAudit.Topic.allCases {
+            guard let topic = topics[kind] else { continue }
+            guard let partitions = try await CommonOptions.partitionCount(of: topic, described: "topic", kafka: kafka)
+            else { return nil }
+            let read = try await KafkaPartitionReader.fold(
+                configuration: kafka, topic: topic, partitions: Array(0..<Int32(partitions)), timeout: timeout,
+                into: (audit: consume audit, records: 0)
+            ) { state, message in
+                state.audit.read(message, of: kind)
+                state.records += 1
+                if progress && state.records % 65_536 == 0 {
+                    FileHandle.standardError.write(Data("\rreading \(topic): \(state.records) records".utf8))
+                }
+            }
+            audit = read.state.audit
+            if progress {
+                FileHandle.standardError.write(Data("\rread \(topic): \(read.records) records\u{1B}[K\n".utf8))
+            }
+        }
+        return audit.finish()
+    }
+}
