@@ -15,7 +15,7 @@ func runBinary(
 struct CommandLineTests {
     @Test(
         "every command has --help",
-        arguments: ["run", "demo", "generate", "topics", "broker", "bench", "entitlements", "dead-letters"])
+        arguments: ["run", "demo", "generate", "topics", "broker", "bench", "entitlements", "dead-letters", "audit"])
     func help(command: String) async throws {
         let (status, output, _) = try await runBinary([command, "--help"])
         #expect(status == 0)
