@@ -48,3 +48,39 @@ PY
 python3 scripts/chaos.py --binary "$BINARY" --broker tansu --tansu-port $((PORT + 1)) >"$work/chaos.json" \
   2>"$work/chaos.log" || { cat "$work/chaos.json"; tail -50 "$work/chaos.log"; exit 1; }
 python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print("tansu chaos:", {k: r[k] for k in ["requests", "sigkills", "billing_calls", "recovery_calls", "lost", "undeclared_repeats", "overlaps", "conflicting", "resent", "resent_called"]})' "$work/chaos.json"
+
+# offsets reset on a broker that describes groups: refused while a processor is a member, a plan
+# without --execute, applied with it.
+servers="127.0.0.1:$PORT"
+run_binary() { LD_LIBRARY_PATH="$work/lib" timeout 120 "$BINARY" "$@"; }
+committed_total() {
+  run_binary offsets show --group offsets-check --topic offsets.requests --bootstrap-servers "$servers" |
+    awk 'NR > 1 && $2 != "-" { sum += $2 } END { print sum + 0 }'
+}
+run_binary topics create --bootstrap-servers "$servers" --partitions 2 --requests-topic offsets.requests \
+  --outcomes-topic offsets.outcomes --entitlements-topic offsets.changes --dead-letter-topic offsets.dead \
+  --state-topic offsets.state >/dev/null
+run_binary generate --bootstrap-servers "$servers" --topic offsets.requests --count 200 >/dev/null 2>&1
+LD_LIBRARY_PATH="$work/lib" "$BINARY" run --bootstrap-servers "$servers" --group-id offsets-check \
+  --requests-topic offsets.requests --outcomes-topic offsets.outcomes --entitlements-topic offsets.changes \
+  --dead-letter-topic offsets.dead --state-topic offsets.state --simulated-latency-ms 0 --log-level warning \
+  >"$work/offsets-run.log" 2>&1 &
+processor=$!
+for _ in $(seq 120); do [ "$(committed_total)" -ge 200 ] && break; sleep 1; done
+[ "$(committed_total)" -ge 200 ] || { echo "offsets check: the processor did not commit its 200 requests"; exit 1; }
+if run_binary offsets reset --group offsets-check --topic offsets.requests --bootstrap-servers "$servers" \
+  --to-earliest --execute >/dev/null 2>"$work/refused.txt"; then
+  echo "offsets check: a reset was applied while the group had a member"; exit 1
+fi
+grep -q "active members" "$work/refused.txt" || { cat "$work/refused.txt"; exit 1; }
+kill -TERM "$processor"; wait "$processor"
+run_binary offsets reset --group offsets-check --topic offsets.requests --bootstrap-servers "$servers" \
+  --to-earliest >/dev/null 2>&1
+[ "$(committed_total)" -ge 200 ] || { echo "offsets check: a dry run moved the offsets"; exit 1; }
+for _ in $(seq 30); do
+  run_binary offsets reset --group offsets-check --topic offsets.requests --bootstrap-servers "$servers" \
+    --to-earliest --execute >/dev/null 2>&1 && break
+  sleep 1  # the group turns Empty once the coordinator has processed the member's leave
+done
+[ "$(committed_total)" -eq 0 ] || { echo "offsets check: --execute did not reset to the earliest"; exit 1; }
+echo "tansu offsets: reset refused with a member, a dry run left the offsets, --execute moved them to 0"

@@ -42,6 +42,7 @@ extension AuditReport {
         }
         writer.field("max", Int64(figures.latencyMs.max))
         writer.endObject()
+        writer.field("requests_held_from_ms", figures.requestsHeldFromMs)
         writer.field("undecodable_outcomes", figures.undecodableOutcomes)
         writer.field("undecodable_changes", figures.undecodableChanges)
         writer.field("undecodable_dead_letters", figures.undecodableDeadLetters)
@@ -86,6 +87,11 @@ extension AuditReport {
         lines.append(
             "  latency (request → outcome): p50 \(figures.latencyMs.percentile(0.5)) ms, p90 \(figures.latencyMs.percentile(0.9)) ms, p99 \(figures.latencyMs.percentile(0.99)) ms, max \(figures.latencyMs.max) ms"
         )
+        if let from = figures.requestsHeldFromMs {
+            lines.append(
+                "  retention deleted early requests: every partition holds them from \(CloudEventHeaders.rfc3339(ms: from)) (older outcomes are not called orphans)"
+            )
+        }
         lines.append("dead letters by stage: " + Self.inline(figures.deadLettersByStage))
         lines.append("dead letters by class: " + Self.inline(figures.deadLettersByClass))
         lines.append("entitlement changes by kind: " + Self.inline(figures.changesByKind))

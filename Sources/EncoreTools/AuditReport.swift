@@ -59,6 +59,8 @@ public struct AuditReport: Sendable {
         public var deadLettersByStage: [String: Int] = [:]
         public var deadLettersByClass: [String: Int] = [:]
         public var changesByKind: [String: Int] = [:]
+        /// Set when retention deleted early requests: the time from which every partition holds them.
+        public var requestsHeldFromMs: Int64? = nil
         public var undecodableOutcomes = 0
         public var undecodableChanges = 0
         public var undecodableDeadLetters = 0

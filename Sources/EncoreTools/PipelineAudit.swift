@@ -53,6 +53,10 @@ public struct PipelineAudit: Sendable {
     private var ids = IDArena()
     private var otherRequests = Set<UInt64>()
     var resentRequests = 0
+    /// Each requests partition's first record held: offset and timestamp.
+    private var requestsStart: [Int32: (offset: Int64, timestampMs: Int64)] = [:]
+    /// Once the requests are read: when no request is missing any more, if retention deleted some.
+    private var heldFrom: Int64?? = nil
     var invalid: [Coordinates] = []
     var invalidIDs: [String?] = []
 
@@ -90,6 +94,9 @@ public struct PipelineAudit: Sendable {
     }
 
     private mutating func readRequest(_ message: KafkaMessage) {
+        if requestsStart[message.partition] == nil {
+            requestsStart[message.partition] = (message.offset, message.timestampMs ?? 0)
+        }
         let inRange = range.contains(message.timestampMs ?? 0)
         guard let request = try? PurchaseRequestEvent(jsonBytes: message.value) else {
             guard inRange else { return }
@@ -136,7 +143,7 @@ public struct PipelineAudit: Sendable {
                     users[Int(user)].outcomes[fingerprint] = OutcomeFacts(
                         result: outcome.result, product: Self.fingerprint(outcome.productID))
                 }
-            } else if range.contains(outcome.completedAtMs) {
+            } else if range.contains(outcome.completedAtMs), outcome.requestedAtMs >= requestsHeldFrom() ?? .min {
                 report.add(.orphanOutcomes, AuditReport.Example(requestID: outcome.requestID, at: place))
             }
             return
@@ -206,6 +213,18 @@ public struct PipelineAudit: Sendable {
             belongs = range.contains(letter.failedAtMs)
         }
         if belongs { report.figures.recordDeadLetter(letter) }
+    }
+
+    /// When retention deleted the first requests of a partition: the time from which every
+    /// partition holds its requests. An outcome of an older request may have lost its request to
+    /// retention; it is not called an orphan.
+    private mutating func requestsHeldFrom() -> Int64? {
+        if let known = heldFrom { return known }
+        let truncated = requestsStart.values.contains { $0.offset > 0 }
+        let from = truncated ? requestsStart.values.map(\.timestampMs).max() : nil
+        heldFrom = .some(from)
+        report.figures.requestsHeldFromMs = from
+        return from
     }
 
     // MARK: Lookups

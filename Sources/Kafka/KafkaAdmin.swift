@@ -18,7 +18,7 @@ public struct KafkaTopicSpecification: Sendable, Hashable {
 
 /// Cluster administration: topics and metadata.
 public final class KafkaAdmin: Sendable {
-    private let client: RDKafkaClient
+    let client: RDKafkaClient
 
     public init(configuration: KafkaConfiguration, logger: Logger = Logger(label: "kafka.admin")) throws(KafkaError) {
         client = try RDKafkaClient.make(

@@ -11,6 +11,7 @@ let commands: [(definition: CommandDefinition, execute: (ParsedOptions) async th
     (EntitlementsCommand.definition, EntitlementsCommand.execute),
     (DeadLettersCommand.definition, DeadLettersCommand.execute),
     (AuditCommand.definition, AuditCommand.execute),
+    (OffsetsCommand.definition, OffsetsCommand.execute),
 ]
 
 @MainActor func overview() -> String {

@@ -190,6 +190,30 @@ struct PipelineAuditTests {
         #expect(report.failures == 0, "\(report.table())")
     }
 
+    @Test("after retention deleted early requests, outcomes older than what is held are not orphans")
+    func retention() {
+        var topics = Self.clean()
+        for index in topics.records[.requests]!.indices { topics.records[.requests]![index].offset += 10 }
+        for index in topics.records[.deadLetters]!.indices {
+            var letter = try! DeadLetterEvent(jsonBytes: topics.records[.deadLetters]![index].value)
+            letter.originalOffset += 10
+            topics.records[.deadLetters]![index].value = letter.jsonBytes()
+        }
+        for (id, requestedAt) in [("deleted", Int64(999)), ("ghost", 1001)] {
+            var request = Self.request(id)
+            request.requestedAtMs = requestedAt
+            topics.append(
+                .outcomes,
+                PurchaseOutcomeEvent(request: request, result: .cancelled, attempts: 1, completedAtMs: 1400)
+                    .jsonBytes())
+        }
+        let report = topics.audit()
+        #expect(report.figures.requestsHeldFromMs == 1000)
+        #expect(report.count(.orphanOutcomes) == 1)
+        #expect(report.examples[.orphanOutcomes]?.first?.requestID == "ghost")
+        #expect(report.failures == 1, "\(report.table())")
+    }
+
     @Test("the JSON names every discrepancy with an integer count; the HTML is one page with every chart")
     func rendering() throws {
         var topics = Self.clean()

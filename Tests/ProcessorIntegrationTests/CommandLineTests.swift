@@ -15,7 +15,9 @@ func runBinary(
 struct CommandLineTests {
     @Test(
         "every command has --help",
-        arguments: ["run", "demo", "generate", "topics", "broker", "bench", "entitlements", "dead-letters", "audit"])
+        arguments: [
+            "run", "demo", "generate", "topics", "broker", "bench", "entitlements", "dead-letters", "audit", "offsets",
+        ])
     func help(command: String) async throws {
         let (status, output, _) = try await runBinary([command, "--help"])
         #expect(status == 0)
