@@ -41,6 +41,8 @@ struct CallTable<Item> {
     enum Settlement {
         case answered(PurchaseResult)
         case failed(PurchaseOutcomeEvent.Failure)
+        /// The controller declined before billing (``PurchaseNotAttempted``).
+        case notAttempted(PurchaseOutcomeEvent.Failure)
     }
 
     enum Action {
@@ -107,6 +109,8 @@ struct CallTable<Item> {
         case (.cancelling(.interrupted), .failure):
             calls[id] = nil
             return .abandon(call.item)
+        case (_, .failure(let error as PurchaseNotAttempted)):
+            return end(id, .notAttempted(.init(type: error.type, message: error.message, retryable: false)))
         case (_, .failure(let error as PurchaseControllerError)):
             let failure = PurchaseOutcomeEvent.Failure(
                 type: error.type, message: error.message, retryable: error.isRetryable)

@@ -21,6 +21,9 @@ public struct ProcessorConfiguration: Sendable {
     public var ledgerEnabled = true
     /// How long and how many of each user's requests the journal remembers (results and intents).
     public var journal = JournalPolicy()
+    /// A request past its `deadline_at_ms` is `not_attempted` without a call. A replay turns it
+    /// off: it reproduces what was decided when the request was new.
+    public var enforcesDeadlines = true
     /// At-least-once (the default) or exactly-once (Kafka transactions).
     public var guarantee = DeliveryGuarantee.atLeastOnce
     /// Dispatch loops in this process. The one consumer's partitions are split among them by

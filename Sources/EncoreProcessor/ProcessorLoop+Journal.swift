@@ -60,7 +60,9 @@ extension ProcessorLoop {
                     ready = scheduler.endCall(lane: item.lane)
                     continue
                 }
-            } else if let deadline = item.request.deadlineAtMs, currentTimeMs() > deadline {
+            } else if configuration.enforcesDeadlines, let deadline = item.request.deadlineAtMs,
+                currentTimeMs() > deadline
+            {
                 let error = PurchaseOutcomeEvent.Failure(
                     type: "deadline_exceeded", message: "deadline_at_ms \(deadline) passed before the purchase started",
                     retryable: false)

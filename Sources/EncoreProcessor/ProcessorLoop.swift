@@ -246,6 +246,9 @@ final class ProcessorLoop {
                     item, result: answer.outcome, attempts: attempts, controller: item.controllerName, error: nil)
             case .failed(let error):
                 journalFailure(item, error, attempts: attempts)
+            case .notAttempted(let reason):
+                publishOutcome(
+                    item, result: .notAttempted, attempts: attempts, controller: item.controllerName, error: reason)
             }
         } else {
             // Only reachable when a hand-over could not wait (the loop ended): nothing is applied.

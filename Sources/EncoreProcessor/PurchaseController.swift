@@ -82,6 +82,20 @@ public struct PurchaseControllerError: Error, Sendable, Hashable, CustomStringCo
     public var description: String { "\(type): \(message)" }
 }
 
+/// Thrown by a controller that decided not to attempt the purchase (nothing reached billing): the
+/// outcome is `not_attempted`, with `type` and `message` as its error, and no dead letter.
+public struct PurchaseNotAttempted: Error, Sendable, Hashable, CustomStringConvertible {
+    public var type: String
+    public var message: String
+
+    public init(type: String, message: String) {
+        self.type = type
+        self.message = message
+    }
+
+    public var description: String { "\(type): \(message)" }
+}
+
 /// A controller made from a closure.
 public struct ClosureController: PurchaseController {
     private let body: @Sendable (PurchaseRequest) async throws -> PurchaseResult

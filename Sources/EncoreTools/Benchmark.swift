@@ -95,23 +95,13 @@ public enum Benchmark {
         let outputs = ["outcomes", "entitlements", "dead-letters", "state"].map { "bench-\(suffix).\($0)" }
         if let servers = options.bootstrapServers {
             kafka.bootstrapServers = servers
-            let admin = try KafkaAdmin(configuration: kafka)
             let created = (options.prefilledTopic == nil ? [requests] : []) + outputs
-            do {
-                try await admin.createTopics(
-                    created.map {
-                        KafkaTopicSpecification(
-                            name: $0, partitions: options.partitions,
-                            configs: $0 == outputs[3] ? ["cleanup.policy": "compact"] : [:])
-                    }, timeout: .seconds(5))
-            } catch {
-                // librdkafka's mock cluster has no CreateTopics; it creates topics (4 partitions) when
-                // their metadata is first asked for: asked here, so the changelog exists at start.
-                logger.warning("cannot create topics (\(error)); relying on the broker's auto-creation")
-                let producer = try KafkaProducer(configuration: kafka)
-                for topic in created { _ = try? await producer.prepare(topic: topic, timeout: .seconds(5)) }
-                await producer.close()
-            }
+            try await KafkaAdmin.create(
+                created.map {
+                    KafkaTopicSpecification(
+                        name: $0, partitions: options.partitions,
+                        configs: $0 == outputs[3] ? ["cleanup.policy": "compact"] : [:])
+                }, kafka: kafka, logger: logger)
         } else {
             let embedded = try EmbeddedKafkaCluster()
             for topic in [requests] + outputs { try embedded.createTopic(topic, partitions: options.partitions) }

@@ -7,13 +7,7 @@ public enum KafkaPartitionReader {
         configuration: KafkaConfiguration, topic: String, partitions: [Int32], timeout: Duration = .seconds(60),
         into initial: State, _ update: @escaping @Sendable (inout State, KafkaMessage) -> Void
     ) async throws(KafkaError) -> (state: State, records: Int) {
-        var configuration = configuration
-        configuration.setDefault("group.id", "encore-partition-reader")
-        configuration["enable.auto.commit"] = "false"
-        // The end may be a transaction's control record, which is never handed out as a record.
-        configuration["enable.partition.eof"] = "true"
-        // Folding keeps up with fetching: a small prefetch keeps a large topic from passing through memory at once.
-        configuration.setDefault("queued.max.messages.kbytes", "4096")
+        let configuration = readerConfiguration(configuration)
         let admin = try KafkaAdmin(configuration: configuration)
         var ends: [Int32: Int64] = [:]
         for partition in partitions {
@@ -22,10 +16,47 @@ public enum KafkaPartitionReader {
             if marks.high > marks.low { ends[partition] = marks.high }
         }
         guard !ends.isEmpty else { return (initial, 0) }
+        return try await read(
+            configuration: configuration, topic: topic, starts: ends.mapValues { _ in -2 }, ends: ends,
+            exact: false, timeout: timeout, into: initial, update)
+    }
+
+    /// Folds the records of `ranges` (each partition's first offset and the offset it ends before)
+    /// of `topic` into `initial`, in offset order per partition; records past a range are skipped.
+    public static func fold<State: Sendable>(
+        configuration: KafkaConfiguration, topic: String, ranges: [Int32: Range<Int64>],
+        timeout: Duration = .seconds(60), into initial: State,
+        _ update: @escaping @Sendable (inout State, KafkaMessage) -> Void
+    ) async throws(KafkaError) -> (state: State, records: Int) {
+        let ranges = ranges.filter { !$0.value.isEmpty }
+        guard !ranges.isEmpty else { return (initial, 0) }
+        return try await read(
+            configuration: readerConfiguration(configuration), topic: topic,
+            starts: ranges.mapValues(\.lowerBound), ends: ranges.mapValues(\.upperBound), exact: true,
+            timeout: timeout, into: initial, update)
+    }
+
+    private static func readerConfiguration(_ configuration: KafkaConfiguration) -> KafkaConfiguration {
+        var configuration = configuration
+        configuration.setDefault("group.id", "encore-partition-reader")
+        configuration["enable.auto.commit"] = "false"
+        // The end may be a transaction's control record, which is never handed out as a record.
+        configuration["enable.partition.eof"] = "true"
+        // Folding keeps up with fetching: a small prefetch keeps a large topic from passing through memory at once.
+        configuration.setDefault("queued.max.messages.kbytes", "4096")
+        return configuration
+    }
+
+    /// Reads each partition from `starts` to `ends`; `exact`: records at or past the end are
+    /// skipped and the partition is done on reaching it; otherwise they are read too.
+    private static func read<State: Sendable>(
+        configuration: KafkaConfiguration, topic: String, starts: [Int32: Int64], ends: [Int32: Int64], exact: Bool,
+        timeout: Duration, into initial: State, _ update: @escaping @Sendable (inout State, KafkaMessage) -> Void
+    ) async throws(KafkaError) -> (state: State, records: Int) {
         let targets = ends
         let consumer = try KafkaConsumer(configuration: configuration, logger: Logger(label: "kafka.reader"))
         try consumer.assign(
-            targets.keys.sorted().map { KafkaTopicPartitionOffset(topic: topic, partition: $0, offset: -2) })
+            targets.keys.sorted().map { KafkaTopicPartitionOffset(topic: topic, partition: $0, offset: starts[$0]!) })
         let outcome = await withTaskGroup(of: (State, Int)?.self) { group in
             group.addTask {
                 var state = initial
@@ -46,9 +77,16 @@ public enum KafkaPartitionReader {
                     // report the end as the last record batch's first offset + 1, short of its other
                     // records. A partition is done at the consumer's end-of-partition past the end.
                     for message in batch {
+                        if exact {
+                            // Done at the range's last offset, or past it (a control record may hold it).
+                            guard let end = remaining[message.partition] else { continue }
+                            if message.offset >= end - 1 { remaining[message.partition] = nil }
+                            if message.offset >= end { continue }
+                        }
                         update(&state, message)
                         records += 1
                     }
+                    if exact && remaining.isEmpty { return (state, records) }
                 }
                 return nil
             }

@@ -16,6 +16,10 @@ enum AuditCommand {
             .option("to", value: "TIME", "Requests whose record timestamp is before TIME."),
             .flag("json", "Print one JSON object: the counts, figures and examples."),
             .option("html", value: "FILE", "Also write a self-contained HTML report to FILE."),
+            .option(
+                "compare", value: "PREFIX",
+                "Instead: list the users whose grants or access answers differ between production's changelog and the replay PREFIX.*."
+            ),
             .option("timeout-ms", value: "MS", default: "600000", "Give up reading a topic after this long."),
             .flag("check", "Validate the arguments and exit."),
         ],
@@ -26,6 +30,9 @@ enum AuditCommand {
             undead_invalid, duplicate_outcomes, conflicting_outcomes, orphan_outcomes,
             order_violations, unexplained_changes, sequence_gaps, sequence_repeats, state_mismatches.
             Exit status: 0 without discrepancies, 1 with, 2 on a usage or connection error.
+            With --compare PREFIX (after `replay --into PREFIX`): the users of the replay whose grants
+            (product, entitlement, status, active) or access answers differ from production's;
+            exit 1 when some do.
             """)
 
     static func execute(_ options: ParsedOptions) async throws -> Int32 {
@@ -50,6 +57,10 @@ enum AuditCommand {
         if options.flag("check") {
             print("configuration OK")
             return 0
+        }
+        if let prefix = options.string("compare") {
+            return try await compare(
+                prefix: prefix, production: topics[.state]!, kafka: kafka, timeout: timeout, options: options)
         }
         let report: AuditReport
         do {
@@ -100,5 +111,51 @@ enum AuditCommand {
             }
         }
         return audit.finish()
+    }
+
+    /// `--compare PREFIX`: production's changelog against the replay's, user by user.
+    static func compare(
+        prefix: String, production: String, kafka: KafkaConfiguration, timeout: Duration, options: ParsedOptions
+    ) async throws -> Int32 {
+        let comparison: LedgerComparison
+        do {
+            let shadowTopic = ReplayCommand.Shadow(prefix: prefix).state
+            guard let shadow = try await latestStates(of: shadowTopic, keeping: nil, kafka: kafka, timeout: timeout),
+                let held = try await latestStates(
+                    of: production, keeping: Set(shadow.keys), kafka: kafka, timeout: timeout)
+            else { return 2 }
+            comparison = LedgerComparison(prefix: prefix, production: held, shadow: shadow)
+        } catch {
+            FileHandle.standardError.write(Data("audit: \(error)\n".utf8))
+            return 2
+        }
+        if let path = options.string("html") {
+            try Data(comparison.html().utf8).write(to: URL(fileURLWithPath: path))
+        }
+        print(options.flag("json") ? comparison.json() : comparison.table())
+        return comparison.differences.isEmpty ? 0 : 1
+    }
+
+    /// The latest changelog record of each user (of `keeping`, when given); `nil` when the topic does not exist.
+    static func latestStates(
+        of topic: String, keeping: Set<String>?, kafka: KafkaConfiguration, timeout: Duration
+    ) async throws -> [String: EntitlementStateRecord]? {
+        guard let partitions = try await CommonOptions.partitionCount(of: topic, described: "changelog", kafka: kafka)
+        else { return nil }
+        let latest = try await KafkaPartitionReader.fold(
+            configuration: kafka, topic: topic, partitions: Array(0..<Int32(partitions)), timeout: timeout,
+            into: [String: [UInt8]]()
+        ) { latest, message in
+            guard let key = message.key.map({ String(decoding: $0, as: UTF8.self) }),
+                keeping?.contains(key) ?? true
+            else { return }
+            latest[key] = message.value.isEmpty ? nil : message.value
+        }.state
+        var states: [String: EntitlementStateRecord] = [:]
+        for (key, value) in latest {
+            // Fail closed: a record that cannot be read is not "no difference".
+            states[key] = try EntitlementStateRecord(jsonBytes: value)
+        }
+        return states
     }
 }

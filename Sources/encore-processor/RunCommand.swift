@@ -102,9 +102,10 @@ enum RunCommand {
         .option("seed", value: "N", default: "1", "Seed of the simulated controller."),
     ]
 
-    /// Builds the processor configuration and router from parsed options (no I/O).
+    /// Builds the processor configuration and router from parsed options (no I/O); with `router`,
+    /// the controller options are not read.
     static func processorSetup(
-        _ options: ParsedOptions, kafka: KafkaConfiguration
+        _ options: ParsedOptions, kafka: KafkaConfiguration, router given: PurchaseRouter? = nil
     ) throws(UsageError) -> (ProcessorConfiguration, PurchaseRouter) {
         var configuration = ProcessorConfiguration(kafka: kafka)
         let topics = CommonOptions.topicNames(options)
@@ -135,8 +136,13 @@ enum RunCommand {
         configuration.retry = RetryPolicy(
             maxAttempts: try options.integer("max-attempts", range: 1...100),
             initialBackoff: try options.milliseconds("retry-backoff-ms", minimum: 1))
-        let router = try makeRouter(
-            options, callTimeout: configuration.callTimeout, maxConnections: configuration.maxInFlight)
+        let router: PurchaseRouter
+        if let given {
+            router = given
+        } else {
+            router = try makeRouter(
+                options, callTimeout: configuration.callTimeout, maxConnections: configuration.maxInFlight)
+        }
         do {
             try configuration.validate()
         } catch {

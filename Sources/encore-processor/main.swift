@@ -12,6 +12,7 @@ let commands: [(definition: CommandDefinition, execute: (ParsedOptions) async th
     (DeadLettersCommand.definition, DeadLettersCommand.execute),
     (AuditCommand.definition, AuditCommand.execute),
     (OffsetsCommand.definition, OffsetsCommand.execute),
+    (ReplayCommand.definition, ReplayCommand.execute),
 ]
 
 @MainActor func overview() -> String {
