@@ -106,6 +106,22 @@ struct CallTableTests {
         #expect(failure.type == "declined" && !failure.retryable)
     }
 
+    @Test("a controller that declines (PurchaseNotAttempted) settles at once as not attempted, never retried")
+    func notAttempted() {
+        var table = table()
+        let id = launch(&table, "req-0")
+        let declined = PurchaseNotAttempted(type: "no_recorded_outcome", message: "nothing recorded")
+        guard
+            case .settle("req-0", .notAttempted(let reason), attempts: 1)? = table.finished(
+                id, attempt: 1, .failure(declined), now: at(1), retryUnit: 0, retryDeadline: { _ in nil })
+        else {
+            Issue.record("a declined call did not settle as not attempted")
+            return
+        }
+        #expect(reason.type == "no_recorded_outcome" && reason.message == "nothing recorded")
+        #expect(table.count == 0 && table.tick(now: at(100)).isEmpty)
+    }
+
     @Test("a waiting retry that cannot end before the hand-over is dropped and never fires")
     func retryDroppedOnHandOver() {
         var table = table()
