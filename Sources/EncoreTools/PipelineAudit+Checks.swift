@@ -94,7 +94,7 @@ extension PipelineAudit {
                 report.add(.sequenceGaps, example("sequence \(change.sequence) follows \(previous)"))
             }
             previous = change.sequence
-            let outcome = change.request.flatMap { user.outcomes[$0] }
+            let outcome = outcome(of: change, user)
             if let rule = change.access {
                 let explained =
                     sawGrant || user.hasSourceEvents || (!readsSources && change.namesSources) || !whole

@@ -161,7 +161,6 @@ public struct PipelineAudit: Sendable {
         requests[Int(index)].outcome = outcome.result
         requests[Int(index)].outcomePartition = message.partition
         requests[Int(index)].outcomeOffset = message.offset
-        users[Int(request.user)].outcomes[fingerprint] = OutcomeFacts(result: outcome.result, product: request.product)
         report.figures.record(outcome, requestTimestampMs: request.timestampMs)
     }
 
@@ -228,6 +227,15 @@ public struct PipelineAudit: Sendable {
     }
 
     // MARK: Lookups
+
+    /// The first outcome of the request a change names: kept with the request when it is in the
+    /// range, in the user's facts otherwise.
+    func outcome(of change: ChangeFacts, _ user: UserFacts) -> OutcomeFacts? {
+        guard let fingerprint = change.request, let id = change.requestID else { return nil }
+        guard let index = lookup(id, fingerprint) else { return user.outcomes[fingerprint] }
+        let request = requests[Int(index)]
+        return request.outcome.map { OutcomeFacts(result: $0, product: request.product) }
+    }
 
     private func lookup(_ requestID: String, _ fingerprint: UInt64) -> Int32? {
         guard let index = requestIndex[fingerprint] else { return nil }
@@ -296,7 +304,8 @@ struct ChangeFacts: Sendable {
     var offset: Int64
 }
 
-/// A user the range's requests belong to: their outcomes, changes and latest changelog record.
+/// A user the range's requests belong to: the outcomes of their requests outside the range, their
+/// changes and their latest changelog record.
 struct UserFacts: Sendable {
     let key: String
     var outcomes: [UInt64: OutcomeFacts] = [:]
