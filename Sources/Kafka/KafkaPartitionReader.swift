@@ -58,7 +58,10 @@ public enum KafkaPartitionReader {
         timeout: Duration, into initial: State, _ update: @escaping @Sendable (inout State, KafkaMessage) -> Void
     ) async throws(KafkaError) -> (state: State, records: Int) {
         let targets = ends
-        let consumer = try KafkaConsumer(configuration: configuration, logger: Logger(label: "kafka.reader"))
+        // The fold sets the pace: records wait in librdkafka's small queue, not in memory here.
+        let admission = KafkaAdmission(capacity: 8192, stallLimit: .seconds(30))
+        let consumer = try KafkaConsumer(
+            configuration: configuration, admission: admission, logger: Logger(label: "kafka.reader"))
         try consumer.assign(
             targets.keys.sorted().map { KafkaTopicPartitionOffset(topic: topic, partition: $0, offset: starts[$0]!) })
         let outcome = await withTaskGroup(of: (State, Int)?.self) { group in
@@ -77,6 +80,7 @@ public enum KafkaPartitionReader {
                         continue
                     }
                     guard case .messages(let batch) = event else { continue }
+                    defer { admission.release(batch.count) }
                     // Records past the end are read too: they are as real, and some brokers (Tansu)
                     // report the end as the last record batch's first offset + 1, short of its other
                     // records. A partition is done at the consumer's end-of-partition past the end.
