@@ -27,7 +27,7 @@ let package = Package(
         .target(name: "TestSupport", dependencies: ["Kafka", "EncoreProcessor"], path: "Tests/TestSupport"),
         .testTarget(name: "KafkaTests", dependencies: ["Kafka", "TestSupport"]),
         .testTarget(name: "EncoreEventsTests", dependencies: ["EncoreEvents"]),
-        .testTarget(name: "EncoreToolsTests", dependencies: ["EncoreTools", "EncoreEvents"]),
+        .testTarget(name: "EncoreToolsTests", dependencies: ["EncoreTools", "EncoreProcessor", "EncoreEvents", "Kafka"]),
         .testTarget(
             name: "EncoreProcessorTests",
             dependencies: ["EncoreProcessor", "EncoreTools", "Kafka", "EncoreEvents", "TestSupport"]),

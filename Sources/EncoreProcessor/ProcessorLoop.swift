@@ -240,15 +240,19 @@ final class ProcessorLoop {
     func settle(_ item: WorkItem, _ settlement: CallTable<WorkItem>.Settlement, attempts: Int) {
         let next = scheduler.endCall(lane: item.lane)
         if ownership.owns(item.ref) {
+            let replayed = (item.controller as? any ReplayingController)?.recordedCompletion(
+                of: PurchaseRequest(event: item.request, attempt: attempts))
             switch settlement {
             case .answered(let answer):
                 publishOutcome(
-                    item, result: answer.outcome, attempts: attempts, controller: item.controllerName, error: nil)
+                    item, result: answer.outcome, attempts: attempts, controller: item.controllerName, error: nil,
+                    completedAtMs: replayed)
             case .failed(let error):
                 journalFailure(item, error, attempts: attempts)
             case .notAttempted(let reason):
                 publishOutcome(
-                    item, result: .notAttempted, attempts: attempts, controller: item.controllerName, error: reason)
+                    item, result: .notAttempted, attempts: attempts, controller: item.controllerName, error: reason,
+                    completedAtMs: replayed)
             }
         } else {
             // Only reachable when a hand-over could not wait (the loop ended): nothing is applied.

@@ -96,6 +96,13 @@ public struct PurchaseNotAttempted: Error, Sendable, Hashable, CustomStringConve
     public var description: String { "\(type): \(message)" }
 }
 
+/// A controller that replays answers given earlier (`replay`): each outcome keeps the time of the
+/// answer it replays, so grants and expiries fall as they did.
+public protocol ReplayingController: PurchaseController {
+    /// When the replayed answer was given (epoch ms); `nil`: now.
+    func recordedCompletion(of request: PurchaseRequest) -> Int64?
+}
+
 /// A controller made from a closure.
 public struct ClosureController: PurchaseController {
     private let body: @Sendable (PurchaseRequest) async throws -> PurchaseResult

@@ -43,6 +43,7 @@ extension AuditReport {
         writer.field("max", Int64(figures.latencyMs.max))
         writer.endObject()
         writer.field("requests_held_from_ms", figures.requestsHeldFromMs)
+        writer.field("outcomes_held_from_ms", figures.outcomesHeldFromMs)
         writer.field("undecodable_outcomes", figures.undecodableOutcomes)
         writer.field("undecodable_changes", figures.undecodableChanges)
         writer.field("undecodable_dead_letters", figures.undecodableDeadLetters)
@@ -52,7 +53,7 @@ extension AuditReport {
         for discrepancy in Discrepancy.allCases {
             writer.key(dynamic: discrepancy.rawValue)
             writer.beginArray()
-            for example in examples[discrepancy] ?? [] {
+            for example in (examples[discrepancy] ?? []).prefix(Self.examplesInJSON) {
                 writer.beginObject()
                 writer.field("request_id", example.requestID)
                 writer.field("user", example.user)
@@ -108,7 +109,10 @@ extension AuditReport {
         for discrepancy in Discrepancy.allCases where !(examples[discrepancy] ?? []).isEmpty {
             lines.append("")
             lines.append("\(discrepancy.rawValue) (\(count(discrepancy))):")
-            for example in examples[discrepancy]! { lines.append("  " + example.line) }
+            for example in examples[discrepancy]!.prefix(Self.examplesInJSON) { lines.append("  " + example.line) }
+            if count(discrepancy) > Self.examplesInJSON {
+                lines.append("  ... (\(count(discrepancy) - Self.examplesInJSON) more in --html)")
+            }
         }
         return lines.joined(separator: "\n")
     }

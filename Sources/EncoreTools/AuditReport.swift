@@ -61,6 +61,8 @@ public struct AuditReport: Sendable {
         public var changesByKind: [String: Int] = [:]
         /// Set when retention deleted early requests: the time from which every partition holds them.
         public var requestsHeldFromMs: Int64? = nil
+        /// Set when retention deleted early outcomes: requests older than this are not called missing.
+        public var outcomesHeldFromMs: Int64? = nil
         public var undecodableOutcomes = 0
         public var undecodableChanges = 0
         public var undecodableDeadLetters = 0
@@ -88,15 +90,17 @@ public struct AuditReport: Sendable {
         }
     }
 
-    /// Examples kept per discrepancy.
-    public static let examplesPerDiscrepancy = 20
+    /// Examples kept per discrepancy (the HTML report shows them all, `--json` the first
+    /// ``examplesInJSON``).
+    public static let examplesPerDiscrepancy = 1000
+    public static let examplesInJSON = 20
 
-    public let range: PipelineAudit.Range
+    public let range: PipelineAudit.TimeRange
     public private(set) var counts: [Discrepancy: Int] = [:]
     public private(set) var examples: [Discrepancy: [Example]] = [:]
     public var figures = Figures()
 
-    init(range: PipelineAudit.Range) {
+    init(range: PipelineAudit.TimeRange) {
         self.range = range
         for discrepancy in Discrepancy.allCases { counts[discrepancy] = 0 }
     }
@@ -110,6 +114,10 @@ public struct AuditReport: Sendable {
 
     public func count(_ discrepancy: Discrepancy) -> Int { counts[discrepancy] ?? 0 }
 
-    /// Discrepancies that break a promise (all but `invalid_requests`).
-    public var failures: Int { Discrepancy.allCases.filter(\.isFailure).reduce(0) { $0 + count($1) } }
+    /// Discrepancies that break a promise (all but `invalid_requests`), and records of the
+    /// pipeline's own topics that are not valid events.
+    public var failures: Int {
+        Discrepancy.allCases.filter(\.isFailure).reduce(0) { $0 + count($1) } + figures.undecodableOutcomes
+            + figures.undecodableChanges + figures.undecodableDeadLetters
+    }
 }

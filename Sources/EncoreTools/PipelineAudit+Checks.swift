@@ -21,14 +21,17 @@ extension PipelineAudit {
     private func checkOutcomes(_ report: inout AuditReport) {
         let requestsTopic = topicNames[.requests]!
         var answered: [Int] = []
+        let outcomesFrom = outcomesHeldFrom
+        report.figures.outcomesHeldFromMs = outcomesFrom
         for (index, request) in requests.enumerated() {
-            if request.outcome == nil {
+            // (An outcome older than what retention left of the outcomes topic may be gone.)
+            if request.outcome == nil && request.timestampMs >= outcomesFrom ?? .min {
                 report.add(
                     .missingOutcomes,
                     AuditReport.Example(
                         requestID: requestID(of: request), user: users[Int(request.user)].key,
                         at: Coordinates(topic: requestsTopic, partition: request.partition, offset: request.offset)))
-            } else {
+            } else if request.outcome != nil {
                 answered.append(index)
             }
         }
@@ -127,7 +130,8 @@ extension PipelineAudit {
                     products[request] = product
                 }
             case .expired, .revoked:
-                if grants[request] == nil && (whole || outcome == nil) {
+                // (Without the whole history, the grant may be older than what the topic holds.)
+                if grants[request] == nil && whole {
                     report.add(.unexplainedChanges, example("\(change.kind.rawValue) a grant never granted"))
                 }
             }
@@ -163,6 +167,8 @@ extension PipelineAudit {
             mismatch("the latest changelog record is not a valid state record")
             return
         }
+        // Written after the changes were read (a live pipeline): newer than what they add up to.
+        if state.sequence > sequence && state.updatedAtMs >= changesReadFrom { return }
         if state.sequence != sequence {
             mismatch("changelog at sequence \(state.sequence), changes reach \(sequence)")
             return
@@ -185,8 +191,9 @@ extension PipelineAudit {
             }
         }
         if let access {
-            let rules = Set(state.access.keys).union(access.keys)
-            for rule in rules.sorted() where (state.access[rule] ?? false) != (access[rule] ?? false) {
+            // A rule the catalog no longer has is forgotten without a change: only the rules the
+            // record holds are compared.
+            for rule in state.access.keys.sorted() where state.access[rule] != (access[rule] ?? false) {
                 let active = state.access[rule] ?? false
                 mismatch("access '\(rule)' is \(active ? "active" : "inactive"), the changes say otherwise")
                 return

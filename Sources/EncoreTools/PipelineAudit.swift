@@ -26,7 +26,7 @@ public struct PipelineAudit: Sendable {
     }
 
     /// The record-timestamp range of the requests audited: `from` inclusive, `to` exclusive.
-    public struct Range: Sendable {
+    public struct TimeRange: Sendable {
         public var fromMs: Int64?
         public var toMs: Int64?
 
@@ -40,7 +40,7 @@ public struct PipelineAudit: Sendable {
         }
     }
 
-    let range: Range
+    let range: TimeRange
     let topicNames: [Topic: String]
     /// Whether a sources topic is read (access flips may then be explained only by its events).
     let readsSources: Bool
@@ -53,11 +53,16 @@ public struct PipelineAudit: Sendable {
     private var ids = IDArena()
     private var otherRequests = Set<UInt64>()
     var resentRequests = 0
-    /// Each requests partition's first record held: offset and timestamp.
-    private var requestsStart: [Int32: (offset: Int64, timestampMs: Int64)] = [:]
-    /// Once the requests are read: when no request is missing any more, if retention deleted some.
+    /// Each requests and outcomes partition's first record held: offset and timestamp.
+    private var firstHeld: [Topic: [Int32: (offset: Int64, timestampMs: Int64)]] = [:]
+    /// Topics with a partition retention emptied: when their records start is unknown.
+    private var emptied = Set<Topic>()
+    /// Once the requests are read: the time from which every partition holds its requests.
     private var heldFrom: Int64?? = nil
+    /// When the reading of each topic began: a live pipeline goes on writing meanwhile.
+    private var readingStarted: [Topic: Int64] = [:]
     var invalid: [Coordinates] = []
+    private var invalidSet = Set<Coordinates>()
     var invalidIDs: [String?] = []
 
     // The users the range's requests belong to.
@@ -72,7 +77,7 @@ public struct PipelineAudit: Sendable {
     // What every discrepancy and figure counts.
     var report: AuditReport
 
-    public init(range: Range, topics: [Topic: String]) {
+    public init(range: TimeRange, topics: [Topic: String]) {
         self.range = range
         self.topicNames = topics
         self.readsSources = topics[.sources] != nil
@@ -80,6 +85,16 @@ public struct PipelineAudit: Sendable {
     }
 
     // MARK: Reading
+
+    /// Says that the reading of `topic` begins now (`nowMs`), with these watermarks of its
+    /// partitions (a low one above 0: retention deleted records). Records written later are
+    /// read too; what was read earlier is not re-read.
+    public mutating func startReading(
+        _ topic: Topic, nowMs: Int64, watermarks: [Int32: (low: Int64, high: Int64)] = [:]
+    ) {
+        readingStarted[topic] = nowMs
+        if watermarks.values.contains(where: { $0.low > 0 && $0.low >= $0.high }) { emptied.insert(topic) }
+    }
 
     /// Reads one record of `topic`; the topics must be read in the order of ``Topic``.
     public mutating func read(_ message: KafkaMessage, of topic: Topic) {
@@ -93,14 +108,19 @@ public struct PipelineAudit: Sendable {
         }
     }
 
-    private mutating func readRequest(_ message: KafkaMessage) {
-        if requestsStart[message.partition] == nil {
-            requestsStart[message.partition] = (message.offset, message.timestampMs ?? 0)
+    private mutating func noteFirst(_ message: KafkaMessage, of topic: Topic) {
+        if firstHeld[topic]?[message.partition] == nil {
+            firstHeld[topic, default: [:]][message.partition] = (message.offset, message.timestampMs ?? 0)
         }
+    }
+
+    private mutating func readRequest(_ message: KafkaMessage) {
+        noteFirst(message, of: .requests)
         let inRange = range.contains(message.timestampMs ?? 0)
         guard let request = try? PurchaseRequestEvent(jsonBytes: message.value) else {
             guard inRange else { return }
             invalid.append(coordinates(message, .requests))
+            invalidSet.insert(coordinates(message, .requests))
             invalidIDs.append(PurchaseRequestEvent.requestIDHint(message.value))
             return
         }
@@ -109,8 +129,8 @@ public struct PipelineAudit: Sendable {
             otherRequests.insert(fingerprint)
             return
         }
-        if lookup(request.requestID, fingerprint) != nil {
-            // A re-send of a request id already in the range: answered by the first (the journal).
+        if lookup(request.requestID, fingerprint) != nil || otherRequests.contains(fingerprint) {
+            // A re-send of a request id already read: answered by the first (the journal).
             resentRequests += 1
             return
         }
@@ -129,6 +149,7 @@ public struct PipelineAudit: Sendable {
     }
 
     private mutating func readOutcome(_ message: KafkaMessage) {
+        noteFirst(message, of: .outcomes)
         guard let outcome = try? PurchaseOutcomeEvent(jsonBytes: message.value) else {
             report.figures.undecodableOutcomes += 1
             return
@@ -143,7 +164,11 @@ public struct PipelineAudit: Sendable {
                     users[Int(user)].outcomes[fingerprint] = OutcomeFacts(
                         result: outcome.result, product: Self.fingerprint(outcome.productID))
                 }
-            } else if range.contains(outcome.completedAtMs), outcome.requestedAtMs >= requestsHeldFrom() ?? .min {
+            } else if range.contains(outcome.completedAtMs),
+                outcome.requestedAtMs >= requestsHeldFrom() ?? .min,
+                // Answers a request produced after the requests were read (a live pipeline).
+                outcome.completedAtMs < readingStarted[.requests] ?? .max
+            {
                 report.add(.orphanOutcomes, AuditReport.Example(requestID: outcome.requestID, at: place))
             }
             return
@@ -207,7 +232,7 @@ public struct PipelineAudit: Sendable {
                 topic: letter.originalTopic, partition: letter.originalPartition, offset: letter.originalOffset)
             deadLettered.insert(origin)
             belongs =
-                letter.requestID.flatMap { lookup($0, Self.fingerprint($0)) } != nil || invalid.contains(origin)
+                letter.requestID.flatMap { lookup($0, Self.fingerprint($0)) } != nil || invalidSet.contains(origin)
         } else {
             belongs = range.contains(letter.failedAtMs)
         }
@@ -219,12 +244,25 @@ public struct PipelineAudit: Sendable {
     /// retention; it is not called an orphan.
     private mutating func requestsHeldFrom() -> Int64? {
         if let known = heldFrom { return known }
-        let truncated = requestsStart.values.contains { $0.offset > 0 }
-        let from = truncated ? requestsStart.values.map(\.timestampMs).max() : nil
+        let from = Self.heldFrom(firstHeld[.requests] ?? [:], emptied: emptied.contains(.requests))
         heldFrom = .some(from)
         report.figures.requestsHeldFromMs = from
         return from
     }
+
+    /// The time from which every partition holds its records; `nil` when retention deleted none,
+    /// `Int64.max` when it emptied a partition (no time is known to be whole).
+    static func heldFrom(_ first: [Int32: (offset: Int64, timestampMs: Int64)], emptied: Bool) -> Int64? {
+        if emptied { return .max }
+        guard first.values.contains(where: { $0.offset > 0 }) else { return nil }
+        return first.values.map(\.timestampMs).max()
+    }
+
+    /// When the outcomes topic holds every outcome from (retention may have deleted older ones).
+    var outcomesHeldFrom: Int64? { Self.heldFrom(firstHeld[.outcomes] ?? [:], emptied: emptied.contains(.outcomes)) }
+
+    /// When the reading of the changes began (a changelog record written after may be newer).
+    var changesReadFrom: Int64 { readingStarted[.changes] ?? .max }
 
     // MARK: Lookups
 

@@ -5,15 +5,17 @@ import Synchronization
 /// Answers each request with the outcome production recorded for it, and never calls billing:
 /// how `replay` reprocesses a range. A request without a recorded outcome is `not_attempted`
 /// (``PurchaseNotAttempted``, type `no_recorded_outcome`).
-public final class RecordedController: PurchaseController {
+public final class RecordedController: ReplayingController {
     /// What production answered one request.
     public struct Recording: Sendable, Hashable {
         public var result: OutcomeResult
         public var error: PurchaseOutcomeEvent.Failure?
+        public var completedAtMs: Int64
 
         public init(_ outcome: PurchaseOutcomeEvent) {
             result = outcome.result
             error = outcome.error
+            completedAtMs = outcome.completedAtMs
         }
     }
 
@@ -27,6 +29,10 @@ public final class RecordedController: PurchaseController {
 
     /// Requests answered from a recording, and requests without one.
     public var calls: (answered: Int, unrecorded: Int) { counts.withLock { $0 } }
+
+    public func recordedCompletion(of request: PurchaseRequest) -> Int64? {
+        recordings[request.requestId]?.completedAtMs
+    }
 
     public func purchase(_ request: PurchaseRequest) async throws -> PurchaseResult {
         guard let recording = recordings[request.requestId] else {

@@ -8,8 +8,9 @@ public struct KafkaGroupDescription: Sendable, Hashable {
     /// Members in the group now.
     public var members: Int
 
-    /// Whether a member holds (or is about to hold) partitions: the group is not `Empty` or `Dead`.
-    public var isActive: Bool { members > 0 || !(state == "Empty" || state == "Dead" || state.isEmpty) }
+    /// Whether a member holds (or may hold) partitions: the group is not `Empty` or `Dead` (an
+    /// unknown state counts as active).
+    public var isActive: Bool { members > 0 || !(state == "Empty" || state == "Dead") }
 }
 
 extension KafkaAdmin {

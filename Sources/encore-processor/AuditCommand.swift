@@ -41,9 +41,9 @@ enum AuditCommand {
         guard kafka.bootstrapServers != nil else {
             throw UsageError("--bootstrap-servers (or ENCORE_BOOTSTRAP_SERVERS) is required")
         }
-        let range = PipelineAudit.Range(
-            fromMs: try options.string("from").map { try DeadLettersCommand.time($0, option: "from") },
-            toMs: try options.string("to").map { try DeadLettersCommand.time($0, option: "to") })
+        let range = PipelineAudit.TimeRange(
+            fromMs: try options.string("from").map { try CommonOptions.time($0, option: "from") },
+            toMs: try options.string("to").map { try CommonOptions.time($0, option: "to") })
         if let from = range.fromMs, let to = range.toMs, to <= from {
             throw UsageError("--to must be later than --from")
         }
@@ -86,7 +86,7 @@ enum AuditCommand {
 
     /// Reads every topic, in the order the audit needs them. `nil` when a topic does not exist.
     static func audit(
-        range: PipelineAudit.Range, topics: [PipelineAudit.Topic: String], kafka: KafkaConfiguration,
+        range: PipelineAudit.TimeRange, topics: [PipelineAudit.Topic: String], kafka: KafkaConfiguration,
         timeout: Duration
     ) async throws -> AuditReport? {
         var audit = PipelineAudit(range: range, topics: topics)
@@ -95,6 +95,15 @@ enum AuditCommand {
             guard let topic = topics[kind] else { continue }
             guard let partitions = try await CommonOptions.partitionCount(of: topic, described: "topic", kafka: kafka)
             else { return nil }
+            var watermarks: [Int32: (low: Int64, high: Int64)] = [:]
+            if kind == .requests || kind == .outcomes {
+                let admin = try KafkaAdmin(configuration: kafka)
+                for partition in 0..<Int32(partitions) {
+                    watermarks[partition] = try await admin.watermarks(
+                        of: KafkaTopicPartition(topic: topic, partition: partition))
+                }
+            }
+            audit.startReading(kind, nowMs: wallClockMs(), watermarks: watermarks)
             let read = try await KafkaPartitionReader.fold(
                 configuration: kafka, topic: topic, partitions: Array(0..<Int32(partitions)), timeout: timeout,
                 into: (audit: consume audit, records: 0)
@@ -124,15 +133,36 @@ enum AuditCommand {
                 let held = try await latestStates(
                     of: production, keeping: Set(shadow.keys), kafka: kafka, timeout: timeout)
             else { return 2 }
-            comparison = LedgerComparison(prefix: prefix, production: held, shadow: shadow)
+            let shadowRequests = ReplayCommand.Shadow(prefix: prefix).requests
+            guard
+                let partitions = try await CommonOptions.partitionCount(
+                    of: shadowRequests, described: "replay's copy of the requests", kafka: kafka)
+            else { return 2 }
+            let replayed = try await KafkaPartitionReader.fold(
+                configuration: kafka, topic: shadowRequests, partitions: Array(0..<Int32(partitions)),
+                timeout: timeout, into: Set<String>()
+            ) { ids, message in
+                if let id = PurchaseRequestEvent.requestIDHint(message.value) { ids.insert(id) }
+            }.state
+            comparison = LedgerComparison(prefix: prefix, production: held, shadow: shadow, replayed: replayed)
         } catch {
             FileHandle.standardError.write(Data("audit: \(error)\n".utf8))
             return 2
         }
         if let path = options.string("html") {
-            try Data(comparison.html().utf8).write(to: URL(fileURLWithPath: path))
+            do {
+                try Data(comparison.html().utf8).write(to: URL(fileURLWithPath: path))
+            } catch {
+                FileHandle.standardError.write(Data("audit: cannot write --html \(path): \(error)\n".utf8))
+                return 2
+            }
         }
         print(options.flag("json") ? comparison.json() : comparison.table())
+        guard comparison.compared > 0 else {
+            // Fail closed: nothing compared is not "no difference".
+            FileHandle.standardError.write(Data("audit: the replay '\(prefix)' holds no user to compare\n".utf8))
+            return 2
+        }
         return comparison.differences.isEmpty ? 0 : 1
     }
 

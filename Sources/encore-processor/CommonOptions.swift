@@ -34,7 +34,6 @@ enum CommonOptions {
     static let partitions = OptionDefinition.option(
         "partitions", value: "N", default: "8", "Partitions per topic when this command creates the topics.")
 
-    /// Applies `--log-level` and builds the Kafka configuration from `--bootstrap-servers` and `-X`.
     /// The partitions of `topic`, asked without creating it; `nil` (with a message naming it on
     /// standard error) when it does not exist.
     static func partitionCount(of topic: String, described: String, kafka: KafkaConfiguration) async throws -> Int? {
@@ -45,6 +44,7 @@ enum CommonOptions {
         return count
     }
 
+    /// Applies `--log-level` and builds the Kafka configuration from `--bootstrap-servers` and `-X`.
     static func kafkaConfiguration(_ options: ParsedOptions) throws(UsageError) -> KafkaConfiguration {
         if let level = options.string("log-level") {
             guard let parsed = Logger.Level(name: level) else {
@@ -70,7 +70,18 @@ enum CommonOptions {
         return configuration
     }
 
-    /// The four topic names, in the order requests, outcomes, entitlements, dead letters.
+    /// RFC 3339 (`2026-11-30T10:00:00Z`, fractions allowed) or epoch milliseconds.
+    static func time(_ text: String, option: String) throws(UsageError) -> Int64 {
+        if let ms = Int64(text), ms >= 0 { return ms }
+        let formatter = ISO8601DateFormatter()
+        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        let plain = ISO8601DateFormatter()
+        guard let date = formatter.date(from: text) ?? plain.date(from: text) else {
+            throw UsageError("--\(option): '\(text)' is neither RFC 3339 (2026-11-30T10:00:00Z) nor epoch milliseconds")
+        }
+        return Int64((date.timeIntervalSince1970 * 1000).rounded())
+    }
+
     /// Requests, outcomes, entitlements, dead-letter and state topics, then the sources topic if given.
     static func topicNames(_ options: ParsedOptions) -> [String] {
         ["requests-topic", "outcomes-topic", "entitlements-topic", "dead-letter-topic", "state-topic"].map {

@@ -46,8 +46,8 @@ enum DeadLettersCommand {
         guard kafka.bootstrapServers != nil else {
             throw UsageError("--bootstrap-servers (or ENCORE_BOOTSTRAP_SERVERS) is required")
         }
-        let from = try options.string("from").map { try time($0, option: "from") }
-        let to = try options.string("to").map { try time($0, option: "to") }
+        let from = try options.string("from").map { try CommonOptions.time($0, option: "from") }
+        let to = try options.string("to").map { try CommonOptions.time($0, option: "to") }
         let stage = options.string("stage")
         if let stage, DeadLetterEvent.Stage(rawValue: stage) == nil {
             throw UsageError(
@@ -144,17 +144,5 @@ enum DeadLettersCommand {
             : "\(found.count - skipped) would be redriven, \(skipped) skipped (dry run: add --execute)"
         FileHandle.standardError.write(Data((summary + "\n").utf8))
         return 0
-    }
-
-    /// RFC 3339 (`2026-11-30T10:00:00Z`, fractions allowed) or epoch milliseconds.
-    static func time(_ text: String, option: String) throws(UsageError) -> Int64 {
-        if let ms = Int64(text), ms >= 0 { return ms }
-        let formatter = ISO8601DateFormatter()
-        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
-        let plain = ISO8601DateFormatter()
-        guard let date = formatter.date(from: text) ?? plain.date(from: text) else {
-            throw UsageError("--\(option): '\(text)' is neither RFC 3339 (2026-11-30T10:00:00Z) nor epoch milliseconds")
-        }
-        return Int64((date.timeIntervalSince1970 * 1000).rounded())
     }
 }

@@ -52,7 +52,7 @@ enum OffsetsCommand {
         guard let group = options.string("group"), !group.isEmpty else { throw UsageError("--group is required") }
         var targets: [Target] = []
         if let time = options.string("to-datetime") {
-            targets.append(.datetime(try DeadLettersCommand.time(time, option: "to-datetime")))
+            targets.append(.datetime(try CommonOptions.time(time, option: "to-datetime")))
         }
         if options.flag("to-earliest") { targets.append(.earliest) }
         if options.flag("to-latest") { targets.append(.latest) }
@@ -135,6 +135,14 @@ enum OffsetsCommand {
             }
             print("\(topic)  \(partition)  \(current[partition].map(String.init) ?? "-")  \(new)")
             plan.append(KafkaTopicPartitionOffset(topic: topic, partition: partition, offset: new))
+        }
+        let rewound = plan.reduce(Int64(0)) { sum, entry in sum + max(0, (current[entry.partition] ?? 0) - entry.offset)
+        }
+        if rewound > 0 {
+            FileHandle.standardError.write(
+                Data(
+                    "note: \(rewound) records will be processed again; the request journal answers those within --dedupe-retention (7d by default) without a call, older ones are called again\n"
+                        .utf8))
         }
         guard execute else {
             FileHandle.standardError.write(Data("dry run: add --execute to commit these offsets\n".utf8))

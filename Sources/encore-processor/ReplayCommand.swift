@@ -3,6 +3,7 @@ import EncoreProcessor
 import EncoreTools
 import Foundation
 import Kafka
+import Synchronization
 
 /// `encore-processor replay`: reprocesses a range of requests into shadow topics, answering from
 /// production's recorded outcomes (or a chosen controller), never touching production.
@@ -73,7 +74,7 @@ enum ReplayCommand {
             throw UsageError("--into: '\(prefix)' would write the production topic '\(clash)'")
         }
         let start = try startOffsets(options)
-        let to = try options.string("to").map { try DeadLettersCommand.time($0, option: "to") }
+        let to = try options.string("to").map { try CommonOptions.time($0, option: "to") }
         if case .time(let from) = start, let to, to <= from { throw UsageError("--to must be later than --from") }
         let controller = try options.choice("controller", ["recorded", "simulated", "http"])
         let recordedRouter = controller == "recorded" ? PurchaseRouter() : nil
@@ -104,6 +105,10 @@ enum ReplayCommand {
         configuration: ProcessorConfiguration, router: PurchaseRouter, timeout: Duration, json: Bool
     ) async throws -> Int32 {
         var (configuration, router) = (configuration, router)
+        // Never production's transactional id nor static membership: either would fence or
+        // displace a production member.
+        configuration.kafka["transactional.id"] = nil
+        configuration.kafka["group.instance.id"] = nil
         let kafka = configuration.kafka
         let requestsTopic = production[0]
         guard
@@ -132,6 +137,14 @@ enum ReplayCommand {
                             .utf8))
                 return 2
             }
+        }
+        if try await hasCommittedOffsets(
+            group: shadow.group, topic: shadow.requests, partitions: partitions, kafka: kafka)
+        {
+            // Offsets of an earlier replay would make this one look over before it began.
+            FileHandle.standardError.write(
+                Data("replay: the group '\(shadow.group)' already has offsets: choose another --into\n".utf8))
+            return 2
         }
         let copied = try await copy(ranges, from: requestsTopic, to: shadow.requests, kafka: kafka, timeout: timeout)
         let log = FileHandle.standardError
@@ -177,7 +190,7 @@ enum ReplayCommand {
     static func startOffsets(_ options: ParsedOptions) throws(UsageError) -> Start {
         switch (options.string("from"), options.string("from-offsets")) {
         case (let time?, nil):
-            return .time(try DeadLettersCommand.time(time, option: "from"))
+            return .time(try CommonOptions.time(time, option: "from"))
         case (nil, let list?):
             var offsets: [Int32: Int64] = [:]
             for item in list.split(separator: ",") {
@@ -209,6 +222,24 @@ enum ReplayCommand {
             }
         }
         return nil
+    }
+
+    /// Whether `group` has a committed offset for a partition of `topic`.
+    static func hasCommittedOffsets(
+        group: String, topic: String, partitions: Int, kafka: KafkaConfiguration
+    ) async throws -> Bool {
+        var configuration = kafka
+        configuration["group.id"] = group
+        let consumer = try KafkaConsumer(configuration: configuration)
+        do {
+            let committed = try await consumer.committed(
+                (0..<Int32(partitions)).map { KafkaTopicPartition(topic: topic, partition: $0) })
+            await consumer.close()
+            return committed.contains { $0.offset >= 0 }
+        } catch {
+            await consumer.close()
+            throw error
+        }
     }
 
     /// Each partition's offsets to replay: from the start to `to` (or the end now).
@@ -253,34 +284,47 @@ enum ReplayCommand {
         var ends: [Int32: Int64] = [:]
     }
 
-    /// Copies the ranges to the same partitions of `target`, keys, values and headers as they are.
+    /// Copies the ranges to the same partitions of `target`, keys, values and headers as they are;
+    /// throws when a record was not delivered.
     static func copy(
         _ ranges: [Int32: Range<Int64>], from topic: String, to target: String, kafka: KafkaConfiguration,
         timeout: Duration
     ) async throws -> Copied {
         let producer = try KafkaProducer(configuration: kafka)
+        let failures = Mutex<[KafkaError]>([])
         let read = try await KafkaPartitionReader.fold(
-            configuration: kafka, topic: topic, ranges: ranges, timeout: timeout, into: (Copied(), [KafkaError]())
-        ) { state, message in
-            do throws(KafkaError) {
-                try producer.produce(
-                    KafkaProducerRecord(
-                        topic: target, partition: message.partition, key: message.key, value: message.value,
-                        headers: message.headers)
-                ) { _ in }
-            } catch {
-                state.1.append(error)
+            configuration: kafka, topic: topic, ranges: ranges, timeout: timeout, into: Copied()
+        ) { copied, message in
+            let record = KafkaProducerRecord(
+                topic: target, partition: message.partition, key: message.key, value: message.value,
+                headers: message.headers)
+            while true {
+                do throws(KafkaError) {
+                    try producer.produce(record) { result in
+                        if case .failure(let error) = result { failures.withLock { $0.append(error) } }
+                    }
+                    break
+                } catch  where error.code == .queueFull {
+                    // The producer's queue drains on its own thread: wait for room.
+                    usleep(1000)
+                } catch {
+                    failures.withLock { $0.append(error) }
+                    break
+                }
             }
-            state.0.records += 1
-            state.0.ends[message.partition, default: 0] += 1
+            copied.records += 1
+            copied.ends[message.partition, default: 0] += 1
             if let id = (try? PurchaseRequestEvent(jsonBytes: message.value))?.requestID {
-                state.0.requestIDs.insert(id)
+                copied.requestIDs.insert(id)
             }
         }
         try await producer.flush()
         await producer.close()
-        if let error = read.state.1.first { throw error }
-        return read.state.0
+        if let error = failures.withLock({ $0.first }) { throw error }
+        // The shadow topic was empty (checked) and every record was delivered: its end in each
+        // partition is the count copied there (some brokers, Tansu, report a shorter end).
+        let copied = read.state
+        return copied
     }
 
     /// Production's outcomes of `requestIDs` (the first of each).

@@ -1,4 +1,5 @@
 import EncoreEvents
+import EncoreProcessor
 import EncoreTools
 import Kafka
 import Testing
@@ -24,9 +25,15 @@ struct PipelineAuditTests {
                     key: key.map { Array($0.utf8) }, value: value, timestampMs: ms))
         }
 
-        func audit(_ range: PipelineAudit.Range = .init()) -> AuditReport {
+        func audit(
+            _ range: PipelineAudit.TimeRange = .init(), startedAtMs: Int64? = nil,
+            watermarks: [PipelineAudit.Topic: [Int32: (low: Int64, high: Int64)]] = [:]
+        ) -> AuditReport {
             var audit = PipelineAudit(range: range, topics: PipelineAuditTests.topics)
             for topic in PipelineAudit.Topic.allCases {
+                if let startedAtMs {
+                    audit.startReading(topic, nowMs: startedAtMs, watermarks: watermarks[topic] ?? [:])
+                }
                 for message in records[topic, default: []] { audit.read(message, of: topic) }
             }
             return audit.finish()
@@ -183,7 +190,7 @@ struct PipelineAuditTests {
 
     @Test("the range selects requests by record timestamp; answers to requests outside it are not orphans")
     func range() {
-        let report = Self.clean().audit(PipelineAudit.Range(fromMs: 1001, toMs: 1002))
+        let report = Self.clean().audit(PipelineAudit.TimeRange(fromMs: 1001, toMs: 1002))
         #expect(report.figures.requests == 1)
         #expect(report.figures.outcomes == 1)
         #expect(report.count(.invalidRequests) == 0)
@@ -212,6 +219,100 @@ struct PipelineAuditTests {
         #expect(report.count(.orphanOutcomes) == 1)
         #expect(report.examples[.orphanOutcomes]?.first?.requestID == "ghost")
         #expect(report.failures == 1, "\(report.table())")
+    }
+
+    @Test(
+        "a real ledger's history audits clean: pending then verified, a product's grant replaced, expiry, access flips, a rule dropped"
+    )
+    func ledgerHistory() throws {
+        var catalog = EntitlementCatalog()
+        catalog.add(try AccessRule.parse("pro = encore:freeTrial"))
+        catalog.add(try AccessRule.parse("paid = encore:discount"))
+        var ledger = EntitlementLedger(catalog: catalog)
+        var topics = Topics()
+        let day: Int64 = 86_400_000
+        let trial = Entitlement(type: .freeTrial, value: 1, unit: .days)
+        let discount = Entitlement(type: .discount, value: 50, unit: .percent)
+        // (request, user, product, entitlement, result, at)
+        let story: [(String, String, String, Entitlement, OutcomeResult, Int64)] = [
+            ("a1", "u1", "pro", trial, .pending, 1000), ("a2", "u1", "pro", trial, .purchased, 2000),
+            ("b1", "u2", "pro", trial, .purchased, 3000), ("b2", "u2", "pro", discount, .purchased, 4000),
+            ("c1", "u3", "pro", trial, .cancelled, 5000),
+        ]
+        func record(_ update: LedgerUpdate) {
+            for change in update.changes { topics.append(.changes, change.jsonBytes(), key: change.key) }
+            topics.append(.state, update.state.jsonBytes(), key: update.state.key)
+        }
+        for (id, user, product, entitlement, result, at) in story {
+            var request = Self.request(id, user: user)
+            request.productID = product
+            request.entitlement = entitlement
+            topics.append(.requests, request.jsonBytes(), key: request.key, at: at)
+            let outcome = PurchaseOutcomeEvent(request: request, result: result, attempts: 1, completedAtMs: at + 10)
+            topics.append(.outcomes, outcome.jsonBytes(), key: outcome.key)
+            record(ledger.complete(outcome, entitlement: entitlement, partition: 0))
+        }
+        // A day later the trials expire, and 'pro' flips back.
+        for update in ledger.expire(nowMs: 2 * day) { record(update) }
+        let expired = topics.records[.changes]!.compactMap { try? EntitlementChangeEvent(jsonBytes: $0.value) }
+        #expect(expired.contains { $0.change == .expired && $0.access == nil })
+        #expect(expired.contains { $0.access == "pro" && !$0.isActive })
+        let report = topics.audit()
+        #expect(report.failures == 0, "\(report.table())")
+
+        // The catalog drops 'paid' (forgotten without a change), then u2 buys again.
+        var reduced = EntitlementCatalog()
+        reduced.add(try AccessRule.parse("pro = encore:freeTrial"))
+        var later = EntitlementLedger(catalog: reduced)
+        let held = try #require(topics.records[.state]!.last { $0.key == Array("app:u2".utf8) })
+        later.restore(try EntitlementStateRecord(jsonBytes: held.value), partition: 0)
+        #expect(try EntitlementStateRecord(jsonBytes: held.value).access["paid"] == true)
+        var again = Self.request("b3", user: "u2")
+        again.productID = "other"
+        again.entitlement = trial
+        topics.append(.requests, again.jsonBytes(), key: again.key, at: 3 * day)
+        let outcome = PurchaseOutcomeEvent(request: again, result: .purchased, attempts: 1, completedAtMs: 3 * day + 10)
+        topics.append(.outcomes, outcome.jsonBytes(), key: outcome.key)
+        record(later.complete(outcome, entitlement: trial, partition: 0))
+        let afterDrop = topics.audit()
+        #expect(afterDrop.failures == 0, "\(afterDrop.table())")
+    }
+
+    @Test("a live pipeline: an outcome of a request produced after the requests were read is no orphan")
+    func live() {
+        var topics = Self.clean()
+        for (id, completed) in [("before", Int64(1150)), ("after", 1250)] {
+            topics.append(
+                .outcomes,
+                PurchaseOutcomeEvent(
+                    request: Self.request(id), result: .cancelled, attempts: 1, completedAtMs: completed
+                )
+                .jsonBytes())
+        }
+        let report = topics.audit(startedAtMs: 1200)
+        #expect(report.count(.orphanOutcomes) == 1)
+        #expect(report.examples[.orphanOutcomes]?.first?.requestID == "before")
+        // A partition emptied by retention: no outcome can be called an orphan.
+        let emptied = topics.audit(startedAtMs: 1200, watermarks: [.requests: [5: (low: 7, high: 7)]])
+        #expect(emptied.count(.orphanOutcomes) == 0 && emptied.figures.requestsHeldFromMs == .max)
+    }
+
+    @Test("after retention deleted early outcomes, older requests are not called missing")
+    func outcomeRetention() {
+        var topics = Self.clean()
+        // r1's outcome is gone; the outcomes topic starts at offset 5, with a record of 1001.
+        topics.records[.outcomes]!.removeFirst()
+        for index in topics.records[.outcomes]!.indices {
+            topics.records[.outcomes]![index].offset = Int64(index + 5)
+            topics.records[.outcomes]![index].timestampMs = [1001, 1002][index]
+        }
+        let late = Self.request("r9", user: "u9")
+        topics.append(.requests, late.jsonBytes(), key: late.key, at: 1005)
+        let report = topics.audit()
+        #expect(report.figures.outcomesHeldFromMs == 1001)
+        // r1 (1000) may have lost its outcome to retention; r9 (1005) is missing.
+        #expect(report.count(.missingOutcomes) == 1)
+        #expect(report.examples[.missingOutcomes]?.first?.requestID == "r9")
     }
 
     @Test("the JSON names every discrepancy with an integer count; the HTML is one page with every chart")

@@ -38,6 +38,31 @@ struct KafkaRoundTripTests {
         await producer.close()
     }
 
+    @Test("a partition reader folds exactly the offset ranges asked for, in order; a whole read reaches the end")
+    func partitionReaderRanges() async throws {
+        let broker = try TestCluster(topics: ["ranges": 2])
+        let producer = try KafkaProducer(configuration: broker.producerConfiguration)
+        for partition in Int32(0)..<2 {
+            for index in 0..<20 {
+                try await producer.send(
+                    KafkaProducerRecord(
+                        topic: "ranges", partition: partition, key: nil, value: Array("\(partition)-\(index)".utf8)))
+            }
+        }
+        await producer.close()
+        let read = try await KafkaPartitionReader.fold(
+            configuration: broker.producerConfiguration, topic: "ranges", ranges: [0: 5..<12, 1: 19..<20],
+            into: [String]()
+        ) { values, message in values.append(String(decoding: message.value, as: UTF8.self)) }
+        #expect(read.records == 8)
+        #expect(read.state.filter { $0.hasPrefix("0-") } == (5..<12).map { "0-\($0)" })
+        #expect(read.state.filter { $0.hasPrefix("1-") } == ["1-19"])
+        let whole = try await KafkaPartitionReader.fold(
+            configuration: broker.producerConfiguration, topic: "ranges", partitions: [0, 1], into: 0
+        ) { count, _ in count += 1 }
+        #expect(whole.state == 40 && whole.records == 40)
+    }
+
     @Test("a new member of the group resumes after the committed offset")
     func commitAndResume() async throws {
         let broker = try TestCluster(topics: ["orders": 1])

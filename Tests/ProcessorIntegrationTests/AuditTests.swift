@@ -53,9 +53,8 @@ struct AuditTests {
 
         let html = FileManager.default.temporaryDirectory.appendingPathComponent("audit-\(UUID()).html")
         defer { try? FileManager.default.removeItem(at: html) }
-        let (cleanStatus, cleanJSON, cleanErrors) = try await runBinary([
-            "audit", "--bootstrap-servers", bootstrap, "--json", "--html", html.path,
-        ])
+        let (cleanStatus, cleanJSON, cleanErrors) = try await runBinary(
+            ["audit", "--bootstrap-servers", bootstrap, "--json", "--html", html.path], timeout: .seconds(120))
         #expect(cleanStatus == 0, "\(cleanJSON)\n\(cleanErrors)")
         let clean = try auditCounts(cleanJSON)
         #expect(clean["discrepancies"] == 0)
@@ -106,7 +105,8 @@ struct AuditTests {
         try await send(Topics.state, disagreeing.key, disagreeing.jsonBytes())
         await producer.close()
 
-        let (status, json, errors) = try await runBinary(["audit", "--bootstrap-servers", bootstrap, "--json"])
+        let (status, json, errors) = try await runBinary(
+            ["audit", "--bootstrap-servers", bootstrap, "--json"], timeout: .seconds(120))
         #expect(status == 1, "\(errors)")
         let counts = try auditCounts(json)
         let expected: [String: Int64] = [
@@ -123,9 +123,8 @@ struct AuditTests {
         #expect(json.contains("\"state_mismatches\":[{\"user\":\"\(disagreeing.key)\""))
 
         // The range: only the late request is in it.
-        let (rangeStatus, ranged, _) = try await runBinary([
-            "audit", "--bootstrap-servers", bootstrap, "--json", "--from", String(plantedAt),
-        ])
+        let (rangeStatus, ranged, _) = try await runBinary(
+            ["audit", "--bootstrap-servers", bootstrap, "--json", "--from", String(plantedAt)], timeout: .seconds(120))
         #expect(rangeStatus == 1)
         #expect(ranged.contains("\"figures\":{\"requests\":1,"))
         #expect(try auditCounts(ranged)["missing_outcomes"] == 1)

@@ -62,6 +62,16 @@ struct ReplayTests {
         #expect(billed > 0)
         let production = try await results(bootstrap, Topics.outcomes)
         let start = "0:0,1:0,2:0,3:0"
+        func productionMarks() async throws -> [Int64] {
+            var marks: [Int64] = []
+            for topic in Topics.all {
+                marks.append(try await recordCount(bootstrap: bootstrap, topic: topic, partitions: 4))
+            }
+            return marks
+        }
+        let marksBefore = try await productionMarks()
+        let offsetsBefore = try await committedOffsets(
+            bootstrap: bootstrap, group: "production", topic: Topics.requests, partitions: 4)
 
         // The environment names the production controller: a replay does not take it.
         let (status, summary, errors) = try await runBinary(
@@ -76,9 +86,12 @@ struct ReplayTests {
             try String(contentsOf: log, encoding: .utf8).split(separator: "\n").count == billed,
             "the replay called billing")
         #expect(try await results(bootstrap, "audit-a.purchase-outcomes") == production)
-        let (same, sameReport, _) = try await runBinary([
-            "audit", "--bootstrap-servers", bootstrap, "--compare", "audit-a", "--json",
-        ])
+        #expect(try await productionMarks() == marksBefore, "the replay wrote a production topic")
+        #expect(
+            try await committedOffsets(bootstrap: bootstrap, group: "production", topic: Topics.requests, partitions: 4)
+                == offsetsBefore, "the replay moved the production group")
+        let (same, sameReport, _) = try await runBinary(
+            ["audit", "--bootstrap-servers", bootstrap, "--compare", "audit-a", "--json"], timeout: .seconds(120))
         #expect(same == 0, "\(sameReport)")
         let users = try await latestStates(bootstrap, Topics.state)
         #expect(sameReport.contains("\"compared_users\":\(users.count),\"differing_users\":0"), "\(sameReport)")
@@ -94,9 +107,8 @@ struct ReplayTests {
             state.grants.contains { $0.isActive && $0.entitlement.type == .freeTrial }
         }.map(\.key).sorted()
         #expect(!expected.isEmpty && expected.count < users.count)
-        let (differ, report, _) = try await runBinary([
-            "audit", "--bootstrap-servers", bootstrap, "--compare", "audit-b", "--json",
-        ])
+        let (differ, report, _) = try await runBinary(
+            ["audit", "--bootstrap-servers", bootstrap, "--compare", "audit-b", "--json"], timeout: .seconds(120))
         #expect(differ == 1)
         guard case .object(let fields) = try JSONValue.parse(Array(report.utf8)),
             case .array(let differences)? = fields["differences"]
