@@ -206,6 +206,15 @@ struct ParsedOptions {
         return value
     }
 
+    /// The one positional argument, which must be one of `allowed` (`dead-letters list`).
+    func action(_ allowed: [String]) throws(UsageError) -> String {
+        guard positionals.count == 1, let action = positionals.first, allowed.contains(action) else {
+            let expected = allowed.map { "'\($0)'" }.joined(separator: " or ")
+            throw UsageError("expected the action \(expected), got '\(positionals.joined(separator: " "))'")
+        }
+        return action
+    }
+
     func noPositionals() throws(UsageError) {
         if let first = positionals.first { throw UsageError("unexpected argument '\(first)'") }
     }

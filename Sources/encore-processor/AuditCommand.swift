@@ -37,10 +37,7 @@ enum AuditCommand {
 
     static func execute(_ options: ParsedOptions) async throws -> Int32 {
         try options.noPositionals()
-        let kafka = try CommonOptions.kafkaConfiguration(options)
-        guard kafka.bootstrapServers != nil else {
-            throw UsageError("--bootstrap-servers (or ENCORE_BOOTSTRAP_SERVERS) is required")
-        }
+        let kafka = try CommonOptions.clusterConfiguration(options)
         let range = PipelineAudit.TimeRange(
             fromMs: try options.string("from").map { try CommonOptions.time($0, option: "from") },
             toMs: try options.string("to").map { try CommonOptions.time($0, option: "to") })

@@ -44,6 +44,15 @@ enum CommonOptions {
         return count
     }
 
+    /// ``kafkaConfiguration(_:)`` for a command that needs a running cluster: brokers are required.
+    static func clusterConfiguration(_ options: ParsedOptions) throws(UsageError) -> KafkaConfiguration {
+        let configuration = try kafkaConfiguration(options)
+        guard configuration.bootstrapServers != nil else {
+            throw UsageError("--bootstrap-servers (or ENCORE_BOOTSTRAP_SERVERS) is required")
+        }
+        return configuration
+    }
+
     /// Applies `--log-level` and builds the Kafka configuration from `--bootstrap-servers` and `-X`.
     static func kafkaConfiguration(_ options: ParsedOptions) throws(UsageError) -> KafkaConfiguration {
         if let level = options.string("log-level") {

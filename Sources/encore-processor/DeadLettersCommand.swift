@@ -36,16 +36,8 @@ enum DeadLettersCommand {
     }
 
     static func execute(_ options: ParsedOptions) async throws -> Int32 {
-        guard options.positionals.count == 1, let action = options.positionals.first,
-            ["list", "redrive"].contains(action)
-        else {
-            throw UsageError(
-                "expected the action 'list' or 'redrive', got '\(options.positionals.joined(separator: " "))'")
-        }
-        let kafka = try CommonOptions.kafkaConfiguration(options)
-        guard kafka.bootstrapServers != nil else {
-            throw UsageError("--bootstrap-servers (or ENCORE_BOOTSTRAP_SERVERS) is required")
-        }
+        let action = try options.action(["list", "redrive"])
+        let kafka = try CommonOptions.clusterConfiguration(options)
         let from = try options.string("from").map { try CommonOptions.time($0, option: "from") }
         let to = try options.string("to").map { try CommonOptions.time($0, option: "to") }
         let stage = options.string("stage")

@@ -26,14 +26,11 @@ enum EntitlementsCommand {
 
     static func execute(_ options: ParsedOptions) async throws -> Int32 {
         try options.noPositionals()
-        let kafka = try CommonOptions.kafkaConfiguration(options)
+        let kafka = try CommonOptions.clusterConfiguration(options)
         guard let user = options.string("user") else { throw UsageError("--user APP_ID:APP_USER_ID is required") }
         guard let colon = user.firstIndex(of: ":"), colon != user.startIndex, colon != user.index(before: user.endIndex)
         else {
             throw UsageError("--user: '\(user)' is not APP_ID:APP_USER_ID")
-        }
-        guard kafka.bootstrapServers != nil else {
-            throw UsageError("--bootstrap-servers (or ENCORE_BOOTSTRAP_SERVERS) is required")
         }
         let topic = options.string("state-topic")!
         let timeout = try options.milliseconds("timeout-ms", minimum: 1)

@@ -39,16 +39,8 @@ enum OffsetsCommand {
     }
 
     static func execute(_ options: ParsedOptions) async throws -> Int32 {
-        guard options.positionals.count == 1, let action = options.positionals.first,
-            ["show", "reset"].contains(action)
-        else {
-            throw UsageError(
-                "expected the action 'show' or 'reset', got '\(options.positionals.joined(separator: " "))'")
-        }
-        var kafka = try CommonOptions.kafkaConfiguration(options)
-        guard kafka.bootstrapServers != nil else {
-            throw UsageError("--bootstrap-servers (or ENCORE_BOOTSTRAP_SERVERS) is required")
-        }
+        let action = try options.action(["show", "reset"])
+        var kafka = try CommonOptions.clusterConfiguration(options)
         guard let group = options.string("group"), !group.isEmpty else { throw UsageError("--group is required") }
         var targets: [Target] = []
         if let time = options.string("to-datetime") {

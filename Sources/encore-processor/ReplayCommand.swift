@@ -58,10 +58,7 @@ enum ReplayCommand {
 
     static func execute(_ options: ParsedOptions) async throws -> Int32 {
         try options.noPositionals()
-        let kafka = try CommonOptions.kafkaConfiguration(options)
-        guard kafka.bootstrapServers != nil else {
-            throw UsageError("--bootstrap-servers (or ENCORE_BOOTSTRAP_SERVERS) is required")
-        }
+        let kafka = try CommonOptions.clusterConfiguration(options)
         guard let prefix = options.string("into"), !prefix.isEmpty else {
             throw UsageError("--into PREFIX is required")
         }

@@ -16,16 +16,12 @@ enum TopicsCommand {
         ])
 
     static func execute(_ options: ParsedOptions) async throws -> Int32 {
-        guard options.positionals == ["create"] else {
-            throw UsageError("expected the action 'create', got '\(options.positionals.joined(separator: " "))'")
-        }
-        let kafka = try CommonOptions.kafkaConfiguration(options)
+        _ = try options.action(["create"])
+        // (Values first: a bad one is named even without brokers.)
         let partitions = try options.integer("partitions", range: 1...100_000)
         let replication = try options.integer("replication-factor", range: 1...100)
         let retention = try options.integer("retention-ms", range: -1...Int.max)
-        guard kafka.bootstrapServers != nil else {
-            throw UsageError("--bootstrap-servers (or ENCORE_BOOTSTRAP_SERVERS) is required")
-        }
+        let kafka = try CommonOptions.clusterConfiguration(options)
         let names = CommonOptions.topicNames(options)
         if options.flag("check") {
             print("configuration OK")
