@@ -60,7 +60,7 @@ def fill(bootstrap, users, partitions):
 def restore(binary, bootstrap):
     """Runs the processor until its restore log line; returns (seconds, users, RSS MiB)."""
     process = subprocess.Popen(
-        [binary, "run", "--bootstrap-servers", bootstrap, "--log-level", "info", "--group-id", f"restore-{time.time()}",
+        [binary, "run", "--bootstrap-servers", bootstrap, "--controller", "simulated", "--log-level", "info", "--group-id", f"restore-{time.time()}",
          "--access-rule", "pro = revenuecat:pro | encore:freeTrial"],
         stderr=subprocess.PIPE, text=True)
     try:

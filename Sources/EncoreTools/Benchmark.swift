@@ -138,7 +138,10 @@ public enum Benchmark {
         var router = PurchaseRouter()
         router.register(
             "simulated",
-            SimulatedController(meanLatency: options.controllerLatency, weights: [(.purchased, 1)], seed: 1))
+            SimulatedController(
+                meanLatency: options.controllerLatency, weights: [(.purchased, 1)], seed: 1,
+                // limit.c fills PRODUCTION-shaped requests; the benchmark's topics are its own.
+                allowsProduction: true))
         router.route(.any, to: "simulated")
         let processor = try PurchaseProcessor(configuration: configuration, router: router)
         let started = Date()

@@ -26,6 +26,8 @@ public struct RequestGenerator: Sendable {
         /// Share of records that are invalid, cycling through every ``InvalidKind``.
         public var invalidRatio = 0.0
         public var seed: UInt64 = 1
+        /// The requests' environment; `nil`: one in ten `SANDBOX`, the others `PRODUCTION`.
+        public var environment: PurchaseEnvironment? = .sandbox
         public init() {}
     }
 
@@ -157,9 +159,16 @@ public struct RequestGenerator: Sendable {
             requestID: "req-\(options.seed)-\(sequence)", appID: options.appID,
             appUserID: "user-\(String(user, radix: 10))", productID: product,
             store: [.appStore, .appStore, .playStore, .stripe][Int(random.next() % 4)],
-            environment: random.next() % 10 == 0 ? .sandbox : .production, requestedAtMs: nowMs,
+            environment: Self.environment(options.environment, draw: random.next()),
+            requestedAtMs: nowMs,
             placementID: placement, campaignID: entitlement == nil ? nil : "cmp-\(random.next() % 8)",
             offerID: entitlement == nil ? nil : "offer-\(random.next() % 16)", entitlement: entitlement)
+    }
+
+    /// The configured environment, or one in ten `SANDBOX` by `draw` (drawn either way, so a seed
+    /// gives the same other fields whatever the environment).
+    static func environment(_ configured: PurchaseEnvironment?, draw: UInt64) -> PurchaseEnvironment {
+        configured ?? (draw % 10 == 0 ? .sandbox : .production)
     }
 
     static func invalidValue(_ kind: InvalidKind, _ request: PurchaseRequestEvent) -> [UInt8] {

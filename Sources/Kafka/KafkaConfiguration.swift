@@ -30,6 +30,11 @@ public struct KafkaConfiguration: Sendable, Equatable {
         if self[key] == nil { self[key] = value }
     }
 
+    /// The properties as they may be printed: secrets masked, URL credentials removed.
+    public var redactedProperties: [(key: String, value: String)] {
+        properties.map { (key: $0.key, value: Redaction.display($0.value, forKey: $0.key)) }
+    }
+
     /// Merges `other` over `self`; properties in `other` win.
     public func merging(_ other: KafkaConfiguration) -> KafkaConfiguration {
         var merged = self
@@ -58,8 +63,9 @@ public struct KafkaConfiguration: Sendable, Equatable {
     /// Parses one `key=value` assignment as given to `-X` on the command line.
     public static func parseAssignment(_ text: String) throws(KafkaError) -> (key: String, value: String) {
         guard let equals = text.firstIndex(of: "="), equals != text.startIndex else {
+            // (Not echoed: it may be a secret given without its key.)
             throw KafkaError(
-                code: .invalidConfiguration, message: "expected key=value for a librdkafka property, got '\(text)'")
+                code: .invalidConfiguration, message: "expected key=value for a librdkafka property (got no '=')")
         }
         return (String(text[..<equals]), String(text[text.index(after: equals)...]))
     }
@@ -78,9 +84,13 @@ public struct KafkaConfiguration: Sendable, Equatable {
             let result = rd_kafka_conf_set(conf, key, value, &errorText, errorText.count)
             guard result == RD_KAFKA_CONF_OK else {
                 rd_kafka_conf_destroy(conf)
-                let reason = String(cBuffer: errorText)
-                let what = result == RD_KAFKA_CONF_UNKNOWN ? "unknown property" : "invalid value for property"
-                throw KafkaError(code: .invalidConfiguration, message: "\(what) '\(key)' = '\(value)': \(reason)")
+                // librdkafka may echo the value; a secret (or a mistyped secret's key) never is.
+                let reason = Redaction.scrub(String(cBuffer: errorText), secret: value)
+                let message =
+                    result == RD_KAFKA_CONF_UNKNOWN
+                    ? "unknown property '\(key)' (its value is not shown): \(reason)"
+                    : "invalid value for property '\(key)' = '\(Redaction.display(value, forKey: key))': \(reason)"
+                throw KafkaError(code: .invalidConfiguration, message: message)
             }
         }
         return conf

@@ -1,4 +1,5 @@
 import Foundation
+import Kafka
 
 /// A command-line option: a flag, or an option taking a value (`--name VALUE` or `--name=VALUE`).
 struct OptionDefinition {
@@ -19,12 +20,26 @@ struct OptionDefinition {
             defaultValue: defaultValue)
     }
 
-    static func flag(_ name: String, _ help: String) -> OptionDefinition {
+    /// A flag; `commandLineOnly`: a safety switch no environment variable or config file sets.
+    static func flag(_ name: String, _ help: String, commandLineOnly: Bool = false) -> OptionDefinition {
         OptionDefinition(
-            name: name, short: nil, valueName: nil, help: help, environment: nil, repeatable: false, defaultValue: nil)
+            name: name, short: nil, valueName: nil, help: help, environment: commandLineOnly ? "" : nil,
+            repeatable: false, defaultValue: nil)
     }
 
+    /// Given on the command line only (no environment variable, no config file key).
+    var isCommandLineOnly: Bool { environment == "" }
+
     var isFlag: Bool { valueName == nil }
+
+    /// The environment variable that sets it: the one named, else `ENCORE_<NAME>` (`-X` has none:
+    /// librdkafka properties come from `-X` or the config file; an option defined with an empty
+    /// `environment` has none either: safety switches are given on the command line only).
+    var environmentName: String? {
+        if let environment { return environment.isEmpty ? nil : environment }
+        guard short == nil else { return nil }
+        return "ENCORE_" + name.uppercased().replacingOccurrences(of: "-", with: "_")
+    }
 
     var spelling: String { short.map { "-\($0)" } ?? "--\(name)" }
 }
@@ -51,7 +66,7 @@ struct CommandDefinition {
                 if let value = option.valueName { left += option.short == nil ? " \(value)" : value }
                 var help = option.help
                 if let value = option.defaultValue { help += " (default: \(value))" }
-                if let environment = option.environment { help += " [env: \(environment)]" }
+                if let environment = option.environmentName { help += " [env: \(environment)]" }
                 if option.repeatable { help += " (repeatable)" }
                 return (left, help)
             } + [("-h, --help", "Show this help.")]
@@ -132,21 +147,103 @@ struct CommandDefinition {
                 values[option.name] = [value]
             }
         }
-        for option in options where values[option.name] == nil {
-            if let variable = option.environment, let value = environment[variable], !value.isEmpty {
-                values[option.name] = [value]
+        var sources: [String: ParsedOptions.Source] = [:]
+        for name in values.keys { sources[name] = .flag }
+        for name in flags { sources[name] = .flag }
+        // Then the environment, then the config file: a value given earlier wins.
+        for option in options where values[option.name] == nil && !flags.contains(option.name) {
+            guard let variable = option.environmentName, let value = environment[variable], !value.isEmpty else {
+                continue
+            }
+            if try apply(value, to: option, from: "\(variable)", values: &values, flags: &flags) {
+                sources[option.name] = .environment(variable)
             }
         }
-        return ParsedOptions(definition: self, values: values, flags: flags, positionals: positionals)
+        var fileProperties: [String] = []
+        if options.contains(where: { $0.name == "config" }), let path = values["config"]?.last {
+            for (key, value) in try Self.readProperties(path) {
+                guard key.hasPrefix("encore.") else {
+                    fileProperties.append("\(key)=\(value)")
+                    continue
+                }
+                let name = String(key.dropFirst("encore.".count))
+                guard let option = options.first(where: { $0.name == name && $0.short == nil }) else {
+                    throw UsageError("--config \(path): '\(key)' is not an option of this command")
+                }
+                guard !option.isCommandLineOnly else {
+                    throw UsageError("--config \(path): --\(name) is given on the command line only")
+                }
+                guard values[name] == nil && !flags.contains(name) else { continue }
+                if try apply(value, to: option, from: "--config \(path): \(key)", values: &values, flags: &flags) {
+                    sources[name] = .file(path)
+                }
+            }
+        }
+        if !fileProperties.isEmpty {
+            // Before the command line's -X, so that those win.
+            values["X"] = fileProperties + (values["X"] ?? [])
+        }
+        return ParsedOptions(
+            definition: self, values: values, flags: flags, positionals: positionals, sources: sources)
+    }
+
+    /// Sets `option` from a value of the environment or the config file; `false` when a flag's
+    /// value turns it off.
+    private func apply(
+        _ value: String, to option: OptionDefinition, from origin: String, values: inout [String: [String]],
+        flags: inout Set<String>
+    ) throws(UsageError) -> Bool {
+        if option.isFlag {
+            switch value.lowercased() {
+            case "1", "true", "yes", "on": flags.insert(option.name)
+            case "0", "false", "no", "off": return false
+            default: throw UsageError("\(origin): '\(value)' is not true or false")
+            }
+            return true
+        }
+        // A list from one variable or key parses as the flag given once per comma-separated item.
+        values[option.name] =
+            option.repeatable
+            ? value.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+            : [value]
+        return true
+    }
+
+    /// `key=value` lines of a properties file (`#` and `!` start comments; spaces around `=` are
+    /// trimmed), in order.
+    static func readProperties(_ path: String) throws(UsageError) -> [(String, String)] {
+        guard let data = FileManager.default.contents(atPath: path),
+            let text = String(data: data, encoding: .utf8)
+        else { throw UsageError("--config: cannot read '\(path)'") }
+        var properties: [(String, String)] = []
+        for (number, raw) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+            let line = raw.trimmingCharacters(in: .whitespaces)
+            if line.isEmpty || line.hasPrefix("#") || line.hasPrefix("!") { continue }
+            guard let equals = line.firstIndex(of: "="), equals != line.startIndex else {
+                throw UsageError("--config \(path): line \(number + 1) is not key=value")
+            }
+            properties.append(
+                (
+                    line[..<equals].trimmingCharacters(in: .whitespaces),
+                    line[line.index(after: equals)...].trimmingCharacters(in: .whitespaces)
+                ))
+        }
+        return properties
     }
 }
 
 /// The parsed options of one command, with typed accessors whose errors name the option.
 struct ParsedOptions {
+    /// Where a value came from, for `--print-config`.
+    enum Source: Equatable {
+        case flag, environment(String), file(String)
+    }
+
     let definition: CommandDefinition
     let values: [String: [String]]
     let flags: Set<String>
     let positionals: [String]
+    var sources: [String: Source] = [:]
 
     private func spelling(_ name: String) -> String {
         definition.options.first { $0.name == name }?.spelling ?? "--\(name)"
@@ -222,5 +319,51 @@ struct ParsedOptions {
     private func describe(_ range: ClosedRange<Int>) -> String {
         if range.upperBound == Int.max { return "\(range.lowerBound)..." }
         return "\(range.lowerBound)...\(range.upperBound)"
+    }
+}
+
+extension ParsedOptions {
+    /// The effective configuration as a config file (`--print-config`): every option with its
+    /// value and where it came from, then the librdkafka properties; secrets redacted.
+    func printedConfiguration() -> String {
+        var lines = ["# encore-processor \(definition.name): effective configuration (secrets redacted)"]
+        for option in definition.options where option.name != "X" && option.name != "print-config" {
+            let value: String
+            if option.isFlag {
+                value = flags.contains(option.name) ? "true" : "false"
+            } else if let given = values[option.name] {
+                value = given.map { Self.shown($0, option: option.name) }.joined(separator: ",")
+            } else if let fallback = option.defaultValue {
+                value = fallback
+            } else {
+                continue
+            }
+            let origin: String
+            switch sources[option.name] {
+            case .flag?: origin = "command line"
+            case .environment(let variable)?: origin = "env \(variable)"
+            case .file(let path)?: origin = "config \(path)"
+            case nil: origin = "default"
+            }
+            lines.append("encore.\(option.name)=\(value)  # \(origin)")
+        }
+        for assignment in strings("X") {
+            guard let equals = assignment.firstIndex(of: "=") else { continue }
+            let key = String(assignment[..<equals])
+            let value = String(assignment[assignment.index(after: equals)...])
+            // A secret file reference (`@/path`) names no secret; anything else secret is masked.
+            let shown = value.hasPrefix("@") && !value.hasPrefix("@@") ? value : Redaction.display(value, forKey: key)
+            lines.append("\(key)=\(shown)")
+        }
+        return lines.joined(separator: "\n")
+    }
+
+    /// An option's value as it may be printed.
+    static func shown(_ value: String, option: String) -> String {
+        if value.hasPrefix("@") && !value.hasPrefix("@@") { return value }
+        if option.contains("header"), let equals = value.firstIndex(of: "=") {
+            return value[...equals] + Redaction.mask
+        }
+        return Redaction.display(value, forKey: option)
     }
 }

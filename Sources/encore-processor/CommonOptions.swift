@@ -14,6 +14,11 @@ enum CommonOptions {
         .option(
             "log-level", value: "LEVEL", default: "info", environment: "ENCORE_LOG_LEVEL",
             "debug, info, warning or error."),
+        .option(
+            "config", value: "FILE",
+            "Properties file: encore.<option>=VALUE sets an option, any other key is a librdkafka property (flag > env > file > default)."
+        ),
+        .flag("print-config", "Print the effective configuration (secrets redacted) and exit."),
     ]
 
     static let topics: [OptionDefinition] = [
@@ -63,12 +68,13 @@ enum CommonOptions {
         }
         var configuration = KafkaConfiguration()
         for assignment in options.strings("X") {
+            let (key, value): (String, String)
             do {
-                let (key, value) = try KafkaConfiguration.parseAssignment(assignment)
-                configuration[key] = value
+                (key, value) = try KafkaConfiguration.parseAssignment(assignment)
             } catch {
                 throw UsageError("-X: \(error.message)")
             }
+            configuration[key] = try secret(value, origin: "-X \(key)")
         }
         do {
             try configuration.validate()
@@ -77,6 +83,17 @@ enum CommonOptions {
         }
         if let servers = options.string("bootstrap-servers") { configuration.bootstrapServers = servers }
         return configuration
+    }
+
+    /// A value, or with `@/path` the contents of that file (a secret mounted by the platform),
+    /// without a trailing newline; `@@...` is a value starting with `@`.
+    static func secret(_ value: String, origin: String) throws(UsageError) -> String {
+        guard value.hasPrefix("@") else { return value }
+        if value.hasPrefix("@@") { return String(value.dropFirst()) }
+        let path = String(value.dropFirst())
+        guard let data = FileManager.default.contents(atPath: path), let text = String(data: data, encoding: .utf8)
+        else { throw UsageError("\(origin): cannot read the secret file '\(path)'") }
+        return text.hasSuffix("\r\n") ? String(text.dropLast(2)) : text.hasSuffix("\n") ? String(text.dropLast()) : text
     }
 
     /// RFC 3339 (`2026-11-30T10:00:00Z`, fractions allowed) or epoch milliseconds.

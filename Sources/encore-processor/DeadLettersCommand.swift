@@ -18,7 +18,9 @@ enum DeadLettersCommand {
             .option("class", value: "CLASS", "Only this error class (e.g. missing_field, timeout)."),
             .option("timeout-ms", value: "MS", default: "60000", "Give up reading the topic after this long."),
             .flag("json", "list: one JSON object per line (the dead letter and where it is)."),
-            .flag("execute", "redrive: produce the records (without it, print what would be produced)."),
+            .flag(
+                "execute", "redrive: produce the records (without it, print what would be produced).",
+                commandLineOnly: true),
             .flag("check", "Validate the arguments and exit."),
         ],
         discussion: """

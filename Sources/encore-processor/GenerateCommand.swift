@@ -16,6 +16,9 @@ enum GenerateCommand {
         .option("duplicate-ratio", value: "R", default: "0", "Share of records repeating an earlier request id."),
         .option("invalid-ratio", value: "R", default: "0", "Share of invalid records, of every invalid kind."),
         .option("app-id", value: "ID", default: "app_demo", "app_id of the generated requests."),
+        .option(
+            "environment", value: "ENV", default: "sandbox",
+            "sandbox, production, or mixed (one in ten SANDBOX) for the requests' environment."),
     ]
 
     static let definition = CommandDefinition(
@@ -42,6 +45,11 @@ enum GenerateCommand {
         }
         generator.seed = UInt64(try options.integer("seed", range: 0...Int.max))
         generator.appID = options.string("app-id")!
+        switch try options.choice("environment", ["sandbox", "production", "mixed"]) {
+        case "production": generator.environment = .production
+        case "mixed": generator.environment = nil
+        default: generator.environment = .sandbox
+        }
         var products: [RequestGenerator.Product] = []
         for part in options.string("products")!.split(separator: ",") {
             let pieces = part.split(separator: "=", maxSplits: 1)

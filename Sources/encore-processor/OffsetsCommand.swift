@@ -23,7 +23,7 @@ enum OffsetsCommand {
             .option(
                 "shift-by", value: "N",
                 "reset: move each partition's offset by N (negative: back), within what is held."),
-            .flag("execute", "reset: commit the new offsets (without it, only print the plan)."),
+            .flag("execute", "reset: commit the new offsets (without it, only print the plan).", commandLineOnly: true),
             .flag("check", "Validate the arguments and exit."),
         ],
         discussion: """

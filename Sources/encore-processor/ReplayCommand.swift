@@ -18,7 +18,7 @@ enum ReplayCommand {
                 // Never the production controller by accident: no environment variable, recorded by default.
                 option.name == "controller"
                     ? .option(
-                        "controller", value: "KIND", default: "recorded",
+                        "controller", value: "KIND", default: "recorded", environment: "",
                         "recorded (production's answers, no billing call), simulated or http.")
                     : option
             } + RunCommand.ledgerOptions + [

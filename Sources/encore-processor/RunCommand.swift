@@ -11,6 +11,7 @@ enum RunCommand {
         usage: "run [options]",
         options: CommonOptions.kafka + CommonOptions.topics + controllerOptions + ledgerOptions + [
             .option("group-id", value: "ID", default: "encore-processor", "Consumer group."),
+            .flag("embedded-broker", "Start an in-process broker (a trial): without it, brokers are required."),
             CommonOptions.partitions,
             .flag("check", "Validate the arguments and exit (0 when they are valid)."),
         ],
@@ -73,7 +74,12 @@ enum RunCommand {
 
     static let controllerOptions: [OptionDefinition] = [
         .option(
-            "controller", value: "KIND", default: "simulated", environment: "ENCORE_CONTROLLER", "simulated or http."),
+            "controller", value: "KIND", environment: "ENCORE_CONTROLLER",
+            "http (your billing service) or simulated (a test store: no real purchase); required."),
+        .flag(
+            "allow-simulated-production",
+            "Let the simulated controller answer PRODUCTION requests (otherwise they are dead letters).",
+            commandLineOnly: true),
         .option(
             "controller-url", value: "[NAME=]URL", environment: "ENCORE_CONTROLLER_URL", repeatable: true,
             "Endpoint of an http controller (named NAME, default 'http')."),
@@ -136,17 +142,17 @@ enum RunCommand {
         configuration.retry = RetryPolicy(
             maxAttempts: try options.integer("max-attempts", range: 1...100),
             initialBackoff: try options.milliseconds("retry-backoff-ms", minimum: 1))
+        do {
+            try configuration.validate()
+        } catch {
+            throw UsageError(error.message.hasPrefix("-X") ? error.message : "--\(error.message)")
+        }
         let router: PurchaseRouter
         if let given {
             router = given
         } else {
             router = try makeRouter(
                 options, callTimeout: configuration.callTimeout, maxConnections: configuration.maxInFlight)
-        }
-        do {
-            try configuration.validate()
-        } catch {
-            throw UsageError(error.message.hasPrefix("-X") ? error.message : "--\(error.message)")
         }
         return (configuration, router)
     }
@@ -156,6 +162,11 @@ enum RunCommand {
     ) throws(UsageError) -> PurchaseRouter {
         var router = PurchaseRouter()
         var names: [String] = []
+        guard options.string("controller") != nil else {
+            throw UsageError(
+                "--controller is required: http (with --controller-url, your billing service) or simulated (a test store that makes no real purchase)"
+            )
+        }
         switch try options.choice("controller", ["simulated", "http"]) {
         case "simulated":
             guard options.strings("controller-url").isEmpty else {
@@ -168,7 +179,8 @@ enum RunCommand {
             }
             let controller = SimulatedController(
                 meanLatency: try options.milliseconds("simulated-latency-ms"), weights: weights,
-                seed: UInt64(try options.integer("seed", range: 0...Int.max)))
+                seed: UInt64(try options.integer("seed", range: 0...Int.max)),
+                allowsProduction: options.flag("allow-simulated-production"))
             router.register("simulated", controller)
             names = ["simulated"]
         default:
@@ -217,6 +229,14 @@ enum RunCommand {
         var kafka = try CommonOptions.kafkaConfiguration(options)
         let partitions = try options.integer("partitions", range: 1...10_000)
         var (configuration, router) = try processorSetup(options, kafka: kafka)
+        let embedded = options.flag("embedded-broker")
+        if embedded && kafka.bootstrapServers != nil {
+            throw UsageError("--embedded-broker and --bootstrap-servers exclude each other")
+        }
+        if !embedded && kafka.bootstrapServers == nil {
+            throw UsageError(
+                "no brokers: give --bootstrap-servers (or ENCORE_BOOTSTRAP_SERVERS), or --embedded-broker for a trial")
+        }
         if options.flag("check") {
             print("configuration OK")
             return 0
@@ -224,6 +244,10 @@ enum RunCommand {
         let cluster = try CommonOptions.embeddedBrokerIfNeeded(
             &kafka, topics: CommonOptions.topicNames(options), partitions: partitions)
         configuration.kafka = kafka
+        let routes = router.rules.map { "\($0.match)→\($0.controllerName)" }.joined(separator: ", ")
+        Logger(label: "encore").info(
+            "\(EncoreVersion.description): brokers \(Redaction.servers(kafka.bootstrapServers ?? "-")), group \(configuration.groupID), \(configuration.guarantee.rawValue), routes \(routes)"
+        )
         let processor = try PurchaseProcessor(configuration: configuration, router: router)
         let signals = SignalHandler { _ in processor.shutdown() }
         defer { signals.cancel() }

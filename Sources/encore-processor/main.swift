@@ -1,4 +1,5 @@
 import Foundation
+import EncoreProcessor
 import Kafka
 
 let commands: [(definition: CommandDefinition, execute: (ParsedOptions) async throws -> Int32)] = [
@@ -34,8 +35,19 @@ func fail(_ message: String, usage: Int32 = 2) -> Never {
 
 let arguments = Array(CommandLine.arguments.dropFirst())
 guard let name = arguments.first else { fail("missing command\n\n" + overview()) }
+if name == "--version" || name == "version" {
+    print(EncoreVersion.description)
+    exit(0)
+}
 if name == "-h" || name == "--help" || name == "help" {
-    print(overview())
+    if arguments.count > 1 {
+        guard let command = commands.first(where: { $0.definition.name == arguments[1] }) else {
+            fail("unknown command '\(arguments[1])'\n\n" + overview())
+        }
+        print(command.definition.helpText())
+    } else {
+        print(overview())
+    }
     exit(0)
 }
 guard let command = commands.first(where: { $0.definition.name == name }) else {
@@ -45,6 +57,10 @@ let status: Int32
 do {
     guard let options = try command.definition.parse(Array(arguments.dropFirst())) else {
         print(command.definition.helpText())
+        exit(0)
+    }
+    if options.flag("print-config") {
+        print(options.printedConfiguration())
         exit(0)
     }
     status = try await command.execute(options)

@@ -39,7 +39,8 @@ struct AuditTests {
         let processor = try ChildProcess(
             try processorBinary(),
             [
-                "run", "--bootstrap-servers", bootstrap, "--group-id", "audited", "--simulated-latency-ms", "0",
+                "run", "--bootstrap-servers", bootstrap, "--group-id", "audited", "--controller", "simulated",
+                "--simulated-latency-ms", "0",
                 "--log-level", "warning",
             ])
         // Everything done: every record's outputs (changelog included) are acknowledged before its commit.

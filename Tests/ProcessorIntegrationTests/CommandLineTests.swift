@@ -37,8 +37,8 @@ struct CommandLineTests {
             (["run", "--controller", "carrier-pigeon"], "--controller"),
             (["run", "--controller", "http"], "--controller-url"),
             (["run", "--controller", "http", "--controller-url", "ftp://x"], "--controller-url"),
-            (["run", "--route", "rc_=nobody"], "--route"),
-            (["run", "--simulated-outcomes", "purchased=lots"], "--simulated-outcomes"),
+            (["run", "--controller", "simulated", "--route", "rc_=nobody"], "--route"),
+            (["run", "--controller", "simulated", "--simulated-outcomes", "purchased=lots"], "--simulated-outcomes"),
             (["run", "--requests-topic", "bad topic!"], "requests-topic"),
             (["run", "--log-level", "loud"], "--log-level"),
             (["generate", "--count", "10", "--duration", "5"], "--count"),
@@ -73,11 +73,13 @@ struct CommandLineTests {
     @Test("a single-valued flag given twice takes the last value (as wrappers override defaults)")
     func lastValueWins() async throws {
         let (status, _, error) = try await runBinary([
-            "run", "--check", "--bootstrap-servers", "kafka:9092", "--max-in-flight", "0", "--max-in-flight", "8",
+            "run", "--check", "--bootstrap-servers", "kafka:9092", "--controller", "simulated", "--max-in-flight", "0",
+            "--max-in-flight", "8",
         ])
         #expect(status == 0, "\(error)")
         let (refused, _, message) = try await runBinary([
-            "run", "--check", "--bootstrap-servers", "kafka:9092", "--max-in-flight", "8", "--max-in-flight", "0",
+            "run", "--check", "--bootstrap-servers", "kafka:9092", "--controller", "simulated", "--max-in-flight", "8",
+            "--max-in-flight", "0",
         ])
         #expect(refused == 2 && message.contains("--max-in-flight"), "\(message)")
     }
@@ -109,7 +111,8 @@ struct CommandLineTests {
         ).write(to: good)
         defer { try? FileManager.default.removeItem(at: good) }
         let (okStatus, output, okError) = try await runBinary([
-            "run", "--check", "--catalog", good.path, "--sources-topic", "encore.entitlement-sources",
+            "run", "--check", "--catalog", good.path, "--sources-topic", "encore.entitlement-sources", "--controller",
+            "simulated", "--embedded-broker",
         ])
         #expect(okStatus == 0 && output.contains("configuration OK"), "\(okError)")
     }

@@ -19,7 +19,8 @@ struct DeadLettersTests {
         let valid = produced.filter { $0.kind == .valid }.count
         let invalid = produced.count - valid
         let arguments = [
-            "run", "--bootstrap-servers", bootstrap, "--group-id", "dead-letters", "--simulated-latency-ms", "0",
+            "run", "--bootstrap-servers", bootstrap, "--group-id", "dead-letters", "--controller", "simulated",
+            "--simulated-latency-ms", "0",
             "--simulated-outcomes", "purchased=0.7,error=0.3", "--log-level", "warning",
         ]
         var processor = try ChildProcess(try processorBinary(), arguments)

@@ -17,7 +17,8 @@ struct OffsetsTests {
         let processor = try ChildProcess(
             try processorBinary(),
             [
-                "run", "--bootstrap-servers", bootstrap, "--group-id", "moved", "--simulated-latency-ms", "0",
+                "run", "--bootstrap-servers", bootstrap, "--group-id", "moved", "--controller", "simulated",
+                "--simulated-latency-ms", "0",
                 "--log-level", "warning",
             ])
         #expect(

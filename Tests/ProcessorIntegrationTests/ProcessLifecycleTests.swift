@@ -17,7 +17,8 @@ struct ProcessLifecycleTests {
         let produced = try await produceRequests(bootstrap: bootstrap, count: 20_000, options: options)
         let ids = Set(produced.compactMap(\.requestID))
         let arguments = [
-            "run", "--bootstrap-servers", bootstrap, "--group-id", "crash", "--simulated-outcomes", "purchased=1",
+            "run", "--bootstrap-servers", bootstrap, "--group-id", "crash", "--controller", "simulated",
+            "--simulated-outcomes", "purchased=1",
             "--max-in-flight", "50", "--log-level", "warning",
             // The killed member must leave the group quickly for the restart to get its partitions.
             "-X", "session.timeout.ms=6000", "-X", "heartbeat.interval.ms=500",

@@ -15,14 +15,25 @@ public struct SimulatedController: PurchaseController {
     public let meanLatency: Duration
     public let weights: [(answer: Answer, weight: Double)]
     public let seed: UInt64
+    /// Whether `PRODUCTION` requests are answered; otherwise they fail with
+    /// ``refusedProductionType`` (a dead letter), since no real purchase is made.
+    public let allowsProduction: Bool
+
+    /// The error type of a refused `PRODUCTION` request.
+    public static let refusedProductionType = "simulated_refuses_production"
 
     /// - Parameters:
     ///   - meanLatency: mean of a latency drawn uniformly from 0.5× to 1.5× of it; zero answers at once.
     ///   - weights: relative shares of each answer; at least one positive.
-    public init(meanLatency: Duration = .zero, weights: [(answer: Answer, weight: Double)], seed: UInt64 = 1) {
+    ///   - allowsProduction: answer `PRODUCTION` requests too (load tests on production-shaped data).
+    public init(
+        meanLatency: Duration = .zero, weights: [(answer: Answer, weight: Double)], seed: UInt64 = 1,
+        allowsProduction: Bool = false
+    ) {
         self.meanLatency = meanLatency
         self.weights = weights.filter { $0.weight > 0 }
         self.seed = seed
+        self.allowsProduction = allowsProduction
         precondition(!self.weights.isEmpty, "a simulated controller needs at least one positive weight")
     }
 
@@ -56,6 +67,12 @@ public struct SimulatedController: PurchaseController {
     /// earlier attempts of the request answered, and returns the first definite answer among them
     /// (the purchase is not made twice); otherwise it draws a new one.
     public func purchase(_ request: PurchaseRequest) async throws -> PurchaseResult {
+        if request.event.environment == .production && !allowsProduction {
+            throw PurchaseControllerError.final(
+                Self.refusedProductionType,
+                "the simulated controller makes no real purchase, so it does not answer PRODUCTION requests (--allow-simulated-production for load tests)"
+            )
+        }
         let (latencyUnit, drawn) = draw(request.requestId, attempt: request.attempt)
         var answer = drawn
         if request.isRecovery {

@@ -1,0 +1,46 @@
+/// What must never reach a log, an error, a printed configuration or a topic: the values of
+/// secret-bearing keys and the credentials in URLs.
+public enum Redaction {
+    /// What a secret is shown as.
+    public static let mask = "[redacted]"
+
+    /// Whether `key`'s value is a secret: `*password*`, `*secret*`, `*token*`, `sasl.jaas.config`,
+    /// `sasl.oauthbearer.config`, and `*.key*` (TLS keys and keystores).
+    public static func isSecret(key: String) -> Bool {
+        let key = key.lowercased()
+        return key.contains("password") || key.contains("secret") || key.contains("token")
+            || key == "sasl.jaas.config" || key.hasSuffix("oauthbearer.config") || key.contains(".key")
+    }
+
+    /// `value` as it may be shown for `key`.
+    public static func display(_ value: String, forKey key: String) -> String {
+        isSecret(key: key) ? mask : url(value)
+    }
+
+    /// A URL (or a comma-separated list of them) without user info and query: credentials and
+    /// tokens live there. Text that is not a URL is returned as it is.
+    public static func url(_ text: String) -> String {
+        text.split(separator: ",", omittingEmptySubsequences: false).map { part -> String in
+            var entry = String(part)
+            // user:password@host → ***@host (in URLs and in bare host lists alike).
+            if let at = entry.lastIndex(of: "@") {
+                let start = entry.range(of: "://")?.upperBound ?? entry.startIndex
+                if start < at { entry.replaceSubrange(start..<at, with: "***") }
+            }
+            if entry.contains("://"), let query = entry.firstIndex(where: { $0 == "?" || $0 == "#" }) {
+                entry = String(entry[..<query])
+            }
+            return entry
+        }.joined(separator: ",")
+    }
+
+    /// Bootstrap servers as they may be shown.
+    public static func servers(_ text: String) -> String { url(text) }
+
+    /// `text` with every occurrence of `secret` masked (for messages of other libraries that may
+    /// echo a value).
+    public static func scrub(_ text: String, secret: String) -> String {
+        guard secret.count >= 3 else { return text }
+        return text.replacingOccurrences(of: secret, with: mask)
+    }
+}

@@ -1,0 +1,110 @@
+import Foundation
+import Testing
+
+/// Configuration sources, safe defaults and secrets, against the real binary (no broker needed).
+@Suite("Configuration: sources, safe defaults, secrets")
+struct ConfigurationTests {
+    func temporaryFile(_ text: String) throws -> URL {
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("encore-\(UUID())")
+        try Data(text.utf8).write(to: file)
+        return file
+    }
+
+    /// The value `--print-config` shows for `option`, and where it came from.
+    func printed(_ output: String, _ option: String) -> (value: String, origin: String)? {
+        guard let line = output.split(separator: "\n").first(where: { $0.hasPrefix("encore.\(option)=") }),
+            let comment = line.range(of: "  # ")
+        else { return nil }
+        return (
+            String(line[line.index(line.startIndex, offsetBy: "encore.\(option)=".count)..<comment.lowerBound]),
+            String(line[comment.upperBound...])
+        )
+    }
+
+    @Test("run needs brokers (or --embedded-broker) and a controller: --check says which is missing")
+    func safeDefaults() async throws {
+        let (noController, _, controllerError) = try await runBinary(["run", "--check", "--embedded-broker"])
+        #expect(noController == 2 && controllerError.contains("--controller is required"), "\(controllerError)")
+        let (noBrokers, _, brokersError) = try await runBinary(["run", "--check", "--controller", "simulated"])
+        #expect(noBrokers == 2 && brokersError.contains("no brokers"), "\(brokersError)")
+        let (trial, output, _) = try await runBinary([
+            "run", "--check", "--controller", "simulated", "--embedded-broker",
+        ])
+        #expect(trial == 0 && output.contains("configuration OK"))
+        let (fromFile, _, fileError) = try await runBinary(
+            [
+                "run", "--check", "--controller", "simulated", "--config",
+                try temporaryFile("bootstrap.servers=k:9092\n").path,
+            ])
+        #expect(fromFile == 0, "bootstrap.servers in the config file counts: \(fileError)")
+    }
+
+    @Test("precedence: command line over environment over config file over default")
+    func precedence() async throws {
+        let file = try temporaryFile(
+            "# a comment\nencore.group-id = from-file\nencore.max-in-flight=11\nencore.workers=2\nclient.id=from-file\n"
+        )
+        defer { try? FileManager.default.removeItem(at: file) }
+        let (status, output, error) = try await runBinary(
+            [
+                "run", "--print-config", "--config", file.path, "--controller", "simulated", "--max-in-flight", "33",
+                "-X", "client.id=from-flag",
+            ], environment: ["ENCORE_MAX_IN_FLIGHT": "22", "ENCORE_WORKERS": "3"])
+        #expect(status == 0, "\(error)")
+        #expect(printed(output, "max-in-flight")! == ("33", "command line"))
+        #expect(printed(output, "workers")! == ("3", "env ENCORE_WORKERS"))
+        #expect(printed(output, "group-id")! == ("from-file", "config \(file.path)"))
+        #expect(printed(output, "call-timeout-ms")! == ("30000", "default"))
+        // librdkafka properties: the command line's -X after the file's.
+        let clientIDs = output.split(separator: "\n").filter { $0.hasPrefix("client.id=") }
+        #expect(clientIDs == ["client.id=from-file", "client.id=from-flag"])
+        // A list from the environment parses like the flag repeated.
+        let (listed, lists, listError) = try await runBinary(
+            ["run", "--check", "--embedded-broker", "--controller", "http", "--route", "rc_=a", "--route", "*=b"],
+            environment: ["ENCORE_CONTROLLER_URL": "a=http://a:1/p,b=http://b:2/p"])
+        #expect(listed == 0 && lists.contains("configuration OK"), "\(listError)")
+        // A safety switch is command-line only.
+        let unsafe = try temporaryFile("encore.allow-simulated-production=true\n")
+        defer { try? FileManager.default.removeItem(at: unsafe) }
+        let (refused, _, refusal) = try await runBinary([
+            "run", "--check", "--embedded-broker", "--controller", "simulated", "--config", unsafe.path,
+        ])
+        #expect(refused == 2 && refusal.contains("command line only"), "\(refusal)")
+    }
+
+    @Test("a secret given every way never appears in stdout or stderr")
+    func secrets() async throws {
+        let secret = "hunter2-\(UUID().uuidString.prefix(8))"
+        let secretFile = try temporaryFile(secret + "\n")
+        let config = try temporaryFile("sasl.password=\(secret)\nencore.group-id=g\n")
+        defer {
+            try? FileManager.default.removeItem(at: secretFile)
+            try? FileManager.default.removeItem(at: config)
+        }
+        let runs: [[String]] = [
+            ["-X", "sasl.password=\(secret)", "--print-config"],
+            ["-X", "sasl.password=@\(secretFile.path)", "--print-config"],
+            ["--config", config.path, "--print-config"],
+            ["-X", "sasl.pasword=\(secret)", "--check"],
+            ["-X", "ssl.key.password=\(secret)", "-X", "security.protocol=nonsense", "--check"],
+            ["-X", "sasl.jaas.config=x required password=\"\(secret)\"", "--check"],
+            ["--controller-url", "http://user:\(secret)@billing:8080/p?token=\(secret)", "--print-config"],
+            ["--bootstrap-servers", "user:\(secret)@k:9092", "--print-config"],
+        ]
+        for extra in runs {
+            let (_, output, error) = try await runBinary(
+                ["run", "--controller", "http", "--controller-url", "http://billing:8080/p", "--embedded-broker"]
+                    + extra)
+            #expect(!output.contains(secret) && !error.contains(secret), "\(extra): \(output)\n\(error)")
+            #expect(!(output + error).isEmpty)
+        }
+    }
+
+    @Test("--version, help COMMAND")
+    func versionAndHelp() async throws {
+        let (status, version, _) = try await runBinary(["--version"])
+        #expect(status == 0 && version.hasPrefix("encore-processor ") && version.contains("librdkafka"))
+        let (helped, help, _) = try await runBinary(["help", "replay"])
+        #expect(helped == 0 && help.contains("Usage: encore-processor replay"))
+    }
+}
