@@ -2,7 +2,7 @@
 FROM swift:6.1-bookworm AS build
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends librdkafka-dev \
+    && apt-get install -y --no-install-recommends librdkafka-dev libssl-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Package.swift ./

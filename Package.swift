@@ -17,9 +17,11 @@ let package = Package(
             pkgConfig: "rdkafka",
             providers: [.apt(["librdkafka-dev"])]
         ),
+        // OpenSSL's libcrypto: the HMAC that signs calls to an http controller (Debian's libssl-dev).
+        .systemLibrary(name: "COpenSSL", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
         .target(name: "Kafka", dependencies: ["CRdKafka"]),
         .target(name: "EncoreEvents"),
-        .target(name: "EncoreProcessor", dependencies: ["Kafka", "EncoreEvents"]),
+        .target(name: "EncoreProcessor", dependencies: ["Kafka", "EncoreEvents", "COpenSSL"]),
         .target(name: "EncoreTools", dependencies: ["EncoreProcessor", "Kafka", "EncoreEvents"]),
         .executableTarget(
             name: "encore-processor", dependencies: ["EncoreTools", "EncoreProcessor", "Kafka", "EncoreEvents"]),

@@ -213,7 +213,10 @@ final class ProcessorLoop {
 
     func launch(_ id: Int, _ item: WorkItem, attempt: Int) {
         guard let controller = item.controller else { return }
-        let request = PurchaseRequest(event: item.request, attempt: attempt)
+        let request = PurchaseRequest(
+            event: item.request, attempt: attempt,
+            traceparent: item.message.header("traceparent") ?? item.message.header("ce_traceparent"),
+            tracestate: item.message.header("tracestate") ?? item.message.header("ce_tracestate"))
         if request.isRecovery { statistics.recoveryCalls += 1 }
         if attempt > item.firstAttempt {
             // The journal follows the attempts (not waited for: an older count only repeats a number).

@@ -38,10 +38,20 @@ public struct PurchaseRequest: Sendable, Hashable {
     /// key) before charging. Every call after a request's first carries it.
     public let isRecovery: Bool
 
-    public init(event: PurchaseRequestEvent, attempt: Int = 1, isRecovery: Bool? = nil) {
+    /// The W3C trace context the request record carried (`traceparent`, or CloudEvents'
+    /// `ce_traceparent`, and `tracestate`): the http controller passes it on to billing.
+    public let traceparent: String?
+    public let tracestate: String?
+
+    public init(
+        event: PurchaseRequestEvent, attempt: Int = 1, isRecovery: Bool? = nil, traceparent: String? = nil,
+        tracestate: String? = nil
+    ) {
         self.event = event
         self.attempt = attempt
         self.isRecovery = isRecovery ?? (attempt > 1)
+        self.traceparent = traceparent
+        self.tracestate = tracestate
     }
 }
 

@@ -83,6 +83,13 @@ enum RunCommand {
         .option(
             "controller-url", value: "[NAME=]URL", environment: "ENCORE_CONTROLLER_URL", repeatable: true,
             "Endpoint of an http controller (named NAME, default 'http')."),
+        .option(
+            "controller-secret-file", value: "FILE",
+            "Sign every http call: Encore-Signature t=<unix s>,v1=<hex HMAC-SHA256 of \"<t>.<body>\"> with this file's secret."
+        ),
+        .option(
+            "controller-header", value: "NAME=VALUE", repeatable: true,
+            "A header on every http call (VALUE @/path reads a file), e.g. Authorization=@/run/secrets/token."),
         .option("route", value: "PREFIX=NAME", repeatable: true, "Route products to a named controller."),
         .option("max-in-flight", value: "N", default: "256", "Controller calls running at once, across users."),
         .option(
@@ -186,6 +193,30 @@ enum RunCommand {
         default:
             let urls = options.strings("controller-url")
             guard !urls.isEmpty else { throw UsageError("--controller http needs --controller-url") }
+            var headers: [(name: String, value: String)] = []
+            for entry in options.strings("controller-header") {
+                guard let equals = entry.firstIndex(of: "="), equals != entry.startIndex else {
+                    throw UsageError("--controller-header: expected NAME=VALUE (the value is not shown)")
+                }
+                let name = String(entry[..<equals])
+                guard name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-") }) else {
+                    throw UsageError("--controller-header: '\(name)' is not a header name")
+                }
+                headers.append(
+                    (
+                        name,
+                        try CommonOptions.secret(
+                            String(entry[entry.index(after: equals)...]), origin: "--controller-header \(name)")
+                    ))
+            }
+            var signingKey: [UInt8]? = nil
+            if let path = options.string("controller-secret-file") {
+                let secret = try CommonOptions.secret("@" + path, origin: "--controller-secret-file")
+                guard secret.utf8.count >= 16 else {
+                    throw UsageError("--controller-secret-file: the secret in '\(path)' is shorter than 16 bytes")
+                }
+                signingKey = Array(secret.utf8)
+            }
             for entry in urls {
                 var name = "http"
                 var text = entry
@@ -196,10 +227,14 @@ enum RunCommand {
                 guard let url = URL(string: text), let scheme = url.scheme, ["http", "https"].contains(scheme),
                     url.host != nil
                 else {
-                    throw UsageError("--controller-url: '\(text)' is not an http(s) URL")
+                    throw UsageError("--controller-url: '\(Redaction.url(text))' is not an http(s) URL")
                 }
                 guard !names.contains(name) else { throw UsageError("--controller-url: name '\(name)' given twice") }
-                router.register(name, HTTPController(url: url, timeout: callTimeout, maxConnections: maxConnections))
+                router.register(
+                    name,
+                    HTTPController(
+                        name: name, url: url, timeout: callTimeout, maxConnections: maxConnections, headers: headers,
+                        signingKey: signingKey))
                 names.append(name)
             }
         }

@@ -175,14 +175,15 @@ func committedOffsets(bootstrap: String, group: String, topic: String, partition
 }
 
 /// Starts `scripts/fake_billing.py`; returns it, the port it listens on and its call log.
-func startFakeBilling(delayMs: Int = 0) async throws -> (ChildProcess, String, URL) {
+/// With `secretFile`, calls whose signature does not verify are answered 401.
+func startFakeBilling(delayMs: Int = 0, secretFile: URL? = nil) async throws -> (ChildProcess, String, URL) {
     let log = FileManager.default.temporaryDirectory.appendingPathComponent("billing-\(UUID()).log")
     let billing = try ChildProcess(
         URL(fileURLWithPath: "/usr/bin/env"),
         [
             "python3", repositoryRoot.appendingPathComponent("scripts/fake_billing.py").path, "--log", log.path,
             "--delay-ms", String(delayMs),
-        ])
+        ] + (secretFile.map { ["--secret", $0.path] } ?? []))
     let port = try await billing.waitForLine(prefix: "port=")
     return (billing, port, log)
 }

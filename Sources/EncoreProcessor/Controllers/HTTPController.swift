@@ -1,5 +1,6 @@
 import EncoreEvents
 import Foundation
+import Kafka
 
 #if canImport(FoundationNetworking)
     import FoundationNetworking
@@ -9,64 +10,150 @@ import Foundation
 /// language can be the controller.
 ///
 /// POSTs the request event's JSON with `Idempotency-Key: <request_id>` and `Encore-Attempt: <n>`
-/// (and `Encore-Recovery: true` on a recovery call: look the purchase up before charging), and
-/// expects `{"result":"purchased|cancelled|pending"}`. 5xx, 429 and connection errors are
-/// retryable; other 4xx and malformed answers are final.
+/// (and `Encore-Recovery: true` on a recovery call: look the purchase up before charging), the
+/// request's `traceparent`/`tracestate`, the configured headers, and with a signing key
+/// `Encore-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">`. Expects
+/// `{"result":"purchased|cancelled|pending"}`. 5xx, 429 and connection errors are retryable;
+/// other 4xx, 3xx (redirects are never followed) and malformed answers are final. Answers are
+/// read up to ``maximumResponseBytes``; errors name the controller, never the URL's credentials or
+/// query, and quote at most a short, sanitised excerpt of the body.
 public struct HTTPController: PurchaseController {
+    /// Bytes of an answer read at most.
+    public static let maximumResponseBytes = 64 * 1024
+    /// Characters of billing's body an error quotes at most.
+    public static let excerptLength = 120
+
+    public let name: String
     public let url: URL
     public let timeout: Duration
+    /// Headers added to every call (`Authorization`...).
+    public let headers: [(name: String, value: String)]
+    private let signingKey: [UInt8]?
     private let session: URLSession
+    private let calls: HTTPCalls
 
-    /// - Parameter maxConnections: connections kept to the endpoint; match `--max-in-flight` so calls
-    ///   do not queue inside the HTTP client while their timeout runs.
-    public init(url: URL, timeout: Duration = .seconds(300), maxConnections: Int = 256) {
+    /// - Parameters:
+    ///   - maxConnections: connections kept to the endpoint; match `--max-in-flight` so calls do not
+    ///     queue inside the HTTP client while their timeout runs.
+    ///   - signingKey: signs every call (`Encore-Signature`) so billing can tell it came from us.
+    public init(
+        name: String = "http", url: URL, timeout: Duration = .seconds(300), maxConnections: Int = 256,
+        headers: [(name: String, value: String)] = [], signingKey: [UInt8]? = nil
+    ) {
+        self.name = name
         self.url = url
         self.timeout = timeout
+        self.headers = headers
+        self.signingKey = signingKey
         let configuration = URLSessionConfiguration.ephemeral
         configuration.httpMaximumConnectionsPerHost = maxConnections
         configuration.timeoutIntervalForRequest = Double(timeout.components.seconds) + 1
-        session = URLSession(configuration: configuration)
+        calls = HTTPCalls(limit: Self.maximumResponseBytes)
+        session = URLSession(configuration: configuration, delegate: calls, delegateQueue: nil)
+    }
+
+    /// How the controller is named in errors and logs: its name and where it posts, without
+    /// credentials or query.
+    public var label: String {
+        let port = url.port.map { ":\($0)" } ?? ""
+        return "controller '\(name)' (\(url.host ?? "?")\(port)\(url.path))"
     }
 
     public func purchase(_ request: PurchaseRequest) async throws -> PurchaseResult {
+        let body = request.event.jsonBytes()
         var httpRequest = URLRequest(url: url)
         httpRequest.httpMethod = "POST"
-        httpRequest.httpBody = Data(request.event.jsonBytes())
+        httpRequest.httpBody = Data(body)
         httpRequest.setValue("application/json", forHTTPHeaderField: "Content-Type")
         httpRequest.setValue(request.requestId, forHTTPHeaderField: "Idempotency-Key")
         httpRequest.setValue(String(request.attempt), forHTTPHeaderField: "Encore-Attempt")
         if request.isRecovery { httpRequest.setValue("true", forHTTPHeaderField: "Encore-Recovery") }
-        let data: Data
-        let response: URLResponse
+        if let traceparent = request.traceparent {
+            httpRequest.setValue(traceparent, forHTTPHeaderField: "traceparent")
+        }
+        if let tracestate = request.tracestate { httpRequest.setValue(tracestate, forHTTPHeaderField: "tracestate") }
+        for header in headers { httpRequest.setValue(header.value, forHTTPHeaderField: header.name) }
+        if let signingKey {
+            let seconds = Int64(Date().timeIntervalSince1970)
+            httpRequest.setValue(
+                RequestSignature.header(key: signingKey, body: body, unixSeconds: seconds),
+                forHTTPHeaderField: RequestSignature.headerName)
+        }
+        let answer: HTTPCalls.Answer
         do {
-            (data, response) = try await session.data(for: httpRequest)
+            answer = try await calls.perform(httpRequest, in: session)
         } catch is CancellationError {
             throw CancellationError()
         } catch {
-            throw PurchaseControllerError.retryable(
-                "connection", "\(url.absoluteString): \(error.localizedDescription)")
+            if Task.isCancelled { throw CancellationError() }
+            throw PurchaseControllerError.retryable("connection", "\(label): \(scrubbed(error.localizedDescription))")
         }
-        guard let http = response as? HTTPURLResponse else {
-            throw PurchaseControllerError.final("bad_response", "not an HTTP response")
-        }
-        let status = http.statusCode
-        let body = String(decoding: data.prefix(512), as: UTF8.self)
+        let status = answer.response.statusCode
+        let excerpt = Self.excerpt(answer.data)
         if status >= 500 || status == 429 {
-            throw PurchaseControllerError.retryable("http_\(status)", "billing answered \(status): \(body)")
+            throw PurchaseControllerError.retryable("http_\(status)", "\(label) answered \(status): \(excerpt)")
+        }
+        if (300..<400).contains(status) {
+            throw PurchaseControllerError.final(
+                "http_\(status)", "\(label) answered \(status), a redirect: redirects are never followed")
         }
         guard (200..<300).contains(status) else {
-            throw PurchaseControllerError.final("http_\(status)", "billing answered \(status): \(body)")
+            throw PurchaseControllerError.final("http_\(status)", "\(label) answered \(status): \(excerpt)")
         }
-        guard case .object(let fields)? = try? JSONValue.parse(Array(data)),
+        guard !answer.truncated, case .object(let fields)? = try? JSONValue.parse(Array(answer.data)),
             case .string(let result)? = fields["result"]
         else {
-            throw PurchaseControllerError.final("bad_response", "expected {\"result\": ...}, got: \(body)")
+            let what = answer.truncated ? "an answer over \(Self.maximumResponseBytes) bytes" : excerpt
+            throw PurchaseControllerError.final("bad_response", "\(label): expected {\"result\": ...}, got \(what)")
         }
         switch result {
         case "purchased": return .purchased
         case "cancelled": return .cancelled
         case "pending": return .pending
-        default: throw PurchaseControllerError.final("bad_response", "unknown result '\(result)'")
+        default:
+            throw PurchaseControllerError.final(
+                "bad_response", "\(label): unknown result '\(Self.excerpt(Data(result.utf8)))'")
         }
+    }
+
+    /// A message of the HTTP client, without the URL's credentials or query.
+    private func scrubbed(_ text: String) -> String {
+        var text = Redaction.scrub(text, secret: url.absoluteString)
+        if let user = url.user { text = Redaction.scrub(text, secret: user) }
+        if let password = url.password { text = Redaction.scrub(text, secret: password) }
+        if let query = url.query { text = Redaction.scrub(text, secret: query) }
+        return text
+    }
+
+    /// At most ``excerptLength`` printable characters of `data`, whitespace collapsed.
+    static func excerpt(_ data: Data) -> String {
+        var excerpt = ""
+        var lastWasSpace = false
+        for scalar in String(decoding: data.prefix(excerptLength * 4), as: UTF8.self).unicodeScalars {
+            guard excerpt.count < excerptLength else {
+                excerpt += "..."
+                break
+            }
+            if scalar.properties.isWhitespace {
+                if !lastWasSpace && !excerpt.isEmpty { excerpt.append(" ") }
+                lastWasSpace = true
+            } else if scalar.isASCII && scalar.value >= 0x20 && scalar.value < 0x7F {
+                excerpt.unicodeScalars.append(scalar)
+                lastWasSpace = false
+            }
+        }
+        return excerpt.isEmpty ? "(no body)" : excerpt
+    }
+}
+
+/// `Encore-Signature` (the Stripe webhook habit): billing recomputes the HMAC with the shared
+/// secret and compares, and refuses old timestamps.
+public enum RequestSignature {
+    public static let headerName = "Encore-Signature"
+
+    /// `t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">`.
+    public static func header(key: [UInt8], body: [UInt8], unixSeconds: Int64) -> String {
+        let signed = Array("\(unixSeconds).".utf8) + body
+        return "t=\(unixSeconds),v1=" + HMACSHA256.hex(HMACSHA256.digest(key: key, message: signed))
     }
 }
