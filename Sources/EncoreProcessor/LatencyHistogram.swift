@@ -52,4 +52,11 @@ public struct LatencyHistogram: Sendable, Hashable {
     }
 
     public var mean: Double { count == 0 ? 0 : Double(sum) / Double(count) }
+
+    /// How many values are at most `bound` (counted by bucket: within about 1.6% of `bound`).
+    public func count(atMost bound: UInt64) -> UInt64 {
+        guard bound < max else { return count }
+        let last = Self.index(of: bound)
+        return counts.prefix(last + 1).reduce(0, +)
+    }
 }

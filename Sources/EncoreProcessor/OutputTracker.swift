@@ -59,6 +59,8 @@ struct OutputTracker<Item> {
     /// Ledger updates per user in the order they happened: changelog records are written in it.
     private var updateOrder: [String: FIFO<Int>] = [:]
     private var nextUpdateID = 0
+    /// Entitlement changes published, by kind (the loop copies them into its statistics).
+    private(set) var changesByKind: [String: Int] = [:]
     /// Failed outputs waiting to be produced again (one delay for all: FIFO is due order).
     private var redeliveries = FIFO<(due: ContinuousClock.Instant, token: Int)>()
     /// Users with a change event in flight, and their later change events waiting behind it.
@@ -99,6 +101,7 @@ struct OutputTracker<Item> {
         _ update: LedgerUpdate, for ref: RecordRef?, item: Item? = nil,
         alongside: [(output: Output, unsent: UnsentOutput)] = [], intent: Item? = nil
     ) {
+        for change in update.changes { changesByKind[change.change.rawValue, default: 0] += 1 }
         let id = nextUpdateID
         nextUpdateID += 1
         updates[id] = PendingUpdate(

@@ -17,13 +17,13 @@ enum ProcessorInput: Sendable {
     case consumerFailed(KafkaError)
     case consumerEnded
     /// A periodic commit ended: what the broker accepted (nothing when it refused).
-    case commitFinished(landed: [InputPartition: KafkaTopicPartitionOffset])
+    case commitFinished(landed: [InputPartition: KafkaTopicPartitionOffset], failed: Bool = false)
     /// The broker refused the commit of a hand-over: the next owner redoes `records` finished records.
     case handOverCommitRefused(records: Int)
     /// Exactly-once: the transaction holding everything produced so far and `landed`'s offsets
     /// committed (`error` nil) or failed.
     case transactionFinished(landed: [InputPartition: KafkaTopicPartitionOffset], error: KafkaError?)
-    case attemptFinished(call: Int, attempt: Int, Result<PurchaseResult, any Error>)
+    case attemptFinished(call: Int, attempt: Int, Result<PurchaseResult, any Error>, duration: Duration = .zero)
     /// The broker's answers for outputs, by the token they were produced with.
     case delivered([KafkaDelivery])
     case tick

@@ -40,7 +40,7 @@ extension ProcessorLoop {
                 inbox.post(.commitFinished(landed: Dictionary(changed, uniquingKeysWith: { $1 })))
             } catch {
                 logger.warning("offset commit failed (retried at the next interval): \(error)")
-                inbox.post(.commitFinished(landed: [:]))
+                inbox.post(.commitFinished(landed: [:], failed: true))
             }
         }
     }

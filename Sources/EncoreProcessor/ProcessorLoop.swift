@@ -54,6 +54,8 @@ final class ProcessorLoop {
 
     /// Counters kept here and published on each tick (and when the loop ends).
     var statistics = ProcessorStatistics()
+    /// Dead-letter warnings: at most ten a second.
+    var warnings = WarningRateLimit(perSecond: 10)
     let encoder: OutputEncoder
     let outputQueue = DispatchQueue(label: "encore.processor.outputs")
 
@@ -115,7 +117,8 @@ final class ProcessorLoop {
                 assignedCommit[partition] = offsets
             }
         case .revoked(let partitions, let handOver): revoke(partitions, handOver)
-        case .commitFinished(let accepted):
+        case .commitFinished(let accepted, let failed):
+            if failed { statistics.commitFailures += 1 }
             commitTask = nil
             for (partition, offset) in accepted where ownership.generations[partition] != nil {
                 landed[partition] = offset
@@ -128,7 +131,9 @@ final class ProcessorLoop {
             fail(ProcessorError(.kafka, "consumer failed: \(error)"))
         case .consumerEnded:
             beginDrain()
-        case .attemptFinished(let id, let attempt, let result):
+        case .attemptFinished(let id, let attempt, let result, let duration):
+            statistics.callDuration.record(duration.wholeMicroseconds)
+            if case .failure(let error) = result { statistics.controllerErrors[Self.errorType(error), default: 0] += 1 }
             let action = calls.finished(
                 id, attempt: attempt, result, now: clock.now, retryUnit: random.nextUnit(),
                 retryDeadline: { self.ownership.deadline(of: $0) })
@@ -228,18 +233,30 @@ final class ProcessorLoop {
         let inbox = self.inbox
         // Immediate: a controller that answers without suspending (a cache, a no-op) costs no thread hop.
         item.task = Task.immediate {
+            let started = ContinuousClock.now
             let result: Result<PurchaseResult, any Error>
             do {
                 result = .success(try await controller.purchase(request))
             } catch {
                 result = .failure(error)
             }
-            inbox.post(.attemptFinished(call: id, attempt: attempt, result))
+            inbox.post(.attemptFinished(call: id, attempt: attempt, result, duration: ContinuousClock.now - started))
         }
         statistics.controllerCalls += 1
+        if attempt > item.firstAttempt { statistics.retries += 1 }
     }
 
     /// The call is over: its slot is free; the lane stays held until the outputs are acknowledged.
+    /// How a failed call counts in `encore_controller_errors_total`: the controller's error type.
+    static func errorType(_ error: any Error) -> String {
+        switch error {
+        case let error as PurchaseControllerError: error.type
+        case let error as PurchaseNotAttempted: error.type
+        case is CancellationError: "cancelled"
+        default: String(describing: type(of: error))
+        }
+    }
+
     func settle(_ item: WorkItem, _ settlement: CallTable<WorkItem>.Settlement, attempts: Int) {
         let next = scheduler.endCall(lane: item.lane)
         if ownership.owns(item.ref) {
@@ -279,6 +296,7 @@ final class ProcessorLoop {
         let outcome = PurchaseOutcomeEvent(
             request: item.request, result: result, attempts: attempts, completedAtMs: completedAtMs ?? currentTimeMs(),
             controller: controller, error: error)
+        statistics.outcomesByController[.init(result.rawValue, controller ?? "-"), default: 0] += 1
         var alongside: [(output: Output, unsent: UnsentOutput)] = [
             (.outcome(result, requestedAtMs: item.request.requestedAtMs), .outcome(outcome))
         ]
@@ -310,6 +328,20 @@ final class ProcessorLoop {
             topic: message.topic, partition: message.partition, offset: message.offset, key: message.key,
             value: message.value, headers: message.headers.map { ($0.key, $0.value) }, error: failure,
             attempts: attempts, failedAtMs: failedAtMs ?? currentTimeMs(), requestID: requestID)
+        statistics.deadLettersByClass[.init(failure.stage.rawValue, failure.errorClass), default: 0] += 1
+        let (allowed, leftOut) = warnings.allow(now: clock.now)
+        if leftOut > 0 {
+            logger.warning("\(leftOut) more dead letters in the last second (at most 10 a second are logged)")
+        }
+        if allowed {
+            logger.warning(
+                failure.stage == .controller ? "controller failed: dead letter" : "dead letter",
+                fields: [
+                    ("request_id", requestID ?? "-"), ("stage", failure.stage.rawValue),
+                    ("class", failure.errorClass), ("topic", message.topic), ("partition", String(message.partition)),
+                    ("offset", String(message.offset)), ("attempts", String(attempts)),
+                ])
+        }
         // The dead letter is keyed like its record, unless that key is too long to be a user's.
         let key = message.key.flatMap { $0.count <= DeadLetterEvent.maximumOriginalKeyBytes ? $0 : nil }
         return (.deadLetter, .deadLetter(letter, key: key))
@@ -374,6 +406,9 @@ final class ProcessorLoop {
     func tick() {
         // Published on the clock, not per batch: a copy of the histogram per batch costs more than the work.
         statistics.assignedPartitions = ownership.assigned.count
+        statistics.inFlight = calls.count
+        statistics.lastTickAtMs = currentTimeMs()
+        statistics.changesByKind = outputs.changesByKind
         recorder.publish(statistics)
         let now = clock.now
         let due = calls.tick(now: now)

@@ -45,6 +45,24 @@ public struct ProcessorStatistics: Sendable {
     /// Highest number of controller calls seen running at once.
     public var peakInFlight = 0
     /// Wall-clock milliseconds of the first record received and of the last record finished.
+    /// Outcomes published, by result and controller (`-` when none was called).
+    public var outcomesByController: [Labels: Int] = [:]
+    /// Controller calls that ended with an error, by error type.
+    public var controllerErrors: [String: Int] = [:]
+    /// Calls that retried an attempt of this process.
+    public var retries = 0
+    /// Dead letters published, by stage and error class.
+    public var deadLettersByClass: [Labels: Int] = [:]
+    /// Entitlement changes published, by kind.
+    public var changesByKind: [String: Int] = [:]
+    /// How long controller calls took, in microseconds.
+    public var callDuration = LatencyHistogram()
+    /// Controller calls running now.
+    public var inFlight = 0
+    /// Offset commits that failed (retried at the next interval).
+    public var commitFailures = 0
+    /// When the loop last ticked (it ticks every commit interval): how `/healthz` knows it is alive.
+    public var lastTickAtMs: Int64 = 0
     public var firstReceivedAtMs: Int64? = nil
     public var lastFinishedAtMs: Int64? = nil
 
@@ -55,6 +73,17 @@ public struct ProcessorStatistics: Sendable {
     }
 
     public var outcomeCount: Int { outcomes.values.reduce(0, +) }
+
+    /// Two label values of a counter (`result`, `controller`; `stage`, `class`).
+    public struct Labels: Sendable, Hashable {
+        public var first: String
+        public var second: String
+
+        public init(_ first: String, _ second: String) {
+            self.first = first
+            self.second = second
+        }
+    }
 
     /// The statistics of several workers as one: counts added, histograms merged, the earliest
     /// first receipt and the latest finish.
@@ -80,6 +109,16 @@ public struct ProcessorStatistics: Sendable {
             total.latency.merge(part.latency)
             total.assignedPartitions += part.assignedPartitions
             total.peakInFlight += part.peakInFlight
+            total.outcomesByController.merge(part.outcomesByController, uniquingKeysWith: +)
+            total.controllerErrors.merge(part.controllerErrors, uniquingKeysWith: +)
+            total.retries += part.retries
+            total.deadLettersByClass.merge(part.deadLettersByClass, uniquingKeysWith: +)
+            total.changesByKind.merge(part.changesByKind, uniquingKeysWith: +)
+            total.callDuration.merge(part.callDuration)
+            total.inFlight += part.inFlight
+            total.commitFailures += part.commitFailures
+            // The stalest worker says whether the process is alive.
+            total.lastTickAtMs = min(total.lastTickAtMs, part.lastTickAtMs)
             total.firstReceivedAtMs = [total.firstReceivedAtMs, part.firstReceivedAtMs].compactMap { $0 }.min()
             total.lastFinishedAtMs = [total.lastFinishedAtMs, part.lastFinishedAtMs].compactMap { $0 }.max()
         }

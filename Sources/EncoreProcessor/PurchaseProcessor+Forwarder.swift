@@ -7,7 +7,7 @@ extension PurchaseProcessor {
     /// (read before any record of those partitions), revocations shared out among the loops.
     static func forward(
         from consumer: KafkaConsumer, to inboxes: [Inbox<ProcessorInput>], configuration: ProcessorConfiguration,
-        logger: Logger
+        vitals: ProcessorVitals, logger: Logger
     ) async {
         let router = WorkerRouter(count: inboxes.count)
         // Decoding happens here, beside the loops rather than on them.
@@ -27,10 +27,21 @@ extension PurchaseProcessor {
                     of: partitions, configuration: configuration, consumer: consumer, logger: logger)
                 var restored: [Int32: [String: EntitlementStateRecord]] = [:]
                 // The users' state and request journals, before any of their records is handled.
+                vitals.update { $0.restoring += 1 }
+                defer { vitals.update { $0.restoring -= 1 } }
+                let started = ContinuousClock.now
                 do throws(ProcessorError) {
                     restored = try await Self.restoreLedger(
                         of: partitions.filter { $0.topic == configuration.requestsTopic }.map(\.partition),
                         configuration: configuration, logger: logger)
+                    let seconds = Double((ContinuousClock.now - started).wholeMicroseconds) / 1_000_000
+                    let users = restored.values.reduce(0) { $0 + $1.count }
+                    vitals.update {
+                        $0.joined = true
+                        $0.restores += 1
+                        $0.restoredUsers += users
+                        $0.restoreSeconds += seconds
+                    }
                 } catch {
                     // Processing without the users' state would overwrite it: stop instead.
                     for inbox in inboxes { inbox.post(.failed(error)) }

@@ -22,6 +22,7 @@ public final class PurchaseProcessor: Sendable {
     /// One per dispatch loop (``ProcessorConfiguration/workers``).
     private let workers: [Worker]
     private let hasRun = Atomic<Bool>(false)
+    let vitals = ProcessorVitals()
 
     /// A dispatch loop's mailbox and published statistics.
     private final class Worker: Sendable {
@@ -70,6 +71,11 @@ public final class PurchaseProcessor: Sendable {
         guard !hasRun.exchange(true, ordering: .acquiringAndReleasing) else {
             throw ProcessorError(.invalidConfiguration, "a processor runs once; create a new one")
         }
+        vitals.update {
+            $0.startedAtMs = Int64(Date().timeIntervalSince1970 * 1000)
+            $0.running = true
+        }
+        defer { vitals.update { $0.running = false } }
         try await checkTopics()
         let configuration = self.configuration
         let share = configuration.perWorker
@@ -77,6 +83,7 @@ public final class PurchaseProcessor: Sendable {
         let inboxes = workers.map(\.inbox)
         // The consumer counts the records it hands out; the loops release them when done.
         let admission = KafkaAdmission(capacity: configuration.bufferCapacity)
+        vitals.update { $0.admission = admission }
         let clients = try makeClients(admission: admission, inboxes: inboxes)
         let committer = try await transactionCommitter(clients)
         // The first outputs would otherwise wait for their topics' metadata (a start-up stall).
@@ -97,9 +104,10 @@ public final class PurchaseProcessor: Sendable {
         logger.info(
             "processing \(configuration.requestsTopic) as group '\(configuration.groupID)' (\(workers.count) workers, max in flight \(configuration.maxInFlight))"
         )
-        let logger = self.logger
+        let (logger, vitals) = (self.logger, self.vitals)
         let forwarder = Task {
-            await Self.forward(from: clients.consumer, to: inboxes, configuration: configuration, logger: logger)
+            await Self.forward(
+                from: clients.consumer, to: inboxes, configuration: configuration, vitals: vitals, logger: logger)
         }
         let ticker = Task {
             while !Task.isCancelled {
@@ -137,6 +145,7 @@ public final class PurchaseProcessor: Sendable {
                 offsets += finalOffsets
                 if let failure, first == nil {
                     first = failure
+                    vitals.update { $0.failure = failure.message }
                     for inbox in inboxes { inbox.post(.shutdown) }
                 }
             }

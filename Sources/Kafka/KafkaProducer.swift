@@ -274,6 +274,13 @@ final class RDKafkaPollThread: Sendable {
 }
 
 extension Duration {
+    /// Whole microseconds (negative durations count as zero).
+    package var wholeMicroseconds: UInt64 {
+        let (seconds, attoseconds) = components
+        guard seconds >= 0, attoseconds >= 0 else { return 0 }
+        return UInt64(seconds) * 1_000_000 + UInt64(attoseconds / 1_000_000_000_000)
+    }
+
     /// Whole milliseconds, saturated to `Int32` as librdkafka's timeouts expect.
     package var milliseconds: Int {
         let (seconds, attoseconds) = components

@@ -1,7 +1,8 @@
 import Foundation
 import Synchronization
 
-/// A small leveled logger writing one line per entry to standard error.
+/// A small leveled logger writing one line per entry to standard error: text, or one JSON object
+/// per line (`ts`, `level`, `logger`, `msg` and the entry's fields).
 ///
 /// librdkafka's own log and error callbacks are routed here, so every line of the process has one
 /// format. The threshold comes from `ENCORE_LOG_LEVEL` (`debug`, `info`, `warning`, `error`).
@@ -33,6 +34,11 @@ public struct Logger: Sendable {
         }
     }
 
+    /// How lines are written.
+    public enum Format: Int, Sendable {
+        case text, json
+    }
+
     public let label: String
 
     public init(label: String) {
@@ -48,18 +54,65 @@ public struct Logger: Sendable {
     private static let thresholdStorage = Atomic<Int>(
         (ProcessInfo.processInfo.environment["ENCORE_LOG_LEVEL"].flatMap(Level.init(name:)) ?? .info).rawValue)
 
-    public func isEnabled(_ level: Level) -> Bool { level >= Logger.threshold }
-
-    public func log(_ level: Level, _ message: @autoclosure () -> String) {
-        guard isEnabled(level) else { return }
-        let line = "\(Logger.timestamp()) \(level) [\(label)] \(message())\n"
-        FileHandle.standardError.write(Data(line.utf8))
+    /// The process-wide line format.
+    public static var format: Format {
+        get { Format(rawValue: formatStorage.load(ordering: .relaxed)) ?? .text }
+        set { formatStorage.store(newValue.rawValue, ordering: .relaxed) }
     }
 
-    public func debug(_ message: @autoclosure () -> String) { log(.debug, message()) }
-    public func info(_ message: @autoclosure () -> String) { log(.info, message()) }
-    public func warning(_ message: @autoclosure () -> String) { log(.warning, message()) }
-    public func error(_ message: @autoclosure () -> String) { log(.error, message()) }
+    private static let formatStorage = Atomic<Int>(Format.text.rawValue)
+
+    public func isEnabled(_ level: Level) -> Bool { level >= Logger.threshold }
+
+    /// Logs `message` with `fields` (`request_id`, `topic`, `partition`, `offset`...): keys of the
+    /// JSON object, or `key=value` after the text.
+    public func log(_ level: Level, _ message: @autoclosure () -> String, fields: [(String, String)] = []) {
+        guard isEnabled(level) else { return }
+        FileHandle.standardError.write(Data(Self.line(level, label, message(), fields: fields).utf8))
+    }
+
+    static func line(_ level: Level, _ label: String, _ message: String, fields: [(String, String)]) -> String {
+        switch format {
+        case .text:
+            let suffix = fields.map { " \($0.0)=\($0.1)" }.joined()
+            return "\(Logger.timestamp()) \(level) [\(label)] \(message)\(suffix)\n"
+        case .json:
+            var line = "{\"ts\":\(quoted(timestamp())),\"level\":\(quoted("\(level)")),\"logger\":\(quoted(label))"
+            line += ",\"msg\":\(quoted(message))"
+            for (key, value) in fields { line += ",\(quoted(key)):\(quoted(value))" }
+            return line + "}\n"
+        }
+    }
+
+    /// `text` as a JSON string.
+    static func quoted(_ text: String) -> String {
+        var quoted = "\""
+        for scalar in text.unicodeScalars {
+            switch scalar {
+            case "\"": quoted += "\\\""
+            case "\\": quoted += "\\\\"
+            case "\n": quoted += "\\n"
+            case "\r": quoted += "\\r"
+            case "\t": quoted += "\\t"
+            case _ where scalar.value < 0x20: quoted += String(format: "\\u%04x", scalar.value)
+            default: quoted.unicodeScalars.append(scalar)
+            }
+        }
+        return quoted + "\""
+    }
+
+    public func debug(_ message: @autoclosure () -> String, fields: [(String, String)] = []) {
+        log(.debug, message(), fields: fields)
+    }
+    public func info(_ message: @autoclosure () -> String, fields: [(String, String)] = []) {
+        log(.info, message(), fields: fields)
+    }
+    public func warning(_ message: @autoclosure () -> String, fields: [(String, String)] = []) {
+        log(.warning, message(), fields: fields)
+    }
+    public func error(_ message: @autoclosure () -> String, fields: [(String, String)] = []) {
+        log(.error, message(), fields: fields)
+    }
 
     private static func timestamp() -> String {
         var now = timespec()

@@ -15,6 +15,9 @@ enum CommonOptions {
             "log-level", value: "LEVEL", default: "info", environment: "ENCORE_LOG_LEVEL",
             "debug, info, warning or error."),
         .option(
+            "log-format", value: "FORMAT", default: "text",
+            "text, or json: one object per line (ts, level, logger, msg and fields such as request_id)."),
+        .option(
             "config", value: "FILE",
             "Properties file: encore.<option>=VALUE sets an option, any other key is a librdkafka property (flag > env > file > default)."
         ),
@@ -65,6 +68,11 @@ enum CommonOptions {
                 throw UsageError("--log-level: '\(level)' is not one of debug, info, warning, error")
             }
             Logger.threshold = parsed
+        }
+        switch options.string("log-format") {
+        case "json"?: Logger.format = .json
+        case "text"?, nil: Logger.format = .text
+        case let other?: throw UsageError("--log-format: '\(other)' is not text or json")
         }
         var configuration = KafkaConfiguration()
         for assignment in options.strings("X") {

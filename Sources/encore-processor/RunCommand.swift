@@ -12,6 +12,9 @@ enum RunCommand {
         options: CommonOptions.kafka + CommonOptions.topics + controllerOptions + ledgerOptions + [
             .option("group-id", value: "ID", default: "encore-processor", "Consumer group."),
             .flag("embedded-broker", "Start an in-process broker (a trial): without it, brokers are required."),
+            .option(
+                "http-listen", value: "HOST:PORT",
+                "Serve GET /metrics (Prometheus), /healthz and /readyz here (:9464 for every interface)."),
             CommonOptions.partitions,
             .flag("check", "Validate the arguments and exit (0 when they are valid)."),
         ],
@@ -259,6 +262,32 @@ enum RunCommand {
         return router
     }
 
+    /// `/metrics`, `/healthz` and `/readyz` of `processor`, served on `listen`.
+    static func operationsServer(listen: String, processor: PurchaseProcessor) throws(UsageError) -> OperationsServer {
+        let server = try OperationsServer(address: listen) { path in
+            switch path {
+            case "/metrics":
+                return .init(
+                    status: 200, contentType: "text/plain; version=0.0.4; charset=utf-8", body: processor.metrics())
+            case "/healthz", "/readyz":
+                let health = processor.health()
+                let ok = path == "/healthz" ? health.isAlive : health.isReady
+                let reasons =
+                    path == "/healthz"
+                    ? health.reasons.filter { !$0.hasPrefix("not joined") && !$0.hasPrefix("restoring") }
+                    : health.reasons
+                return .init(status: ok ? 200 : 503, body: ok ? "ok\n" : reasons.joined(separator: "\n") + "\n")
+            default:
+                return .init(status: 404, body: "not found: /metrics, /healthz, /readyz\n")
+            }
+        }
+        server.start()
+        let host = listen.hasPrefix(":") ? "0.0.0.0" : String(listen[..<listen.lastIndex(of: ":")!])
+        Logger(label: "encore").info(
+            "operations endpoint listening on http://\(host):\(server.port) (/metrics, /healthz, /readyz)")
+        return server
+    }
+
     static func execute(_ options: ParsedOptions) async throws -> Int32 {
         try options.noPositionals()
         var kafka = try CommonOptions.kafkaConfiguration(options)
@@ -271,6 +300,12 @@ enum RunCommand {
         if !embedded && kafka.bootstrapServers == nil {
             throw UsageError(
                 "no brokers: give --bootstrap-servers (or ENCORE_BOOTSTRAP_SERVERS), or --embedded-broker for a trial")
+        }
+        let listen = options.string("http-listen")
+        if let listen {
+            guard let colon = listen.lastIndex(of: ":"), UInt16(listen[listen.index(after: colon)...]) != nil else {
+                throw UsageError("--http-listen: '\(listen)' is not HOST:PORT or :PORT")
+            }
         }
         if options.flag("check") {
             print("configuration OK")
@@ -286,6 +321,8 @@ enum RunCommand {
         let processor = try PurchaseProcessor(configuration: configuration, router: router)
         let signals = SignalHandler { _ in processor.shutdown() }
         defer { signals.cancel() }
+        let server = try listen.map { try Self.operationsServer(listen: $0, processor: processor) }
+        defer { server?.stop() }
         try await processor.run()
         withExtendedLifetime(cluster) {}
         return 0

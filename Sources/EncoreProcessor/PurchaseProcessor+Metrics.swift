@@ -1,0 +1,113 @@
+import EncoreEvents
+import Foundation
+import Kafka
+
+extension PurchaseProcessor {
+    /// Bucket bounds (seconds) of the latency histograms.
+    static let secondsBuckets: [Double] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60]
+
+    /// The counters, gauges and histograms in Prometheus' text format (`/metrics`).
+    public func metrics(nowMs: Int64 = Int64(Date().timeIntervalSince1970 * 1000)) -> String {
+        let statistics = self.statistics
+        let vitals = self.vitals.snapshot
+        let health = self.health(nowMs: nowMs)
+        var text = PrometheusText()
+        text.gauge(
+            "encore_build_info", "The version running, and librdkafka's.",
+            [(["version": EncoreVersion.current, "librdkafka": LibrdkafkaVersion.string], 1)])
+        text.gauge("encore_up", "1 while the dispatch loops are alive (/healthz).", [([:], health.isAlive ? 1 : 0)])
+        text.gauge("encore_ready", "1 when joined and restored (/readyz).", [([:], health.isReady ? 1 : 0)])
+        text.counter("encore_requests_received_total", "Request records read.", [([:], statistics.received)])
+        text.counter(
+            "encore_outcomes_total", "Outcomes published, by result and controller.",
+            statistics.outcomesByController.map { (["result": $0.key.first, "controller": $0.key.second], $0.value) })
+        text.counter("encore_controller_calls_total", "Controller calls made.", [([:], statistics.controllerCalls)])
+        text.counter(
+            "encore_controller_errors_total", "Controller calls that ended in an error, by type.",
+            statistics.controllerErrors.map { (["type": $0.key], $0.value) })
+        text.counter("encore_retries_total", "Calls retrying an earlier attempt.", [([:], statistics.retries)])
+        text.counter(
+            "encore_recovery_calls_total", "Calls that may follow one that reached billing.",
+            [([:], statistics.recoveryCalls)])
+        text.counter(
+            "encore_dead_letters_total", "Dead letters published, by stage and class.",
+            statistics.deadLettersByClass.map { (["stage": $0.key.first, "class": $0.key.second], $0.value) })
+        text.counter(
+            "encore_duplicates_skipped_total", "Requests the journal answered without a call.",
+            [([:], statistics.duplicates)])
+        text.counter(
+            "encore_entitlement_changes_total", "Entitlement changes published, by kind.",
+            statistics.changesByKind.map { (["kind": $0.key], $0.value) })
+        text.histogram(
+            "encore_controller_call_seconds", "How long controller calls took.", statistics.callDuration,
+            buckets: Self.secondsBuckets)
+        text.histogram(
+            "encore_request_to_outcome_seconds", "Request time to outcome acknowledged.", statistics.latency,
+            buckets: Self.secondsBuckets)
+        text.gauge("encore_in_flight_calls", "Controller calls running.", [([:], statistics.inFlight)])
+        text.gauge(
+            "encore_buffered_records", "Records read and not yet done (the buffer).",
+            [([:], vitals.admission?.held ?? 0)])
+        text.gauge(
+            "encore_assigned_partitions", "Input partitions assigned to this process.",
+            [([:], statistics.assignedPartitions)])
+        text.counter(
+            "encore_commit_failures_total", "Offset commits that failed (retried).", [([:], statistics.commitFailures)])
+        text.counter("encore_ledger_restores_total", "Ledger restores (one per assignment).", [([:], vitals.restores)])
+        text.counter(
+            "encore_ledger_restored_users_total", "Users whose state restores read.", [([:], vitals.restoredUsers)])
+        text.counter(
+            "encore_ledger_restore_seconds_total", "Time spent restoring ledger state.",
+            [([:], vitals.restoreSeconds)])
+        return text.text
+    }
+}
+
+/// Writes Prometheus' text exposition format.
+struct PrometheusText {
+    private(set) var text = ""
+
+    mutating func counter(_ name: String, _ help: String, _ samples: [([String: String], any Numeric)]) {
+        family(name, "counter", help, samples)
+    }
+
+    mutating func gauge(_ name: String, _ help: String, _ samples: [([String: String], any Numeric)]) {
+        family(name, "gauge", help, samples)
+    }
+
+    /// A histogram of microsecond values, in seconds.
+    mutating func histogram(_ name: String, _ help: String, _ values: LatencyHistogram, buckets: [Double]) {
+        text += "# HELP \(name) \(help)\n# TYPE \(name) histogram\n"
+        for bound in buckets {
+            let count = values.count(atMost: UInt64(bound * 1_000_000))
+            text += "\(name)_bucket{le=\"\(Self.number(bound))\"} \(count)\n"
+        }
+        text += "\(name)_bucket{le=\"+Inf\"} \(values.count)\n"
+        text += "\(name)_sum \(Self.number(Double(values.sum) / 1_000_000))\n"
+        text += "\(name)_count \(values.count)\n"
+    }
+
+    private mutating func family(
+        _ name: String, _ type: String, _ help: String, _ samples: [([String: String], any Numeric)]
+    ) {
+        text += "# HELP \(name) \(help)\n# TYPE \(name) \(type)\n"
+        let rendered = samples.map { labels, value in
+            let pairs = labels.sorted { $0.key < $1.key }.map { "\($0.key)=\"\(Self.escape($0.value))\"" }
+            return (pairs.isEmpty ? name : "\(name){\(pairs.joined(separator: ","))}") + " \(Self.number(value))"
+        }
+        for line in rendered.sorted() { text += line + "\n" }
+    }
+
+    static func escape(_ value: String) -> String {
+        value.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"")
+            .replacingOccurrences(of: "\n", with: "\\n")
+    }
+
+    static func number(_ value: any Numeric) -> String {
+        switch value {
+        case let double as Double:
+            double == double.rounded() && abs(double) < 1e15 ? String(Int64(double)) : "\(double)"
+        default: "\(value)"
+        }
+    }
+}

@@ -1,0 +1,113 @@
+import EncoreEvents
+import EncoreProcessor
+import EncoreTools
+import Foundation
+import Kafka
+import TestSupport
+import Testing
+
+/// `/metrics`, `/healthz`, `/readyz` and JSON logs: the real binary read by curl and Python, and
+/// a stuck loop seen by the health check.
+@Suite("Operations: metrics, health, logs")
+struct OperationsTests {
+    /// `/metrics` parsed by prometheus_client: `name{labels}` → value.
+    func metrics(_ base: String) async throws -> [String: Double] {
+        let parser = try ChildProcess(
+            URL(fileURLWithPath: "/usr/bin/env"),
+            ["python3", repositoryRoot.appendingPathComponent("scripts/parse_metrics.py").path, "\(base)/metrics"])
+        guard await parser.waitForExit() == 0, case .object(let fields) = try JSONValue.parse(Array(parser.stdout.utf8))
+        else { throw TestFailure("cannot parse /metrics: \(parser.stderr)") }
+        return fields.compactMapValues { value in
+            switch value {
+            case .integer(let number): Double(number)
+            case .double(let number): number
+            default: nil
+            }
+        }
+    }
+
+    /// `curl -s -o /dev/null -w '%{http_code}'` with `arguments`.
+    func status(_ arguments: [String]) async throws -> String {
+        let curl = try ChildProcess(
+            URL(fileURLWithPath: "/usr/bin/env"), ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}"] + arguments)
+        _ = await curl.waitForExit()
+        return curl.stdout
+    }
+
+    @Test("metrics count what flows, health and readiness answer, the server refuses what it should; logs are JSON")
+    func endpoints() async throws {
+        let (broker, bootstrap) = try await startBroker(partitions: 2)
+        defer { Task { await broker.stop() } }
+        var options = RequestGenerator.Options()
+        options.seed = 71
+        options.invalidRatio = 0.1
+        let produced = try await produceRequests(bootstrap: bootstrap, count: 100, options: options)
+        let processor = try ChildProcess(
+            try processorBinary(),
+            [
+                "run", "--bootstrap-servers", bootstrap, "--group-id", "observed", "--controller", "simulated",
+                "--simulated-latency-ms", "0", "--simulated-outcomes", "purchased=1", "--http-listen", "127.0.0.1:0",
+                "--log-format", "json",
+            ])
+        var base = ""
+        #expect(
+            await eventually(timeout: .seconds(30)) {
+                guard let range = processor.stderr.range(of: "http://127.0.0.1:[0-9]+", options: .regularExpression)
+                else { return false }
+                base = String(processor.stderr[range])
+                return true
+            })
+        // The first line names the version, brokers, group, guarantee and routes.
+        let first = processor.stderr.split(separator: "\n").first ?? ""
+        #expect(first.contains("\"msg\":\"encore-processor ") && first.contains("group observed"), "\(first)")
+        #expect(
+            try await eventually(timeout: .seconds(60)) {
+                let now = try await metrics(base)
+                return now["encore_requests_received_total{}"] == 100 && now["encore_ready{}"] == 1
+            })
+        let valid = produced.filter { $0.kind == .valid }.count
+        #expect(
+            try await eventually(timeout: .seconds(60)) {
+                try await metrics(base)["encore_outcomes_total{controller=simulated,result=purchased}"] == Double(valid)
+            })
+        var seen = try await metrics(base)
+        #expect(seen["encore_dead_letters_total{class=missing_field,stage=validate}"] ?? 0 > 0)
+        #expect(
+            seen.filter { $0.key.hasPrefix("encore_dead_letters_total") }.values.reduce(0, +) == Double(100 - valid))
+        #expect(seen["encore_controller_calls_total{}"] == Double(valid))
+        #expect(seen["encore_controller_call_seconds_count{}"] == Double(valid))
+        #expect(seen["encore_up{}"] == 1 && seen["encore_assigned_partitions{}"] == 2)
+
+        // More requests: the counters move by exactly as many.
+        options.seed = 72
+        options.invalidRatio = 0
+        _ = try await produceRequests(bootstrap: bootstrap, count: 50, options: options)
+        #expect(
+            try await eventually(timeout: .seconds(60)) {
+                try await metrics(base)["encore_outcomes_total{controller=simulated,result=purchased}"]
+                    == Double(valid + 50)
+            })
+        seen = try await metrics(base)
+        #expect(seen["encore_requests_received_total{}"] == 150)
+        #expect(seen["encore_request_to_outcome_seconds_count{}"] == Double(valid + 50))
+
+        #expect(try await status(["\(base)/healthz"]) == "200")
+        #expect(try await status(["\(base)/readyz"]) == "200")
+        #expect(try await status(["\(base)/nothing"]) == "404")
+        #expect(try await status(["-X", "POST", "\(base)/metrics"]) == "405")
+        #expect(
+            try await status(["-H", "X-Big: \(String(repeating: "x", count: 10_000))", "\(base)/metrics"]) == "431")
+
+        processor.signal(SIGTERM)
+        #expect(await processor.waitForExit() == 0)
+        // Every line of the log is one JSON object with ts, level, logger and msg.
+        for line in processor.stderr.split(separator: "\n") {
+            guard case .object(let fields) = try JSONValue.parse(Array(line.utf8)) else {
+                Issue.record("not a JSON object: \(line)")
+                continue
+            }
+            #expect(["ts", "level", "logger", "msg"].allSatisfy { fields[$0] != nil }, "\(line)")
+        }
+        #expect(processor.stderr.contains("\"msg\":\"dead letter\",\"request_id\":"))
+    }
+}
