@@ -63,7 +63,8 @@ run_binary topics create --bootstrap-servers "$servers" --partitions 2 --request
 run_binary generate --bootstrap-servers "$servers" --topic offsets.requests --count 200 >/dev/null 2>&1
 LD_LIBRARY_PATH="$work/lib" "$BINARY" run --bootstrap-servers "$servers" --group-id offsets-check \
   --requests-topic offsets.requests --outcomes-topic offsets.outcomes --entitlements-topic offsets.changes \
-  --dead-letter-topic offsets.dead --state-topic offsets.state --simulated-latency-ms 0 --log-level warning \
+  --dead-letter-topic offsets.dead --state-topic offsets.state --controller simulated --simulated-latency-ms 0 \
+  --log-level warning \
   >"$work/offsets-run.log" 2>&1 &
 processor=$!
 for _ in $(seq 120); do [ "$(committed_total)" -ge 200 ] && break; sleep 1; done

@@ -68,3 +68,30 @@ struct OffsetsTests {
         #expect(usage == 2 && usageErrors.contains("exactly one of"))
     }
 }
+
+/// `topics list|describe|verify` against the real binary on the embedded broker.
+@Suite("topics: list, describe, verify")
+struct TopicsTests {
+    @Test("list and describe name the topics; verify fails on a missing topic and on what it cannot check")
+    func listDescribeVerify() async throws {
+        let (broker, bootstrap) = try await startBroker(partitions: 3)
+        defer { Task { await broker.stop() } }
+        let (listed, list, _) = try await runBinary(["topics", "list", "--bootstrap-servers", bootstrap])
+        #expect(listed == 0)
+        for topic in Topics.all { #expect(list.contains("\(topic)  partitions=3  replication=1"), "\(list)") }
+        let (described, description, _) = try await runBinary(["topics", "describe", "--bootstrap-servers", bootstrap])
+        #expect(described == 0 && description.contains("\(Topics.state)  partitions=3"), "\(description)")
+        let (missing, _, missingErrors) = try await runBinary([
+            "topics", "verify", "--bootstrap-servers", bootstrap, "--outcomes-topic", "no.such.topic",
+        ])
+        #expect(missing == 1 && missingErrors.contains("'no.such.topic' does not exist"), "\(missingErrors)")
+        let (wrong, _, wrongErrors) = try await runBinary([
+            "topics", "verify", "--bootstrap-servers", bootstrap, "--partitions", "4",
+        ])
+        #expect(wrong == 1 && wrongErrors.contains("has 3 partitions, not 4"), "\(wrongErrors)")
+        let (replicas, _, replicaErrors) = try await runBinary([
+            "topics", "verify", "--bootstrap-servers", bootstrap, "--replication-factor", "3",
+        ])
+        #expect(replicas == 1 && replicaErrors.contains("fewer than 3"), "\(replicaErrors)")
+    }
+}
