@@ -402,15 +402,24 @@ def main():
     conflicting = 0
     repeated_outcomes = 0
     undeclared_outcome_repeats = 0
+    identical_outcome_repeats = 0
     for request_id, answers in outcomes.items():
         results = {a["result"] for a in answers}
         if len(results) > 1 or (request_id in billing.charged and results != {billing.charged[request_id]}):
             conflicting += 1
         if len(answers) > 1:
             repeated_outcomes += 1
-            attempts = [a["attempts"] for a in answers]
-            if any(b <= a for a, b in zip(attempts, attempts[1:])):
-                undeclared_outcome_repeats += 1
+            # A later outcome either declares a new attempt (more attempts) or is the same record
+            # again, byte for byte: at-least-once redelivery, or a journaled decided failure
+            # republished identically after a hand-over whose commit was refused. Anything else
+            # is undeclared.
+            for index in range(1, len(answers)):
+                later = answers[index]
+                identical = any(later == earlier for earlier in answers[:index])
+                if identical:
+                    identical_outcome_repeats += 1
+                elif later["attempts"] <= max(a["attempts"] for a in answers[:index]):
+                    undeclared_outcome_repeats += 1
     change_keys = [(m.key(), json.loads(m.value())["sequence"]) for m in changes]
     report = {
         "broker": args.broker, "guarantee": args.guarantee, "requests": args.requests,
@@ -423,6 +432,7 @@ def main():
         "conflicting": conflicting,
         "repeated_outcomes": repeated_outcomes,
         "undeclared_outcome_repeats": undeclared_outcome_repeats,
+        "identical_outcome_repeats": identical_outcome_repeats,
         "repeated_changes": len(change_keys) - len(set(change_keys)),
         "resent": len(resent),
         "resent_called": sum(1 for i in resent_ids for c in calls_by_id.get(i, []) if c[5] >= resent_at),

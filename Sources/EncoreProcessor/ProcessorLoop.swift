@@ -218,10 +218,9 @@ final class ProcessorLoop {
 
     func launch(_ id: Int, _ item: WorkItem, attempt: Int) {
         guard let controller = item.controller else { return }
+        let trace = Self.traceContext(item.message.headers)
         let request = PurchaseRequest(
-            event: item.request, attempt: attempt,
-            traceparent: item.message.header("traceparent") ?? item.message.header("ce_traceparent"),
-            tracestate: item.message.header("tracestate") ?? item.message.header("ce_tracestate"))
+            event: item.request, attempt: attempt, traceparent: trace.parent, tracestate: trace.state)
         if request.isRecovery { statistics.recoveryCalls += 1 }
         if attempt > item.firstAttempt {
             // The journal follows the attempts (not waited for: an older count only repeats a number).
@@ -247,6 +246,23 @@ final class ProcessorLoop {
     }
 
     /// The call is over: its slot is free; the lane stays held until the outputs are acknowledged.
+    /// The W3C trace context of a request record (`traceparent`, else CloudEvents'
+    /// `ce_traceparent`; the same for `tracestate`), in one pass over its headers.
+    static func traceContext(_ headers: [KafkaHeader]) -> (parent: String?, state: String?) {
+        guard !headers.isEmpty else { return (nil, nil) }
+        var (parent, state, ceParent, ceState): (String?, String?, String?, String?) = (nil, nil, nil, nil)
+        for header in headers {
+            switch header.key {
+            case "traceparent": parent = parent ?? header.stringValue
+            case "tracestate": state = state ?? header.stringValue
+            case "ce_traceparent": ceParent = ceParent ?? header.stringValue
+            case "ce_tracestate": ceState = ceState ?? header.stringValue
+            default: continue
+            }
+        }
+        return (parent ?? ceParent, state ?? ceState)
+    }
+
     /// How a failed call counts in `encore_controller_errors_total`: the controller's error type.
     static func errorType(_ error: any Error) -> String {
         switch error {
@@ -260,8 +276,10 @@ final class ProcessorLoop {
     func settle(_ item: WorkItem, _ settlement: CallTable<WorkItem>.Settlement, attempts: Int) {
         let next = scheduler.endCall(lane: item.lane)
         if ownership.owns(item.ref) {
-            let replayed = (item.controller as? any ReplayingController)?.recordedCompletion(
-                of: PurchaseRequest(event: item.request, attempt: attempts))
+            // (A replay's controller only: the request is built for it alone.)
+            let replayed = (item.controller as? any ReplayingController).flatMap {
+                $0.recordedCompletion(of: PurchaseRequest(event: item.request, attempt: attempts))
+            }
             switch settlement {
             case .answered(let answer):
                 publishOutcome(
