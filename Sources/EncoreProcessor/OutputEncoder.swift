@@ -31,12 +31,19 @@ struct OutputEncoder: Sendable {
 
     func record(for output: UnsentOutput) -> KafkaProducerRecord {
         switch output {
-        case .outcome(let outcome): record(for: outcome)
+        case .outcome(let outcome, let trace): traced(record(for: outcome), trace)
         case .change(let change): record(for: change)
         case .state(let state, let partition): record(forState: state, partition: partition)
-        case .deadLetter(let letter, let key): record(for: letter, key: key)
+        case .deadLetter(let letter, let key, let trace): traced(record(for: letter, key: key), trace)
         case .record(let record): record
         }
+    }
+
+    private func traced(_ record: KafkaProducerRecord, _ trace: [KafkaHeader]) -> KafkaProducerRecord {
+        guard !trace.isEmpty else { return record }
+        var record = record
+        record.headers += trace
+        return record
     }
 
     func record(for outcome: PurchaseOutcomeEvent) -> KafkaProducerRecord {

@@ -24,6 +24,7 @@ final class ProcessorVitals: Sendable {
         var restoredUsers = 0
         var restoreSeconds = 0.0
         var admission: KafkaAdmission? = nil
+        var consumer: KafkaConsumer? = nil
     }
 
     let state = Mutex(State())

@@ -263,6 +263,22 @@ final class ProcessorLoop {
         return (parent ?? ceParent, state ?? ceState)
     }
 
+    /// The trace context headers an output carries: `traceparent`/`tracestate` and CloudEvents'
+    /// `ce_traceparent`/`ce_tracestate`, from the request record's.
+    static func traceHeaders(_ headers: [KafkaHeader]) -> [KafkaHeader] {
+        let trace = traceContext(headers)
+        var copied: [KafkaHeader] = []
+        if let parent = trace.parent {
+            copied += [
+                KafkaHeader(key: "traceparent", string: parent), KafkaHeader(key: "ce_traceparent", string: parent),
+            ]
+        }
+        if let state = trace.state {
+            copied += [KafkaHeader(key: "tracestate", string: state), KafkaHeader(key: "ce_tracestate", string: state)]
+        }
+        return copied
+    }
+
     /// How a failed call counts in `encore_controller_errors_total`: the controller's error type.
     static func errorType(_ error: any Error) -> String {
         switch error {
@@ -316,7 +332,10 @@ final class ProcessorLoop {
             controller: controller, error: error)
         statistics.outcomesByController[.init(result.rawValue, controller ?? "-"), default: 0] += 1
         var alongside: [(output: Output, unsent: UnsentOutput)] = [
-            (.outcome(result, requestedAtMs: item.request.requestedAtMs), .outcome(outcome))
+            (
+                .outcome(result, requestedAtMs: item.request.requestedAtMs),
+                .outcome(outcome, trace: Self.traceHeaders(item.message.headers))
+            )
         ]
         if let deadLetter {
             alongside.append(
@@ -362,7 +381,7 @@ final class ProcessorLoop {
         }
         // The dead letter is keyed like its record, unless that key is too long to be a user's.
         let key = message.key.flatMap { $0.count <= DeadLetterEvent.maximumOriginalKeyBytes ? $0 : nil }
-        return (.deadLetter, .deadLetter(letter, key: key))
+        return (.deadLetter, .deadLetter(letter, key: key, trace: Self.traceHeaders(message.headers)))
     }
 
     func delivered(_ answers: [KafkaDelivery]) {

@@ -51,6 +51,11 @@ extension PurchaseProcessor {
         text.gauge(
             "encore_assigned_partitions", "Input partitions assigned to this process.",
             [([:], statistics.assignedPartitions)])
+        text.gauge(
+            "encore_consumer_lag", "Records behind the end of each assigned partition (librdkafka's statistics).",
+            (vitals.consumer?.lag ?? [:]).map {
+                (["topic": $0.key.topic, "partition": String($0.key.partition)], $0.value)
+            })
         text.counter(
             "encore_commit_failures_total", "Offset commits that failed (retried).", [([:], statistics.commitFailures)])
         text.counter("encore_ledger_restores_total", "Ledger restores (one per assignment).", [([:], vitals.restores)])

@@ -83,8 +83,11 @@ public final class PurchaseProcessor: Sendable {
         let inboxes = workers.map(\.inbox)
         // The consumer counts the records it hands out; the loops release them when done.
         let admission = KafkaAdmission(capacity: configuration.bufferCapacity)
-        vitals.update { $0.admission = admission }
         let clients = try makeClients(admission: admission, inboxes: inboxes)
+        vitals.update {
+            $0.admission = admission
+            $0.consumer = clients.consumer
+        }
         let committer = try await transactionCommitter(clients)
         // The first outputs would otherwise wait for their topics' metadata (a start-up stall).
         for topic in outputTopics {
@@ -214,6 +217,8 @@ public final class PurchaseProcessor: Sendable {
         // A member may take the drain timeout to hand partitions over (its calls must return first);
         // the group's rebalance timeout is max.poll.interval.ms, so it must be longer (checked in validate()).
         consumerConfiguration.setDefault("max.poll.interval.ms", "\(configuration.minimumMaxPollIntervalMs)")
+        // Consumer lag per partition for /metrics.
+        consumerConfiguration.setDefault("statistics.interval.ms", "5000")
         if configuration.sourcesTopic != nil {
             // Co-partitioned topics stay together only under the range assignor (checked in validate()).
             consumerConfiguration.setDefault("partition.assignment.strategy", "range")

@@ -4,10 +4,11 @@ import Kafka
 
 /// An output as the loop hands it to the output queue, which encodes it off the loop.
 enum UnsentOutput: Sendable {
-    case outcome(PurchaseOutcomeEvent)
+    /// `trace`: the request record's W3C trace context headers, copied onto the output.
+    case outcome(PurchaseOutcomeEvent, trace: [KafkaHeader] = [])
     case change(EntitlementChangeEvent)
     case state(EntitlementStateRecord, partition: Int32)
-    case deadLetter(DeadLetterEvent, key: [UInt8]?)
+    case deadLetter(DeadLetterEvent, key: [UInt8]?, trace: [KafkaHeader] = [])
     /// Already encoded (produced again after a failed delivery).
     case record(KafkaProducerRecord)
 }

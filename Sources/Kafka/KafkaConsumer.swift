@@ -380,6 +380,10 @@ public final class KafkaConsumer: Sendable {
         }
     }
 
+    /// Records behind the end per partition, as librdkafka's latest statistics say (empty unless
+    /// `statistics.interval.ms` is set).
+    public var lag: [KafkaTopicPartition: Int64] { client.callbacks.lag.withLock { $0 } }
+
     /// The partitions currently assigned to this member.
     public func assignment() throws(KafkaError) -> [KafkaTopicPartition] {
         var list: UnsafeMutablePointer<rd_kafka_topic_partition_list_t>? = nil

@@ -23,7 +23,7 @@ struct OutputTrackerTests {
     func failure(_ code: KafkaError.Code) -> KafkaError { KafkaError(code: code, message: "test") }
 
     func record(_ index: Int, user: String) -> KafkaProducerRecord {
-        guard case .outcome(let event) = outcome(index, user: user) else { fatalError() }
+        guard case .outcome(let event, _) = outcome(index, user: user) else { fatalError() }
         return KafkaProducerRecord(topic: "outcomes", key: Array(event.key.utf8), value: event.jsonBytes())
     }
 

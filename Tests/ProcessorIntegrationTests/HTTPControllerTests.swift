@@ -136,6 +136,18 @@ struct HTTPControllerTests {
             // (Ids ending in 7 are answered 503 first: one attempt allowed, so they fail.)
             #expect(lines.contains("\(id) 1 \(id) sig=ok tp=\(trace)"), "\(id)")
         }
+        // The trace context rides on every outcome and dead letter too.
+        let outputs =
+            try await readTopic(bootstrap: bootstrap, topic: Topics.outcomes, partitions: 2)
+            + readTopic(bootstrap: bootstrap, topic: Topics.deadLetters, partitions: 2)
+        #expect(outputs.count == 22, "20 outcomes and the dead letters of t-7 and t-17")
+        for record in outputs {
+            let id =
+                PurchaseRequestEvent.requestIDHint(record.value)
+                ?? (try? DeadLetterEvent(jsonBytes: record.value))?.requestID
+            #expect(
+                record.header("traceparent") == traces[id ?? ""] && record.header("ce_traceparent") == traces[id ?? ""])
+        }
         // With the wrong secret (on a second broker), billing refuses every call: failed outcomes
         // and dead letters.
         let (second, secondBootstrap) = try await startBroker(partitions: 2)

@@ -91,6 +91,13 @@ struct OperationsTests {
         #expect(seen["encore_requests_received_total{}"] == 150)
         #expect(seen["encore_request_to_outcome_seconds_count{}"] == Double(valid + 50))
 
+        // Lag from librdkafka's statistics (every 5 s): both partitions read to their end.
+        #expect(
+            try await eventually(timeout: .seconds(30)) {
+                let now = try await metrics(base)
+                let lags = now.filter { $0.key.hasPrefix("encore_consumer_lag{") }
+                return lags.count == 2 && lags.values.allSatisfy { $0 == 0 }
+            })
         #expect(try await status(["\(base)/healthz"]) == "200")
         #expect(try await status(["\(base)/readyz"]) == "200")
         #expect(try await status(["\(base)/nothing"]) == "404")

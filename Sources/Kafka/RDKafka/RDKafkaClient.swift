@@ -13,6 +13,8 @@ final class RDKafkaCallbacks: Sendable {
         (@Sendable (OpaquePointer, rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>) -> Void)?
     /// Where deliveries of records produced with a token gather until the poll that served them ends.
     let deliveries: RDKafkaDeliveryBatch?
+    /// Consumer lag per partition, from librdkafka's statistics (`statistics.interval.ms`).
+    let lag = Mutex<[KafkaTopicPartition: Int64]>([:])
 
     init(
         logger: Logger, onError: (@Sendable (KafkaError) -> Void)? = nil,
@@ -121,6 +123,12 @@ final class RDKafkaClient: @unchecked Sendable {
             if facility == "CONFWARN" && message.contains("will be ignored by this") { level = .debug }
             guard callbacks.logger.isEnabled(level) else { return }
             callbacks.logger.log(level, "librdkafka \(facility): \(message)")
+        }
+        rd_kafka_conf_set_stats_cb(conf) { _, json, length, opaque in
+            guard let callbacks = RDKafkaCallbacks.from(opaque), let json else { return 0 }
+            let lag = RDKafkaStatistics.consumerLag(UnsafeRawBufferPointer(start: json, count: length))
+            callbacks.lag.withLock { $0 = lag }
+            return 0  // librdkafka frees the JSON
         }
         rd_kafka_conf_set_error_cb(conf) { _, code, reason, opaque in
             guard let callbacks = RDKafkaCallbacks.from(opaque) else { return }
