@@ -32,7 +32,7 @@ struct OutputEncoder: Sendable {
     func record(for output: UnsentOutput) -> KafkaProducerRecord {
         switch output {
         case .outcome(let outcome, let trace): traced(record(for: outcome), trace)
-        case .change(let change): record(for: change)
+        case .change(let change, let trace): traced(record(for: change), trace)
         case .state(let state, let partition): record(forState: state, partition: partition)
         case .deadLetter(let letter, let key, let trace): traced(record(for: letter, key: key), trace)
         case .record(let record): record

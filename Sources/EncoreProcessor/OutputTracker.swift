@@ -99,7 +99,7 @@ struct OutputTracker<Item> {
     /// the update is that item's intent, reported by ``Event/intentWritten(_:)`` once durable.
     mutating func publish(
         _ update: LedgerUpdate, for ref: RecordRef?, item: Item? = nil,
-        alongside: [(output: Output, unsent: UnsentOutput)] = [], intent: Item? = nil
+        alongside: [(output: Output, unsent: UnsentOutput)] = [], intent: Item? = nil, trace: [KafkaHeader] = []
     ) {
         for change in update.changes { changesByKind[change.change.rawValue, default: 0] += 1 }
         let id = nextUpdateID
@@ -116,7 +116,7 @@ struct OutputTracker<Item> {
         }
         for change in update.changes {
             if let ref { count(ref, item: item) }
-            enqueue(.entitlementChange(update: id), .change(change), for: ref, update: id)
+            enqueue(.entitlementChange(update: id), .change(change, trace: trace), for: ref, update: id)
         }
         writeStateIfReady(ofUser: update.state.key)
     }

@@ -179,7 +179,7 @@ final class ProcessorLoop {
             statistics.sourceEvents += 1
             if let update = ledger.apply(source: event, partition: message.partition, nowMs: currentTimeMs()) {
                 ownership.beginWork(ref)
-                outputs.publish(update, for: ref)
+                outputs.publish(update, for: ref, trace: Self.traceHeaders(message.headers))
             } else {
                 finish(ref)
             }
@@ -331,10 +331,11 @@ final class ProcessorLoop {
             request: item.request, result: result, attempts: attempts, completedAtMs: completedAtMs ?? currentTimeMs(),
             controller: controller, error: error)
         statistics.outcomesByController[.init(result.rawValue, controller ?? "-"), default: 0] += 1
+        let trace = Self.traceHeaders(item.message.headers)
         var alongside: [(output: Output, unsent: UnsentOutput)] = [
             (
                 .outcome(result, requestedAtMs: item.request.requestedAtMs),
-                .outcome(outcome, trace: Self.traceHeaders(item.message.headers))
+                .outcome(outcome, trace: trace)
             )
         ]
         if let deadLetter {
@@ -346,7 +347,7 @@ final class ProcessorLoop {
         let update = ledger.complete(
             outcome, entitlement: item.request.entitlement, campaignID: item.request.campaignID,
             offerID: item.request.offerID, partition: item.ref.partition.number, grants: configuration.ledgerEnabled)
-        outputs.publish(update, for: item.ref, item: item, alongside: alongside)
+        outputs.publish(update, for: item.ref, item: item, alongside: alongside, trace: trace)
     }
 
     /// Publishes a dead letter for a record no request of which is journaled (it did not decode).

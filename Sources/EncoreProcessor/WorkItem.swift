@@ -6,7 +6,7 @@ import Kafka
 enum UnsentOutput: Sendable {
     /// `trace`: the request record's W3C trace context headers, copied onto the output.
     case outcome(PurchaseOutcomeEvent, trace: [KafkaHeader] = [])
-    case change(EntitlementChangeEvent)
+    case change(EntitlementChangeEvent, trace: [KafkaHeader] = [])
     case state(EntitlementStateRecord, partition: Int32)
     case deadLetter(DeadLetterEvent, key: [UInt8]?, trace: [KafkaHeader] = [])
     /// Already encoded (produced again after a failed delivery).

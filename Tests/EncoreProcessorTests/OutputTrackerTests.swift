@@ -47,7 +47,7 @@ struct OutputTrackerTests {
     func sequences(_ unsent: [(token: UInt, output: UnsentOutput)]) -> [Int64] {
         unsent.map { entry in
             switch entry.output {
-            case .change(let change): change.sequence
+            case .change(let change, _): change.sequence
             case .record(let record): (try? EntitlementChangeEvent(jsonBytes: record.value))?.sequence ?? -1
             default: 0
             }
@@ -55,7 +55,7 @@ struct OutputTrackerTests {
     }
 
     func changeRecord(_ unsent: (token: UInt, output: UnsentOutput)) -> KafkaProducerRecord {
-        guard case .change(let change) = unsent.output else { fatalError("not a change") }
+        guard case .change(let change, _) = unsent.output else { fatalError("not a change") }
         return KafkaProducerRecord(topic: "changes", key: Array(change.key.utf8), value: change.jsonBytes())
     }
 

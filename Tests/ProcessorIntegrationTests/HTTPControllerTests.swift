@@ -90,7 +90,8 @@ struct HTTPControllerTests {
         for index in 0..<20 {
             let event = PurchaseRequestEvent(
                 requestID: "t-\(index)", appID: "app", appUserID: "u\(index % 8)", productID: "p", store: .appStore,
-                environment: .production, requestedAtMs: wallClockMs())
+                environment: .production, requestedAtMs: wallClockMs(),
+                entitlement: Entitlement(type: .freeTrial, value: 7, unit: .days))
             let trace = String(format: "00-%032x-%016x-01", index + 1, index + 1)
             traces[event.requestID] = trace
             try await producer.send(
@@ -147,6 +148,13 @@ struct HTTPControllerTests {
                 ?? (try? DeadLetterEvent(jsonBytes: record.value))?.requestID
             #expect(
                 record.header("traceparent") == traces[id ?? ""] && record.header("ce_traceparent") == traces[id ?? ""])
+        }
+        // And on the entitlement changes the purchases caused.
+        let changes = try await readTopic(bootstrap: bootstrap, topic: Topics.entitlements, partitions: 2)
+        #expect(!changes.isEmpty)
+        for record in changes {
+            let change = try EntitlementChangeEvent(jsonBytes: record.value)
+            #expect(record.header("traceparent") == traces[change.requestID ?? ""], "\(change)")
         }
         // With the wrong secret (on a second broker), billing refuses every call: failed outcomes
         // and dead letters.
