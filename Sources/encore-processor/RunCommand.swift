@@ -83,6 +83,10 @@ enum RunCommand {
             "allow-simulated-production",
             "Let the simulated controller answer PRODUCTION requests (otherwise they are dead letters).",
             commandLineOnly: true),
+        .flag(
+            "simulated-stalls",
+            "Fault injection: a request with attribute simulated_stall_ms=N blocks the simulated store's thread N ms (at most 60 s).",
+            commandLineOnly: true),
         .option(
             "controller-url", value: "[NAME=]URL", environment: "ENCORE_CONTROLLER_URL", repeatable: true,
             "Endpoint of an http controller (named NAME, default 'http')."),
@@ -190,7 +194,8 @@ enum RunCommand {
             let controller = SimulatedController(
                 meanLatency: try options.milliseconds("simulated-latency-ms"), weights: weights,
                 seed: UInt64(try options.integer("seed", range: 0...Int.max)),
-                allowsProduction: options.flag("allow-simulated-production"))
+                allowsProduction: options.flag("allow-simulated-production"),
+                honoursStalls: options.flag("simulated-stalls"))
             router.register("simulated", controller)
             names = ["simulated"]
         default:

@@ -117,4 +117,38 @@ struct OperationsTests {
         }
         #expect(processor.stderr.contains("\"msg\":\"dead letter\",\"request_id\":"))
     }
+
+    @Test("a dispatch loop stalled by a controller that blocks its thread: /healthz 503, then 200 once it is free")
+    func stalledLoop() async throws {
+        let (broker, bootstrap) = try await startBroker(partitions: 1)
+        defer { Task { await broker.stop() } }
+        let processor = try ChildProcess(
+            try processorBinary(),
+            [
+                "run", "--bootstrap-servers", bootstrap, "--group-id", "stalled", "--controller", "simulated",
+                "--simulated-latency-ms", "0", "--simulated-stalls", "--http-listen", "127.0.0.1:0",
+            ])
+        var base = ""
+        #expect(
+            await eventually(timeout: .seconds(30)) {
+                guard let range = processor.stderr.range(of: "http://127.0.0.1:[0-9]+", options: .regularExpression)
+                else { return false }
+                base = String(processor.stderr[range])
+                return true
+            })
+        #expect(try await eventually(timeout: .seconds(60)) { try await status(["\(base)/readyz"]) == "200" })
+        let event = PurchaseRequestEvent(
+            requestID: "r-stall", appID: "app", appUserID: "u", productID: "p", store: .appStore,
+            environment: .sandbox, requestedAtMs: wallClockMs(), attributes: ["simulated_stall_ms": "9000"])
+        let producer = try KafkaProducer(configuration: KafkaConfiguration(["bootstrap.servers": bootstrap]))
+        try await producer.send(
+            KafkaProducerRecord(topic: Topics.requests, key: Array(event.key.utf8), value: event.jsonBytes()))
+        await producer.close()
+        // The loop is blocked for 9 s; its silence passes the 5 s window.
+        #expect(try await eventually(timeout: .seconds(20)) { try await status(["\(base)/healthz"]) == "503" })
+        #expect(try await status(["\(base)/readyz"]) == "503")
+        #expect(try await eventually(timeout: .seconds(30)) { try await status(["\(base)/healthz"]) == "200" })
+        processor.signal(SIGTERM)
+        #expect(await processor.waitForExit() == 0)
+    }
 }

@@ -18,6 +18,10 @@ public struct SimulatedController: PurchaseController {
     /// Whether `PRODUCTION` requests are answered; otherwise they fail with
     /// ``refusedProductionType`` (a dead letter), since no real purchase is made.
     public let allowsProduction: Bool
+    /// Fault injection: a request with attribute `simulated_stall_ms` blocks the calling thread
+    /// that long before the answer, as a controller that never suspends would (the dispatch loop
+    /// stalls: what `/healthz` must notice). Off unless asked for.
+    public let honoursStalls: Bool
 
     /// The error type of a refused `PRODUCTION` request.
     public static let refusedProductionType = "simulated_refuses_production"
@@ -28,12 +32,13 @@ public struct SimulatedController: PurchaseController {
     ///   - allowsProduction: answer `PRODUCTION` requests too (load tests on production-shaped data).
     public init(
         meanLatency: Duration = .zero, weights: [(answer: Answer, weight: Double)], seed: UInt64 = 1,
-        allowsProduction: Bool = false
+        allowsProduction: Bool = false, honoursStalls: Bool = false
     ) {
         self.meanLatency = meanLatency
         self.weights = weights.filter { $0.weight > 0 }
         self.seed = seed
         self.allowsProduction = allowsProduction
+        self.honoursStalls = honoursStalls
         precondition(!self.weights.isEmpty, "a simulated controller needs at least one positive weight")
     }
 
@@ -67,6 +72,9 @@ public struct SimulatedController: PurchaseController {
     /// earlier attempts of the request answered, and returns the first definite answer among them
     /// (the purchase is not made twice); otherwise it draws a new one.
     public func purchase(_ request: PurchaseRequest) async throws -> PurchaseResult {
+        if honoursStalls, let stall = request.event.attributes?["simulated_stall_ms"].flatMap({ UInt32($0) }) {
+            usleep(min(stall, 60_000) * 1000)
+        }
         if request.event.environment == .production && !allowsProduction {
             throw PurchaseControllerError.final(
                 Self.refusedProductionType,
