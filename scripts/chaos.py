@@ -350,13 +350,18 @@ def main():
 
         # Re-send requests whose result the changelog records (in their users' journals): they
         # must not be called nor answered again.
-        time.sleep(3)
-        recorded = set()
-        state_records = read_topic(cluster.bootstrap, STATE, committed_only)
-
-        for message in state_records:
-            state = json.loads(message.value())
-            recorded |= {e["request_id"] for e in state.get("requests") or [] if e.get("result")}
+        # (Waits, with a deadline, until the journals hold as many results as it re-sends: a loaded
+        # machine may be far behind the producer here.)
+        wanted = min(args.resend, len(ids))
+        deadline = time.monotonic() + 120
+        while True:
+            recorded = set()
+            for message in read_topic(cluster.bootstrap, STATE, committed_only):
+                state = json.loads(message.value())
+                recorded |= {e["request_id"] for e in state.get("requests") or [] if e.get("result")}
+            if len(recorded & set(ids)) >= wanted or time.monotonic() > deadline:
+                break
+            time.sleep(1)
         resent = [i for i in range(args.requests) if ids[i] in recorded][: args.resend]
         resent_at, resent_wall_ms = time.monotonic(), time.time() * 1000
         for index in resent:

@@ -70,6 +70,15 @@ public struct KafkaConfiguration: Sendable, Equatable {
         return (String(text[..<equals]), String(text[text.index(after: equals)...]))
     }
 
+    /// Whether librdkafka knows a property named `key` (a mistyped key's value is never shown:
+    /// it may be a secret whose key lost the letters that mark it as one).
+    public static func isKnownProperty(_ key: String) -> Bool {
+        guard let conf = rd_kafka_conf_new() else { return false }
+        defer { rd_kafka_conf_destroy(conf) }
+        var size = 0
+        return rd_kafka_conf_get(conf, key, nil, &size) != RD_KAFKA_CONF_UNKNOWN
+    }
+
     /// Checks every property against librdkafka without creating a client.
     public func validate() throws(KafkaError) {
         let conf = try makeNativeConfiguration()

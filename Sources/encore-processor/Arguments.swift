@@ -201,9 +201,10 @@ struct CommandDefinition {
             }
             return true
         }
-        // A list from one variable or key parses as the flag given once per comma-separated item.
+        // A list from one variable or key parses as the flag given once per comma-separated item
+        // (header values, which may hold commas, excepted).
         values[option.name] =
-            option.repeatable
+            option.repeatable && !option.name.contains("header")
             ? value.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
             : [value]
         return true
@@ -352,7 +353,10 @@ extension ParsedOptions {
             let key = String(assignment[..<equals])
             let value = String(assignment[assignment.index(after: equals)...])
             // A secret file reference (`@/path`) names no secret; anything else secret is masked.
-            let shown = value.hasPrefix("@") && !value.hasPrefix("@@") ? value : Redaction.display(value, forKey: key)
+            let shown =
+                value.hasPrefix("@") && !value.hasPrefix("@@")
+                ? value
+                : KafkaConfiguration.isKnownProperty(key) ? Redaction.display(value, forKey: key) : Redaction.mask
             lines.append("\(key)=\(shown)")
         }
         return lines.joined(separator: "\n")
@@ -361,8 +365,9 @@ extension ParsedOptions {
     /// An option's value as it may be printed.
     static func shown(_ value: String, option: String) -> String {
         if value.hasPrefix("@") && !value.hasPrefix("@@") { return value }
-        if option.contains("header"), let equals = value.firstIndex(of: "=") {
-            return value[...equals] + Redaction.mask
+        if option.contains("header") {
+            // A header's value is a credential more often than not.
+            return value.firstIndex(of: "=").map { value[...$0] + Redaction.mask } ?? Redaction.mask
         }
         return Redaction.display(value, forKey: option)
     }

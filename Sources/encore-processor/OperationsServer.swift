@@ -101,13 +101,16 @@ final class OperationsServer: Sendable {
     }
 
     private func serve(_ connection: Int32) {
+        // One deadline for the whole request, not only per read: a client trickling bytes does
+        // not keep its slot (the cap is small).
+        let deadline = ContinuousClock.now.advanced(by: .seconds(Self.readTimeoutSeconds))
         var request = [UInt8]()
         var buffer = [UInt8](repeating: 0, count: 2048)
         let end = Array("\r\n\r\n".utf8)
         while true {
             let count = read(connection, &buffer, buffer.count)
             // Closed, or nothing within the read timeout: no answer is owed.
-            guard count > 0 else { return }
+            guard count > 0, ContinuousClock.now < deadline else { return }
             request += buffer.prefix(count)
             if request.count > Self.maximumRequestBytes {
                 Self.write(Response(status: 431, body: "request too large\n"), to: connection)
@@ -143,7 +146,10 @@ final class OperationsServer: Sendable {
         let bytes = Array((head + "\r\n").utf8) + body
         var sent = 0
         while sent < bytes.count {
-            let written = bytes[sent...].withUnsafeBytes { Glibc.write(connection, $0.baseAddress, $0.count) }
+            // (MSG_NOSIGNAL: a peer that went away is an error here, not a SIGPIPE for the process.)
+            let written = bytes[sent...].withUnsafeBytes {
+                Glibc.send(connection, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL))
+            }
             guard written > 0 else { return }
             sent += written
         }

@@ -86,6 +86,8 @@ struct ConfigurationTests {
             ["-X", "sasl.password=@\(secretFile.path)", "--print-config"],
             ["--config", config.path, "--print-config"],
             ["-X", "sasl.pasword=\(secret)", "--check"],
+            ["-X", "sasl.pasword=\(secret)", "--print-config"],
+            ["--controller-header", "X-Billing-Key=\(secret)", "--print-config"],
             ["-X", "ssl.key.password=\(secret)", "-X", "security.protocol=nonsense", "--check"],
             ["-X", "sasl.jaas.config=x required password=\"\(secret)\"", "--check"],
             ["--controller-url", "http://user:\(secret)@billing:8080/p?token=\(secret)", "--print-config"],
@@ -98,6 +100,14 @@ struct ConfigurationTests {
             #expect(!output.contains(secret) && !error.contains(secret), "\(extra): \(output)\n\(error)")
             #expect(!(output + error).isEmpty)
         }
+        // A header from the environment, commas and all, is masked whole.
+        let (_, printed, printedError) = try await runBinary(
+            [
+                "run", "--controller", "http", "--controller-url", "http://billing:8080/p", "--embedded-broker",
+                "--print-config",
+            ], environment: ["ENCORE_CONTROLLER_HEADER": "Authorization=Bearer abc,\(secret)"])
+        #expect(!printed.contains(secret) && !printedError.contains(secret), "\(printed)")
+        #expect(printed.contains("encore.controller-header=Authorization=[redacted]"), "\(printed)")
     }
 
     @Test("--version, help COMMAND")

@@ -31,9 +31,15 @@ final class HTTPCalls: NSObject, URLSessionDataDelegate, Sendable {
 
     func perform(_ request: URLRequest, in session: URLSession) async throws -> Answer {
         let task = session.dataTask(with: request)
+        let id = task.taskIdentifier
         return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { continuation in
-                calls.withLock { $0[task.taskIdentifier] = Call(continuation: continuation) }
+                calls.withLock { $0[id] = Call(continuation: continuation) }
+                // Cancelled before the call was recorded: onCancel found nothing to cancel.
+                if Task.isCancelled, let call = calls.withLock({ $0.removeValue(forKey: id) }) {
+                    call.continuation.resume(throwing: CancellationError())
+                    return
+                }
                 task.resume()
             }
         } onCancel: {
