@@ -26,6 +26,19 @@ struct OperationsTests {
         }
     }
 
+    /// The operations endpoint's base URL, from the processor's log line that names it.
+    func endpoint(of processor: ChildProcess) async throws -> String {
+        var base: String? = nil
+        _ = await eventually(timeout: .seconds(30)) {
+            base = processor.stderr.range(of: "http://127.0.0.1:[0-9]+", options: .regularExpression).map {
+                String(processor.stderr[$0])
+            }
+            return base != nil
+        }
+        guard let base else { throw TestFailure("no endpoint logged: \(processor.stderr.suffix(2000))") }
+        return base
+    }
+
     /// `curl -s -o /dev/null -w '%{http_code}'` with `arguments`.
     func status(_ arguments: [String]) async throws -> String {
         let curl = try ChildProcess(
@@ -49,14 +62,7 @@ struct OperationsTests {
                 "--simulated-latency-ms", "0", "--simulated-outcomes", "purchased=1", "--http-listen", "127.0.0.1:0",
                 "--log-format", "json",
             ])
-        var base = ""
-        #expect(
-            await eventually(timeout: .seconds(30)) {
-                guard let range = processor.stderr.range(of: "http://127.0.0.1:[0-9]+", options: .regularExpression)
-                else { return false }
-                base = String(processor.stderr[range])
-                return true
-            })
+        let base = try await endpoint(of: processor)
         // The first line names the version, brokers, group, guarantee and routes.
         let first = processor.stderr.split(separator: "\n").first ?? ""
         #expect(first.contains("\"msg\":\"encore-processor ") && first.contains("group observed"), "\(first)")
@@ -128,14 +134,7 @@ struct OperationsTests {
                 "run", "--bootstrap-servers", bootstrap, "--group-id", "stalled", "--controller", "simulated",
                 "--simulated-latency-ms", "0", "--simulated-stalls", "--http-listen", "127.0.0.1:0",
             ])
-        var base = ""
-        #expect(
-            await eventually(timeout: .seconds(30)) {
-                guard let range = processor.stderr.range(of: "http://127.0.0.1:[0-9]+", options: .regularExpression)
-                else { return false }
-                base = String(processor.stderr[range])
-                return true
-            })
+        let base = try await endpoint(of: processor)
         #expect(try await eventually(timeout: .seconds(60)) { try await status(["\(base)/readyz"]) == "200" })
         let event = PurchaseRequestEvent(
             requestID: "r-stall", appID: "app", appUserID: "u", productID: "p", store: .appStore,
