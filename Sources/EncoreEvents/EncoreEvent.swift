@@ -37,7 +37,13 @@ public enum EventLimits {
 
 /// The user key of every record: `"{app_id}:{app_user_id}"`, so one user's records share a partition.
 public func userKey(appID: String, appUserID: String) -> String {
-    "\(appID):\(appUserID)"
+    // Concatenated into one allocation (interpolation grows its buffer as it goes).
+    var key = String()
+    key.reserveCapacity(appID.utf8.count + 1 + appUserID.utf8.count)
+    key += appID
+    key += ":"
+    key += appUserID
+    return key
 }
 
 extension EncoreEvent {

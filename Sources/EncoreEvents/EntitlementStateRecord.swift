@@ -195,7 +195,9 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
     }
 
     public func jsonBytes() -> [UInt8] {
-        var writer = JSONWriter()
+        // Sized for the record at once: the journal makes it several times an event's size.
+        var writer = JSONWriter(
+            capacity: 256 + 200 * (grants.count + sources.count + requests.count) + 48 * access.count)
         writer.beginObject()
         writer.field("app_id", appID)
         writer.field("app_user_id", appUserID)

@@ -122,25 +122,18 @@ struct LaneScheduler<Item, LaneKey: Hashable> {
 
 /// A user's lane: `{app_id}:{app_user_id}` without building that string, hash computed once.
 struct UserLane: Hashable, Sendable {
-    let appID: String
-    let appUserID: String
+    /// The user's key in the changelog and the ledger: `{app_id}:{app_user_id}`, built once.
+    let key: String
     private let hashCode: Int
 
     init(appID: String, appUserID: String) {
-        self.appID = appID
-        self.appUserID = appUserID
-        var hasher = Hasher()
-        hasher.combine(appID)
-        hasher.combine(appUserID)
-        hashCode = hasher.finalize()
+        key = userKey(appID: appID, appUserID: appUserID)
+        hashCode = key.hashValue
     }
 
     func hash(into hasher: inout Hasher) { hasher.combine(hashCode) }
 
-    /// The user's key in the changelog and the ledger.
-    var key: String { userKey(appID: appID, appUserID: appUserID) }
-
     static func == (lhs: UserLane, rhs: UserLane) -> Bool {
-        lhs.hashCode == rhs.hashCode && lhs.appUserID == rhs.appUserID && lhs.appID == rhs.appID
+        lhs.hashCode == rhs.hashCode && lhs.key == rhs.key
     }
 }

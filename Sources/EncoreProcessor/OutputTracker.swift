@@ -30,6 +30,8 @@ struct OutputTracker<Item> {
     /// them, so a restored state never claims a change or a result that was not published.
     private struct PendingUpdate {
         let ref: RecordRef?
+        /// The user's key (`state.key`, built once).
+        let key: String
         let state: EntitlementStateRecord
         let partition: Int32
         var unacknowledgedOutputs: Int
@@ -104,10 +106,11 @@ struct OutputTracker<Item> {
         for change in update.changes { changesByKind[change.change.rawValue, default: 0] += 1 }
         let id = nextUpdateID
         nextUpdateID += 1
+        let key = update.state.key
         updates[id] = PendingUpdate(
-            ref: ref, state: update.state, partition: update.partition,
+            ref: ref, key: key, state: update.state, partition: update.partition,
             unacknowledgedOutputs: alongside.count + update.changes.count, intent: intent)
-        updateOrder[update.state.key, default: FIFO()].append(id)
+        updateOrder[key, default: FIFO()].append(id)
         // The changelog record is counted now, so the record cannot finish before it is written.
         if let ref { count(ref, item: item) }
         for (output, unsent) in alongside {
@@ -118,7 +121,7 @@ struct OutputTracker<Item> {
             if let ref { count(ref, item: item) }
             enqueue(.entitlementChange(update: id), .change(change, trace: trace), for: ref, update: id)
         }
-        writeStateIfReady(ofUser: update.state.key)
+        writeStateIfReady(ofUser: key)
     }
 
     /// The outputs to produce, in order; each is answered with its token.
@@ -184,7 +187,7 @@ struct OutputTracker<Item> {
             slots.append(slot)
         }
         // A user's change event waits behind the user's change in flight.
-        if case .entitlementChange(let id) = output, let key = updates[id]?.state.key {
+        if case .entitlementChange(let id) = output, let key = updates[id]?.key {
             if changesInFlight[key] != nil {
                 changesInFlight[key]!.append((UInt(token), unsentOutput))
                 return
@@ -212,15 +215,15 @@ struct OutputTracker<Item> {
 
     private mutating func acknowledged(_ slot: Slot, into events: inout [Event]) {
         events.append(.acknowledged(slot.output))
-        if case .entitlementChange(let id) = slot.output, let key = updates[id]?.state.key {
+        if case .entitlementChange(let id) = slot.output, let key = updates[id]?.key {
             changeAcknowledged(ofUser: key)
         }
-        if let id = slot.update, let key = updates[id]?.state.key {
+        if let id = slot.update, let key = updates[id]?.key {
             updates[id]!.unacknowledgedOutputs -= 1
             writeStateIfReady(ofUser: key)
         }
         if case .entitlementState(let id) = slot.output, let update = updates.removeValue(forKey: id) {
-            let key = update.state.key
+            let key = update.key
             _ = updateOrder[key]?.popFirst()
             if updateOrder[key]?.isEmpty ?? false { updateOrder[key] = nil }
             if let intent = update.intent { events.append(.intentWritten(intent)) }

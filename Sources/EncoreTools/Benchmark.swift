@@ -45,6 +45,9 @@ public enum Benchmark {
         /// End-to-end latency (request time → outcome acknowledged), milliseconds.
         public var latencyMs: [String: Double]
         public var cpuSeconds: Double
+        /// Process CPU from the first record received to the last finished, per request processed:
+        /// the join and the start-up are left out.
+        public var cpuMicrosecondsPerRequest: Double
         public var peakRSSMegabytes: Double
         public var allCommitted: Bool
         public var joinSeconds: Double
@@ -65,6 +68,7 @@ public enum Benchmark {
                 ("latency p99.9", String(format: "%.1f ms", latencyMs["p99.9"] ?? 0)),
                 ("latency max", String(format: "%.1f ms", latencyMs["max"] ?? 0)),
                 ("CPU", String(format: "%.2f s", cpuSeconds)),
+                ("CPU per request", String(format: "%.1f µs", cpuMicrosecondsPerRequest)),
                 ("peak RSS", String(format: "%.1f MB", peakRSSMegabytes)),
                 ("all offsets committed", allCommitted ? "yes" : "NO"),
                 ("group join", String(format: "%.1f s", joinSeconds)),
@@ -79,6 +83,7 @@ public enum Benchmark {
                 "users": users,
                 "offered_rate": offeredRate, "processed": processed, "elapsed_s": elapsedSeconds,
                 "throughput": throughput, "latency_ms": latencyMs, "cpu_s": cpuSeconds,
+                "cpu_us_per_request": cpuMicrosecondsPerRequest,
                 "peak_rss_mb": peakRSSMegabytes, "all_committed": allCommitted, "join_s": joinSeconds,
                 "ledger": ledger, "entitlement_changes": entitlementChanges,
             ]
@@ -172,11 +177,19 @@ public enum Benchmark {
         let clock = ContinuousClock()
         let deadline = clock.now.advanced(by: options.timeout)
         // A processor that stops on its own (a topic check failed) ends the run with its error.
+        // The CPU of the processing window starts at the first record received (sampled every 10 ms).
+        var cpuAtFirstRecord: (cpu: Double, finished: Int)? = nil
         while processor.statistics.finished < options.count && clock.now < deadline && !ended.isSet {
             try await Task.sleep(for: .milliseconds(10))
+            if cpuAtFirstRecord == nil, processor.statistics.received > 0 {
+                cpuAtFirstRecord = (cpuSeconds(), processor.statistics.finished)
+            }
         }
         let statistics = processor.statistics
-        let cpu = cpuSeconds() - cpuBefore
+        let cpuNow = cpuSeconds()
+        let cpu = cpuNow - cpuBefore
+        let window = cpuAtFirstRecord ?? (cpuBefore, 0)
+        let cpuPerRequest = (cpuNow - window.cpu) / Double(max(1, statistics.finished - window.finished)) * 1e6
         // Load for a processor that stopped on its own has nowhere to go.
         if ended.isSet { generating?.cancel() }
         processor.shutdown()
@@ -201,7 +214,8 @@ public enum Benchmark {
                 "p99": Double(latency.percentile(0.99)) / 1000, "p99.9": Double(latency.percentile(0.999)) / 1000,
                 "max": Double(latency.max) / 1000,
             ],
-            cpuSeconds: cpu, peakRSSMegabytes: peakRSSMegabytes(), allCommitted: committed == Int64(options.count),
+            cpuSeconds: cpu, cpuMicrosecondsPerRequest: cpuPerRequest, peakRSSMegabytes: peakRSSMegabytes(),
+            allCommitted: committed == Int64(options.count),
             joinSeconds: Double(first) / 1000 - started.timeIntervalSince1970, ledger: options.ledger,
             entitlementChanges: statistics.entitlementChanges)
     }

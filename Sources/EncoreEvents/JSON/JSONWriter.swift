@@ -94,15 +94,19 @@ public struct JSONWriter: Sendable {
                     UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8
                 ) =
                     (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-            var count = 0
+            // Written from the end of the buffer backwards, then appended in one copy.
+            var start = 20
             withUnsafeMutableBytes(of: &digits) { buffer in
                 while magnitude > 0 {
-                    buffer[count] = UInt8(ascii: "0") + UInt8(magnitude % 10)
+                    start -= 1
+                    buffer[start] = UInt8(ascii: "0") + UInt8(magnitude % 10)
                     magnitude /= 10
-                    count += 1
                 }
-                if value < 0 { bytes.append(UInt8(ascii: "-")) }
-                for position in stride(from: count - 1, through: 0, by: -1) { bytes.append(buffer[position]) }
+                if value < 0 {
+                    start -= 1
+                    buffer[start] = UInt8(ascii: "-")
+                }
+                bytes.append(contentsOf: UnsafeRawBufferPointer(rebasing: buffer[start...]))
             }
         }
         needsComma = true
@@ -120,7 +124,8 @@ public struct JSONWriter: Sendable {
 
     public mutating func bool(_ value: Bool) {
         separate()
-        bytes.append(contentsOf: value ? Array("true".utf8) : Array("false".utf8))
+        let literal: StaticString = value ? "true" : "false"
+        bytes.append(contentsOf: UnsafeBufferPointer(start: literal.utf8Start, count: literal.utf8CodeUnitCount))
         needsComma = true
     }
 

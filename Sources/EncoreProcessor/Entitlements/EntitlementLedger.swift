@@ -53,8 +53,9 @@ public struct EntitlementLedger: Sendable {
 
     /// Takes a user's state read back from the changelog (the latest record of the key wins).
     public mutating func restore(_ state: EntitlementStateRecord, partition: Int32) {
-        users[state.key] = UserEntry(state: state, partition: partition)
-        schedule(state.key)
+        let key = state.key
+        users[key] = UserEntry(state: state, partition: partition)
+        schedule(key)
     }
 
     /// Forgets the users of partitions this processor no longer owns.
@@ -75,14 +76,15 @@ public struct EntitlementLedger: Sendable {
         _ request: PurchaseRequestEvent, attempt: Int, partition: Int32, nowMs: Int64
     ) -> LedgerUpdate {
         let policy = journal
-        let update = mutate(request.key, request.appID, request.appUserID, partition: partition, nowMs: nowMs) {
+        let key = request.key
+        let update = mutate(key, request.appID, request.appUserID, partition: partition, nowMs: nowMs) {
             state, _ in
             state.requests.removeAll { $0.requestID == request.requestID }
             state.requests.append(.init(requestID: request.requestID, attempts: attempt, startedAtMs: nowMs))
             policy.prune(&state.requests, nowMs: nowMs)
         }
         // An intent always changes the state: its attempt number or start time is new.
-        return update ?? LedgerUpdate(changes: [], state: users[request.key]!.state, partition: partition)
+        return update ?? LedgerUpdate(changes: [], state: users[key]!.state, partition: partition)
     }
 
     /// Records a failure the processor decided, before its outcome is published: with what
@@ -93,7 +95,8 @@ public struct EntitlementLedger: Sendable {
         offset: Int64, partition: Int32, nowMs: Int64
     ) -> LedgerUpdate {
         let policy = journal
-        let update = mutate(request.key, request.appID, request.appUserID, partition: partition, nowMs: nowMs) {
+        let key = request.key
+        let update = mutate(key, request.appID, request.appUserID, partition: partition, nowMs: nowMs) {
             state, _ in
             let started = state.requests.last { $0.requestID == request.requestID }?.startedAtMs ?? nowMs
             state.requests.removeAll { $0.requestID == request.requestID }
@@ -103,7 +106,7 @@ public struct EntitlementLedger: Sendable {
                     completedAtMs: nowMs, error: error, controller: controller, offset: offset))
             policy.prune(&state.requests, nowMs: nowMs)
         }
-        return update ?? LedgerUpdate(changes: [], state: users[request.key]!.state, partition: partition)
+        return update ?? LedgerUpdate(changes: [], state: users[key]!.state, partition: partition)
     }
 
     /// Records a request's outcome: its result in the journal and, with `grants`, what it grants
@@ -121,7 +124,8 @@ public struct EntitlementLedger: Sendable {
         let entitlement = grants && status != nil ? offered ?? catalog.entitlement(for: outcome.productID) : nil
         let policy = journal
         let now = outcome.completedAtMs
-        let update = mutate(outcome.key, outcome.appID, outcome.appUserID, partition: partition, nowMs: now) {
+        let key = outcome.key
+        let update = mutate(key, outcome.appID, outcome.appUserID, partition: partition, nowMs: now) {
             state, changes in
             if let status, let entitlement {
                 Self.grant(
@@ -139,7 +143,7 @@ public struct EntitlementLedger: Sendable {
             }
             policy.prune(&state.requests, nowMs: now)
         }
-        return update ?? LedgerUpdate(changes: [], state: users[outcome.key]!.state, partition: partition)
+        return update ?? LedgerUpdate(changes: [], state: users[key]!.state, partition: partition)
     }
 
     // MARK: Rules
