@@ -19,10 +19,12 @@ let package = Package(
         ),
         // OpenSSL's libcrypto: the HMAC that signs calls to an http controller (Debian's libssl-dev).
         .systemLibrary(name: "COpenSSL", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
+        // zlib: the compressed histograms of `loadtest --hdr` (HdrHistogram's log format; Debian's zlib1g-dev).
+        .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
         .target(name: "Kafka", dependencies: ["CRdKafka"]),
         .target(name: "EncoreEvents"),
         .target(name: "EncoreProcessor", dependencies: ["Kafka", "EncoreEvents", "COpenSSL"]),
-        .target(name: "EncoreTools", dependencies: ["EncoreProcessor", "Kafka", "EncoreEvents"]),
+        .target(name: "EncoreTools", dependencies: ["EncoreProcessor", "Kafka", "EncoreEvents", "CZlib"]),
         .executableTarget(
             name: "encore-processor", dependencies: ["EncoreTools", "EncoreProcessor", "Kafka", "EncoreEvents"]),
         // What test targets share: waiting for conditions, an embedded cluster, a recording controller.

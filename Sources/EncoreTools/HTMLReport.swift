@@ -106,6 +106,44 @@ public struct HTMLReport: Sendable {
         body.append(svg + "</svg>")
     }
 
+    /// Lines through points (x, y), one per series, with a legend and both axes' ranges labelled
+    /// (e.g. offered and achieved rate over time, latency against offered rate).
+    public mutating func lineChart(
+        id: String, title: String, xLabel: String, yLabel: String,
+        series: [(name: String, points: [(x: Double, y: Double)])]
+    ) {
+        let width = 720.0
+        let height = 300.0
+        let (left, right, bottom, top) = (60.0, 14.0, 44.0, 44.0)
+        let points = series.flatMap(\.points)
+        let (lowX, highX) = (
+            points.map(\.x).min() ?? 0, max(points.map(\.x).max() ?? 1, (points.map(\.x).min() ?? 0) + 1)
+        )
+        let highY = max(1, points.map(\.y).max() ?? 0)
+        func position(_ point: (x: Double, y: Double)) -> String {
+            let x = left + (width - left - right) * (point.x - lowX) / (highX - lowX)
+            let y = height - bottom - (height - bottom - top) * point.y / highY
+            return "\(Self.coordinate(x)),\(Self.coordinate(y))"
+        }
+        var svg = open(id: id, title: title, width: width, height: height)
+        svg += legend(series.map(\.name), y: 34)
+        if points.isEmpty { svg += text(x: 10, y: 70, "nothing to show", anchor: "start") }
+        svg += text(x: left - 6, y: top + 10, Self.number(highY), anchor: "end")
+        svg += text(x: left - 6, y: height - bottom, "0", anchor: "end")
+        svg += text(x: 14, y: top - 4, yLabel, anchor: "start")
+        svg += text(x: left, y: height - bottom + 16, Self.number(lowX), anchor: "start")
+        svg += text(x: width - right, y: height - bottom + 16, Self.number(highX), anchor: "end")
+        svg += text(x: (left + width - right) / 2, y: height - bottom + 32, xLabel, anchor: "middle")
+        svg +=
+            "<line x1=\"\(left)\" y1=\"\(height - bottom)\" x2=\"\(width - right)\" y2=\"\(height - bottom)\" stroke=\"#999\"/>"
+        for (index, item) in series.enumerated() where !item.points.isEmpty {
+            let colour = Self.palette[index % Self.palette.count]
+            svg +=
+                "<polyline fill=\"none\" stroke=\"\(colour)\" stroke-width=\"2\" points=\"\(item.points.map(position).joined(separator: " "))\"/>"
+        }
+        body.append(svg + "</svg>")
+    }
+
     /// The page.
     public func html() -> String {
         """

@@ -24,23 +24,29 @@ public struct LoadGenerator: Sendable {
 
     public let producer: KafkaProducer
     public let topic: String
-    /// Records per second; 0 produces as fast as the producer takes them.
-    public let rate: Double
+    /// The offered rate over time; `nil` produces as fast as the producer takes them.
+    public let schedule: RateSchedule?
     public let source: String
 
+    /// Records per second; 0 produces as fast as the producer takes them.
     public init(producer: KafkaProducer, topic: String, rate: Double = 0, source: String = "/encore-processor/generate")
     {
+        self.init(producer: producer, topic: topic, schedule: rate > 0 ? RateSchedule(rate) : nil, source: source)
+    }
+
+    public init(producer: KafkaProducer, topic: String, schedule: RateSchedule?, source: String) {
         self.producer = producer
         self.topic = topic
-        self.rate = rate
+        self.schedule = schedule
         self.source = source
     }
 
     /// Produces until `count` records were sent or `duration` passed, then waits for every
-    /// acknowledgement. `report` is called about every `interval` and once at the end.
+    /// acknowledgement. `report` is called about every `interval` and once at the end; `sent`
+    /// with each record as it is produced.
     public func run(
         generator: inout RequestGenerator, count: Int?, duration: Duration?, interval: Duration = .seconds(1),
-        report: (Progress) -> Void = { _ in }
+        report: (Progress) -> Void = { _ in }, sent: (RequestGenerator.Record) -> Void = { _ in }
     ) async throws -> Progress {
         let counters = DeliveryCounters()
         // The first records would otherwise wait for the topic's metadata: a start-up stall that
@@ -66,18 +72,19 @@ public struct LoadGenerator: Sendable {
             if let duration, now - start >= duration {
                 // A token bucket's budget accrues with time: a sender that fell behind (a busy
                 // machine) catches up on what the window allowed before it stops.
-                let owed = rate > 0 ? Int(rate * duration.seconds) - progress.sent : 0
+                let owed = schedule.map { $0.allowed(at: duration.seconds) - progress.sent } ?? 0
                 if owed <= 0 { break }
             }
             if now >= nextReport {
                 report(snapshot())
                 nextReport = now.advanced(by: interval)
             }
-            if rate > 0 {
-                let allowed = Int(rate * (now - start).seconds) + 1
-                if progress.sent >= allowed {
+            if let schedule {
+                let elapsed = (now - start).seconds
+                if progress.sent >= schedule.allowed(at: elapsed) + 1 {
                     // At most a thousand wake-ups a second: each sleep costs a timer; what the window allows
                     // after it goes out together.
+                    let rate = max(1, schedule.rate(at: elapsed))
                     try await Task.sleep(for: .microseconds(max(1000, Int(1_000_000 / rate / 2))))
                     continue
                 }
@@ -97,6 +104,7 @@ public struct LoadGenerator: Sendable {
             while !enqueue(producerRecord, counters: counters) {
                 try await Task.sleep(for: .milliseconds(1))
             }
+            sent(record)
             progress.sent += 1
             if progress.sent % 1024 == 0 { await Task.yield() }
         }
@@ -105,6 +113,37 @@ public struct LoadGenerator: Sendable {
         let final = snapshot()
         report(final)
         return final
+    }
+}
+
+/// An offered rate over time: steady, or a linear ramp from one rate to another over a duration.
+public struct RateSchedule: Sendable, Hashable {
+    public var from: Double
+    public var to: Double
+    /// The ramp's length in seconds (a steady rate stays `from` however long it runs).
+    public var over: Double
+
+    public init(_ rate: Double) {
+        self.init(from: rate, to: rate, over: 1)
+    }
+
+    public init(from: Double, to: Double, over: Double) {
+        precondition(from >= 0 && to >= 0 && over > 0)
+        self.from = from
+        self.to = to
+        self.over = over
+    }
+
+    /// Records per second `elapsed` seconds in.
+    public func rate(at elapsed: Double) -> Double {
+        from + (to - from) * min(max(elapsed, 0), over) / over
+    }
+
+    /// Records the schedule allows in the first `elapsed` seconds (the integral of the rate).
+    public func allowed(at elapsed: Double) -> Int {
+        let ramped = min(max(elapsed, 0), over)
+        let during = from * ramped + (to - from) * ramped * ramped / (2 * over)
+        return Int(during + to * max(0, elapsed - over))
     }
 }
 

@@ -28,6 +28,10 @@ public struct RequestGenerator: Sendable {
         public var seed: UInt64 = 1
         /// The requests' environment; `nil`: one in ten `SANDBOX`, the others `PRODUCTION`.
         public var environment: PurchaseEnvironment? = .sandbox
+        /// Request ids are `{prefix}-{seed}-{n}`: a load test's own prefix tells its requests apart.
+        public var requestIDPrefix = "req"
+        /// Attributes every request carries (e.g. `encore_loadtest_run`).
+        public var attributes: [String: String] = [:]
         public init() {}
     }
 
@@ -156,13 +160,14 @@ public struct RequestGenerator: Sendable {
         let entitlement: Entitlement? =
             random.next() % 4 == 3 ? nil : Self.offers[Int(fnv1a(product) % UInt64(Self.offers.count))]
         return PurchaseRequestEvent(
-            requestID: "req-\(options.seed)-\(sequence)", appID: options.appID,
+            requestID: "\(options.requestIDPrefix)-\(options.seed)-\(sequence)", appID: options.appID,
             appUserID: "user-\(String(user, radix: 10))", productID: product,
             store: [.appStore, .appStore, .playStore, .stripe][Int(random.next() % 4)],
             environment: Self.environment(options.environment, draw: random.next()),
             requestedAtMs: nowMs,
             placementID: placement, campaignID: entitlement == nil ? nil : "cmp-\(random.next() % 8)",
-            offerID: entitlement == nil ? nil : "offer-\(random.next() % 16)", entitlement: entitlement)
+            offerID: entitlement == nil ? nil : "offer-\(random.next() % 16)", entitlement: entitlement,
+            attributes: options.attributes.isEmpty ? nil : options.attributes)
     }
 
     /// The configured environment, or one in ten `SANDBOX` by `draw` (drawn either way, so a seed

@@ -6,6 +6,7 @@ let commands: [(definition: CommandDefinition, execute: (ParsedOptions) async th
     (RunCommand.definition, RunCommand.execute),
     (DemoCommand.definition, DemoCommand.execute),
     (GenerateCommand.definition, GenerateCommand.execute),
+    (LoadTestCommand.definition, LoadTestCommand.execute),
     (TopicsCommand.definition, TopicsCommand.execute),
     (BrokerCommand.definition, BrokerCommand.execute),
     (BenchCommand.definition, BenchCommand.execute),

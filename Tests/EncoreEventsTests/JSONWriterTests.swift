@@ -14,6 +14,7 @@ struct JSONWriterTests {
         writer.field("f", false)
         writer.endObject()
         #expect(String(decoding: writer.bytes, as: UTF8.self) == "{\"n\":\(value),\"t\":true,\"f\":false}")
-        #expect(try JSONValue.parse(writer.bytes) == .object(["n": .integer(value), "t": .bool(true), "f": .bool(false)]))
+        #expect(
+            try JSONValue.parse(writer.bytes) == .object(["n": .integer(value), "t": .bool(true), "f": .bool(false)]))
     }
 }

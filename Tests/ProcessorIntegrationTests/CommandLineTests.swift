@@ -17,6 +17,7 @@ struct CommandLineTests {
         "every command has --help",
         arguments: [
             "run", "demo", "generate", "topics", "broker", "bench", "entitlements", "dead-letters", "audit", "offsets",
+            "loadtest",
         ])
     func help(command: String) async throws {
         let (status, output, _) = try await runBinary([command, "--help"])

@@ -122,6 +122,12 @@ public struct JSONWriter: Sendable {
         }
     }
 
+    public mutating func null() {
+        separate()
+        bytes.append(contentsOf: [UInt8(ascii: "n"), UInt8(ascii: "u"), UInt8(ascii: "l"), UInt8(ascii: "l")])
+        needsComma = true
+    }
+
     public mutating func bool(_ value: Bool) {
         separate()
         let literal: StaticString = value ? "true" : "false"

@@ -1,0 +1,268 @@
+import EncoreEvents
+import Foundation
+
+/// What a load test found: offered and achieved throughput, latency, missing and duplicate
+/// outcomes, results by kind, the knee of a ramp and whether the SLO held. Rendered as a table,
+/// JSON, a self-contained HTML page or an HdrHistogram log.
+public struct LoadTestReport: Sendable {
+    public var runID: String
+    public var startedAt: Date
+    public var schedule: RateSchedule
+    public var isRamp: Bool
+    public var durationSeconds: Double
+    /// Seconds production actually took (a busy producer catches up after `durationSeconds`).
+    public var productionSeconds: Double
+    /// Records produced (valid, duplicates and invalid), and acknowledged by the broker.
+    public var sent: Int
+    public var acknowledged: Int
+    public var produceErrors: Int
+    public var validSent: Int
+    public var duplicatesSent: Int
+    public var invalidSent: Int
+    /// Valid requests with at least one outcome, and without any.
+    public var answered: Int
+    public var missing: Int
+    public var missingExamples: [String]
+    /// Outcomes beyond the first of a request.
+    public var duplicateOutcomes: Int
+    public var results: [String: Int]
+    public var deadLetters: Int
+    /// Request-to-outcome latency of every answered request (microseconds).
+    public var latency: HdrHistogram
+    public var windows: [LoadTest.Window]
+    public var lastAnsweredSeconds: Double
+    public var slo: LoadTest.SLO
+
+    /// The p99 bound that finds the knee of a ramp: the SLO's, else a second.
+    public var kneeBoundMs: Double { slo.p99Ms ?? 1000 }
+
+    public var offeredRate: Double { productionSeconds > 0 ? Double(sent) / productionSeconds : 0 }
+    public var achievedRate: Double { lastAnsweredSeconds > 0 ? Double(answered) / lastAnsweredSeconds : 0 }
+
+    func milliseconds(_ histogram: HdrHistogram, _ percentile: Double) -> Double {
+        Double(histogram.value(atPercentile: percentile)) / 1000
+    }
+
+    /// The windows in which requests were produced.
+    var productionWindows: [LoadTest.Window] { windows.filter { $0.sent > 0 } }
+
+    /// A ramp's knee: the highest offered rate before the first window whose requests had a p99
+    /// above ``kneeBoundMs`` or were not all answered. `nil` when the first window already failed.
+    public var knee: (rate: Double, reachedEnd: Bool)? {
+        var last: Double? = nil
+        for window in productionWindows {
+            let unanswered = window.ofSent.totalCount < Int64(window.sent - invalidShare(window))
+            if unanswered || milliseconds(window.ofSent, 99) > kneeBoundMs { return last.map { ($0, false) } }
+            last = window.offeredRate
+        }
+        return last.map { ($0, true) }
+    }
+
+    /// Invalid records and duplicates produced in `window` never get an outcome of their own;
+    /// the window's share of them, pro rata.
+    private func invalidShare(_ window: LoadTest.Window) -> Int {
+        guard sent > 0 else { return 0 }
+        return Int((Double(window.sent) * Double(duplicatesSent + invalidSent) / Double(sent)).rounded(.up))
+    }
+
+    /// Why the run fails its SLO; empty when it holds.
+    public var failures: [String] {
+        var failures: [String] = []
+        if missing > slo.missing {
+            failures.append("missing: \(missing) requests without an outcome (at most \(slo.missing))")
+        }
+        if produceErrors > 0 {
+            failures.append("produce_errors: \(produceErrors) requests not delivered to the broker")
+        }
+        if let bound = slo.p99Ms, !isRamp, milliseconds(latency, 99) > bound {
+            failures.append(String(format: "p99: %.1f ms (at most %.1f ms)", milliseconds(latency, 99), bound))
+        }
+        return failures
+    }
+
+    public var passed: Bool { failures.isEmpty }
+
+    // MARK: Rendering
+
+    private var offeredDescription: String {
+        isRamp
+            ? String(format: "ramp %.0f/s to %.0f/s over %.0f s", schedule.from, schedule.to, durationSeconds)
+            : String(format: "%.0f/s for %.0f s", schedule.from, durationSeconds)
+    }
+
+    private var resultsDescription: String {
+        results.isEmpty
+            ? "none" : results.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
+    }
+
+    private var kneeDescription: String {
+        guard isRamp else { return "- (not a ramp)" }
+        guard let knee else {
+            return String(format: "below %.0f/s (p99 above %.0f ms from the start)", schedule.from, kneeBoundMs)
+        }
+        return knee.reachedEnd
+            ? String(format: "not reached: p99 within %.0f ms up to %.0f/s", kneeBoundMs, knee.rate)
+            : String(format: "%.0f/s (the highest offered rate with p99 within %.0f ms)", knee.rate, kneeBoundMs)
+    }
+
+    public func table() -> String {
+        var lines = [
+            "loadtest \(runID): \(offeredDescription)",
+            String(
+                format:
+                    "offered      %d requests (%.1f/s), %d acknowledged, %d produce errors, %d duplicates, %d invalid",
+                sent, offeredRate, acknowledged, produceErrors, duplicatesSent, invalidSent),
+            String(
+                format: "answered     %d of %d valid (%.1f/s achieved), %d missing, %d duplicate outcomes", answered,
+                validSent, achievedRate, missing, duplicateOutcomes),
+            "results      \(resultsDescription)",
+            "dead letters \(deadLetters)",
+            String(
+                format: "latency      p50 %.1f ms  p90 %.1f ms  p99 %.1f ms  p99.9 %.1f ms  max %.1f ms",
+                milliseconds(latency, 50), milliseconds(latency, 90), milliseconds(latency, 99),
+                milliseconds(latency, 99.9), Double(latency.maxValue) / 1000),
+            "knee         \(kneeDescription)",
+        ]
+        if !missingExamples.isEmpty {
+            lines.append("missing e.g. \(missingExamples.prefix(5).joined(separator: ", "))")
+        }
+        lines.append(passed ? "SLO          held" : "SLO          FAILED: \(failures.joined(separator: "; "))")
+        return lines.joined(separator: "\n")
+    }
+
+    public func json() -> String {
+        var writer = JSONWriter(capacity: 4096)
+        writer.beginObject()
+        writer.field("run_id", runID)
+        writer.field("passed", passed)
+        writer.key("failures")
+        writer.beginArray()
+        for failure in failures { writer.string(failure) }
+        writer.endArray()
+        writer.key("offered")
+        writer.beginObject()
+        writer.key("from_rate")
+        writer.number(schedule.from)
+        writer.key("to_rate")
+        writer.number(schedule.to)
+        writer.key("duration_s")
+        writer.number(durationSeconds)
+        writer.key("rate")
+        writer.number(offeredRate)
+        writer.endObject()
+        writer.field("sent", sent)
+        writer.field("acknowledged", acknowledged)
+        writer.field("produce_errors", produceErrors)
+        writer.field("valid_sent", validSent)
+        writer.field("duplicates_sent", duplicatesSent)
+        writer.field("invalid_sent", invalidSent)
+        writer.field("answered", answered)
+        writer.key("achieved_rate")
+        writer.number(achievedRate)
+        writer.field("missing", missing)
+        writer.key("missing_examples")
+        writer.beginArray()
+        for id in missingExamples { writer.string(id) }
+        writer.endArray()
+        writer.field("duplicate_outcomes", duplicateOutcomes)
+        writer.key("results")
+        writer.beginObject()
+        for (result, count) in results.sorted(by: { $0.key < $1.key }) {
+            writer.key(dynamic: result)
+            writer.integer(Int64(count))
+        }
+        writer.endObject()
+        writer.field("dead_letters", deadLetters)
+        writer.key("latency_ms")
+        writer.beginObject()
+        for (name, percentile) in [("p50", 50.0), ("p90", 90), ("p99", 99), ("p99.9", 99.9)] {
+            writer.key(dynamic: name)
+            writer.number(milliseconds(latency, percentile))
+        }
+        writer.key("max")
+        writer.number(Double(latency.maxValue) / 1000)
+        writer.endObject()
+        writer.key("knee_rate")
+        if isRamp, let knee, !knee.reachedEnd { writer.number(knee.rate) } else { writer.null() }
+        writer.field("knee_reached_end", isRamp && knee?.reachedEnd == true)
+        writer.key("knee_bound_ms")
+        writer.number(kneeBoundMs)
+        writer.objects("windows", windows) { writer, window in
+            writer.key("start_s")
+            writer.number(window.start)
+            writer.key("offered_rate")
+            writer.number(window.offeredRate)
+            writer.field("sent", window.sent)
+            writer.field("answered", window.answered)
+            writer.field("dead_letters", window.deadLetters)
+            writer.key("p99_ms")
+            writer.number(milliseconds(window.seen, 99))
+            writer.key("p99_ms_of_sent")
+            writer.number(milliseconds(window.ofSent, 99))
+        }
+        writer.endObject()
+        return String(decoding: writer.bytes, as: UTF8.self)
+    }
+
+    /// The latencies of each window (outcomes seen in it) in HdrHistogram's log format.
+    public func hdrLog() -> String {
+        HdrHistogram.log(
+            intervals: windows.map { ($0.start, $0.length, $0.seen) }, startedAt: startedAt)
+    }
+
+    public func html() -> String {
+        var page = HTMLReport(title: "Load test \(runID)")
+        page.paragraph(
+            passed ? "SLO held" : "SLO failed: \(failures.joined(separator: "; "))", className: passed ? "good" : "bad")
+        page.table([
+            ["figure", "value"],
+            ["offered", offeredDescription + String(format: " (%d requests, %.1f/s)", sent, offeredRate)],
+            ["answered", String(format: "%d of %d valid, %.1f/s achieved", answered, validSent, achievedRate)],
+            ["missing outcomes", "\(missing)"], ["duplicate outcomes", "\(duplicateOutcomes)"],
+            ["results", resultsDescription], ["dead letters", "\(deadLetters)"],
+            [
+                "latency",
+                String(
+                    format: "p50 %.1f ms, p90 %.1f ms, p99 %.1f ms, max %.1f ms", milliseconds(latency, 50),
+                    milliseconds(latency, 90), milliseconds(latency, 99), Double(latency.maxValue) / 1000),
+            ],
+            ["knee", kneeDescription],
+        ])
+        let middles = windows.map { $0.start + $0.length / 2 }
+        page.lineChart(
+            id: "rate", title: "Offered and achieved rate", xLabel: "seconds", yLabel: "requests/s",
+            series: [
+                ("offered", zip(middles, productionWindowsRates(\.offeredRate)).map { ($0, $1) }),
+                ("achieved", zip(middles, windows.map(\.achievedRate)).map { ($0, $1) }),
+            ])
+        page.lineChart(
+            id: "latency", title: "Latency percentiles of the outcomes seen", xLabel: "seconds", yLabel: "ms",
+            series: [("p50", 50.0), ("p90", 90), ("p99", 99)].map { name, percentile in
+                (
+                    name,
+                    zip(windows, middles).filter { $0.0.seen.totalCount > 0 }.map {
+                        ($1, milliseconds($0.seen, percentile))
+                    }
+                )
+            })
+        let kinds = Set(windows.flatMap(\.results.keys)).sorted()
+        page.stackedColumns(
+            id: "outcomes", title: "Outcomes seen per window, by result",
+            columns: windows.map { String(format: "%.0f s", $0.start) },
+            series: kinds.map { kind in (kind, windows.map { Double($0.results[kind] ?? 0) }) })
+        let measured = productionWindows.filter { $0.ofSent.totalCount > 0 }
+        page.lineChart(
+            id: "knee", title: "Latency against offered rate (requests produced in each window)",
+            xLabel: "offered requests/s", yLabel: "ms",
+            series: [
+                ("p50", measured.map { ($0.offeredRate, milliseconds($0.ofSent, 50)) }),
+                ("p99", measured.map { ($0.offeredRate, milliseconds($0.ofSent, 99)) }),
+            ])
+        return page.html()
+    }
+
+    /// The offered rate of the windows with production, 0 in the grace windows after.
+    private func productionWindowsRates(_ rate: KeyPath<LoadTest.Window, Double>) -> [Double] {
+        windows.map { $0.sent > 0 ? $0[keyPath: rate] : 0 }
+    }
+}

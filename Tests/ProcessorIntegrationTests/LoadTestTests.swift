@@ -1,0 +1,204 @@
+import EncoreEvents
+import Foundation
+import Kafka
+import TestSupport
+import Testing
+
+#if canImport(FoundationXML)
+    import FoundationXML
+#endif
+
+/// The fields of `loadtest --json`.
+private func loadTestFields(_ json: String) throws -> [String: JSONValue] {
+    guard case .object(let fields) = try JSONValue.parse(Array(json.utf8)) else {
+        throw TestFailure("not JSON: \(json)")
+    }
+    return fields
+}
+
+private func integer(_ fields: [String: JSONValue], _ name: String) -> Int64? {
+    if case .integer(let value)? = fields[name] { value } else { nil }
+}
+
+/// A broker and a processor started apart, as a deployment is; `ready()` waits until a small
+/// load test passes (the group is joined, outcomes flow).
+private struct Deployment {
+    let broker: ChildProcess
+    let bootstrap: String
+    let processor: ChildProcess
+
+    static func start(group: String, processorArguments: [String] = []) async throws -> Deployment {
+        let (broker, bootstrap) = try await startBroker()
+        let processor = try ChildProcess(
+            try processorBinary(),
+            [
+                "run", "--bootstrap-servers", bootstrap, "--group-id", group, "--controller", "simulated",
+                "--log-level", "warning",
+            ] + (processorArguments.isEmpty ? ["--simulated-latency-ms", "0"] : processorArguments))
+        let deployment = Deployment(broker: broker, bootstrap: bootstrap, processor: processor)
+        let (status, output, errors) = try await deployment.loadTest(
+            ["--rate", "20", "--duration", "1", "--grace", "60", "--run-id", "warmup"])
+        guard status == 0 else { throw TestFailure("warm-up load test: \(status)\n\(output)\n\(errors)") }
+        return deployment
+    }
+
+    func loadTest(_ arguments: [String]) async throws -> (Int32, String, String) {
+        try await runBinary(
+            ["loadtest", "--bootstrap-servers", bootstrap, "--users", "50", "--log-level", "warning"] + arguments,
+            timeout: .seconds(180))
+    }
+
+    func stop() async {
+        await processor.stop()
+        await broker.stop()
+    }
+
+    /// This run's requests and outcomes as the topics hold them.
+    func topics(runID: String) async throws -> (requests: [PurchaseRequestEvent], outcomes: [String: Int]) {
+        let requests = try await readTopic(bootstrap: bootstrap, topic: Topics.requests).compactMap {
+            try? PurchaseRequestEvent(jsonBytes: $0.value)
+        }.filter { $0.attributes?["encore_loadtest_run"] == runID }
+        var outcomes: [String: Int] = [:]
+        for message in try await readTopic(bootstrap: bootstrap, topic: Topics.outcomes) {
+            let outcome = try PurchaseOutcomeEvent(jsonBytes: message.value)
+            if outcome.requestID.hasPrefix("lt-\(runID)-") { outcomes[outcome.requestID, default: 0] += 1 }
+        }
+        return (requests, outcomes)
+    }
+}
+
+@Suite("loadtest: the real binary against a deployment on the embedded broker")
+struct LoadTestTests {
+    @Test("a steady run counts exactly what was produced and answered; HTML and HDR log readable; exit 0")
+    func steady() async throws {
+        let deployment = try await Deployment.start(group: "loaded")
+        defer { Task { await deployment.stop() } }
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("loadtest-\(UUID())")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let (html, hdr) = (
+            directory.appendingPathComponent("report.html"), directory.appendingPathComponent("run.hlog")
+        )
+        let (status, output, errors) = try await deployment.loadTest([
+            "--rate", "100", "--duration", "6", "--grace", "60", "--window-s", "2", "--run-id", "steady",
+            "--duplicate-ratio", "0.05", "--json", "--html", html.path, "--hdr", hdr.path,
+        ])
+        #expect(status == 0, "\(output)\n\(errors)")
+        #expect(!errors.contains("offered "), "--json prints no live lines: \(errors)")
+        let fields = try loadTestFields(output)
+        let (requests, outcomes) = try await deployment.topics(runID: "steady")
+        // Every request the run produced is in the topic, SANDBOX, marked with the run id.
+        let sent = try #require(integer(fields, "sent"))
+        #expect(sent == 600, "6 s at 100/s")
+        #expect(Int64(requests.count) == sent)
+        #expect(requests.allSatisfy { $0.environment == .sandbox && $0.requestID.hasPrefix("lt-steady-") })
+        let unique = Set(requests.map(\.requestID))
+        #expect(integer(fields, "valid_sent") == Int64(unique.count))
+        #expect(integer(fields, "duplicates_sent") == Int64(requests.count - unique.count))
+        // Every unique request answered once, as the outcomes topic holds them.
+        #expect(integer(fields, "answered") == Int64(unique.count))
+        #expect(Set(outcomes.keys) == unique)
+        #expect(outcomes.values.allSatisfy { $0 == 1 })
+        #expect(integer(fields, "missing") == 0 && integer(fields, "duplicate_outcomes") == 0)
+        if case .object(let results)? = fields["results"] {
+            #expect(
+                results.values.reduce(Int64(0)) { if case .integer(let n) = $1 { $0 + n } else { $0 } }
+                    == Int64(unique.count))
+        } else {
+            Issue.record("no results: \(output)")
+        }
+        let page = try String(contentsOf: html, encoding: .utf8)
+        #expect(isWellFormed(html: page))
+        for chart in ["rate", "latency", "outcomes", "knee"] { #expect(page.contains("<svg id=\"\(chart)\"")) }
+        // HdrHistogram's own Python reader decodes every interval: together, every answered request.
+        let reader = try ChildProcess(
+            URL(fileURLWithPath: "/usr/bin/env"),
+            [
+                "python3", "-c",
+                """
+                import sys
+                from hdrh.histogram import HdrHistogram
+                from hdrh.log import HistogramLogReader
+                reader = HistogramLogReader(sys.argv[1], HdrHistogram(1, 3600 * 10**6, 3))
+                total = 0
+                while (h := reader.get_next_interval_histogram()) is not None:
+                    total += h.get_total_count()
+                print(total)
+                """, hdr.path,
+            ])
+        #expect(await reader.waitForExit(timeout: .seconds(60)) == 0, "\(reader.stderr)")
+        #expect(reader.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == String(unique.count))
+    }
+
+    @Test("the processor stopped half-way: the requests without an outcome are reported missing, exit 1")
+    func stoppedHalfWay() async throws {
+        let deployment = try await Deployment.start(group: "stopped")
+        defer { Task { await deployment.stop() } }
+        let run = Task {
+            try await deployment.loadTest([
+                "--rate", "100", "--duration", "8", "--grace", "3", "--run-id", "halfway", "--json",
+            ])
+        }
+        // Stopped once some of the run's requests were answered.
+        #expect(
+            try await eventually(timeout: .seconds(60)) {
+                try await deployment.topics(runID: "halfway").outcomes.count >= 100
+            })
+        deployment.processor.signal(SIGTERM)
+        #expect(await deployment.processor.waitForExit(timeout: .seconds(60)) == 0)
+        let (status, output, errors) = try await run.value
+        #expect(status == 1, "\(output)\n\(errors)")
+        let fields = try loadTestFields(output)
+        let (requests, outcomes) = try await deployment.topics(runID: "halfway")
+        let unique = Set(requests.map(\.requestID))
+        let missing = unique.subtracting(outcomes.keys).count
+        #expect(missing > 0, "requests kept coming for seconds after the stop")
+        #expect(integer(fields, "missing") == Int64(missing))
+        #expect(integer(fields, "answered") == Int64(outcomes.count))
+        #expect(fields["passed"] == .bool(false))
+    }
+
+    @Test("a p99 above the SLO fails the run (exit 1); a missing allowance is honoured")
+    func sloViolation() async throws {
+        let deployment = try await Deployment.start(
+            group: "slow", processorArguments: ["--simulated-latency-ms", "40"])
+        defer { Task { await deployment.stop() } }
+        let (status, output, errors) = try await deployment.loadTest([
+            "--rate", "50", "--duration", "3", "--window-s", "1", "--grace", "60", "--run-id", "slo",
+            "--slo", "p99=5,missing=0",
+        ])
+        #expect(status == 1, "\(output)\n\(errors)")
+        #expect(output.contains("SLO          FAILED: p99:"), "\(output)")
+        #expect(output.contains(", 0 missing,"), "\(output)")
+        // The live lines: one per window on standard error.
+        #expect(errors.contains("offered 50/s"), "\(errors)")
+        let (passing, passed, passingErrors) = try await deployment.loadTest([
+            "--rate", "50", "--duration", "2", "--grace", "60", "--run-id", "slo2", "--slo", "p99=60000",
+        ])
+        #expect(passing == 0, "\(passed)\n\(passingErrors)")
+    }
+
+    @Test("a ramp past what the deployment answers reports its knee inside the ramp")
+    func rampKnee() async throws {
+        // About 100 calls a second at most: 2 in flight, 20 ms each.
+        let deployment = try await Deployment.start(
+            group: "ramped", processorArguments: ["--simulated-latency-ms", "20", "--max-in-flight", "2"])
+        defer { Task { await deployment.stop() } }
+        let (status, output, errors) = try await deployment.loadTest([
+            "--ramp", "10:400", "--duration", "16", "--window-s", "2", "--grace", "120", "--run-id", "ramp",
+            "--slo", "p99=800", "--json",
+        ])
+        let fields = try loadTestFields(output)
+        #expect(status == 0, "everything is answered after the grace: \(output)\n\(errors)")
+        let knee: Double
+        switch fields["knee_rate"] {
+        case .double(let value)?: knee = value
+        case .integer(let value)?: knee = Double(value)
+        default:
+            Issue.record("no knee: \(output)")
+            return
+        }
+        #expect(knee >= 10 && knee < 400, "\(output)")
+        #expect(fields["knee_reached_end"] == .bool(false))
+    }
+}
