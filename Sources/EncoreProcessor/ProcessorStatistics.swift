@@ -47,6 +47,8 @@ public struct ProcessorStatistics: Sendable {
     /// Wall-clock milliseconds of the first record received and of the last record finished.
     /// Outcomes published, by result and controller (`-` when none was called).
     public var outcomesByController: [Labels: Int] = [:]
+    /// Outcomes of requests a load test produced (`attributes.encore_loadtest_run`).
+    public var loadTestOutcomes = 0
     /// Controller calls that ended with an error, by error type.
     public var controllerErrors: [String: Int] = [:]
     /// Calls that retried an attempt of this process.
@@ -110,6 +112,7 @@ public struct ProcessorStatistics: Sendable {
             total.assignedPartitions += part.assignedPartitions
             total.peakInFlight += part.peakInFlight
             total.outcomesByController.merge(part.outcomesByController, uniquingKeysWith: +)
+            total.loadTestOutcomes += part.loadTestOutcomes
             total.controllerErrors.merge(part.controllerErrors, uniquingKeysWith: +)
             total.retries += part.retries
             total.deadLettersByClass.merge(part.deadLettersByClass, uniquingKeysWith: +)

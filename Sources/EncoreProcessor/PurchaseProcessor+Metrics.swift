@@ -21,6 +21,10 @@ extension PurchaseProcessor {
         text.counter(
             "encore_outcomes_total", "Outcomes published, by result and controller.",
             statistics.outcomesByController.map { (["result": $0.key.first, "controller": $0.key.second], $0.value) })
+        text.counter(
+            "encore_loadtest_outcomes_total",
+            "Outcomes of requests a load test produced (attributes.encore_loadtest_run), also counted above.",
+            [([:], statistics.loadTestOutcomes)])
         text.counter("encore_controller_calls_total", "Controller calls made.", [([:], statistics.controllerCalls)])
         text.counter(
             "encore_controller_errors_total", "Controller calls that ended in an error, by type.",

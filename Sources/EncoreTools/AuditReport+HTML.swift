@@ -19,7 +19,9 @@ extension AuditReport {
         page.table(
             [
                 ["figure", "value"], ["requests", String(figures.requests)],
-                ["re-sent request ids", String(figures.resentRequests)], ["outcomes", String(figures.outcomes)],
+                ["re-sent request ids", String(figures.resentRequests)],
+                ["load-test requests by run", Self.inline(figures.loadTestRequests)],
+                ["outcomes", String(figures.outcomes)],
                 ["outcomes by result", Self.inline(figures.outcomesByResult)],
                 ["outcomes by controller", Self.inline(figures.outcomesByController)],
                 ["dead letters by stage", Self.inline(figures.deadLettersByStage)],

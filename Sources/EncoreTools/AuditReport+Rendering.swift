@@ -25,6 +25,7 @@ extension AuditReport {
             ("outcomes_by_result", figures.outcomesByResult), ("outcomes_by_controller", figures.outcomesByController),
             ("dead_letters_by_stage", figures.deadLettersByStage),
             ("dead_letters_by_class", figures.deadLettersByClass), ("changes_by_kind", figures.changesByKind),
+            ("load_test_requests_by_run", figures.loadTestRequests),
         ] {
             writer.key(dynamic: name)
             writer.beginObject()
@@ -82,7 +83,8 @@ extension AuditReport {
         lines.append("Audit of \(span.isEmpty ? "every request" : "the requests " + span.joined(separator: " "))")
         lines.append("")
         lines.append(
-            "requests \(figures.requests) (\(figures.resentRequests) re-sent ids), outcomes \(figures.outcomes)")
+            "requests \(figures.requests) (\(figures.resentRequests) re-sent ids, \(figures.loadTestRequests.values.reduce(0, +)) from load tests), outcomes \(figures.outcomes)"
+        )
         lines.append("  by result:     " + Self.inline(figures.outcomesByResult))
         lines.append("  by controller: " + Self.inline(figures.outcomesByController))
         lines.append(

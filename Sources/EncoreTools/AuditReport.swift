@@ -53,6 +53,8 @@ public struct AuditReport: Sendable {
     public struct Figures: Sendable {
         public var requests = 0
         public var resentRequests = 0
+        /// Requests of the range a load test produced (`attributes.encore_loadtest_run`), by run id.
+        public var loadTestRequests: [String: Int] = [:]
         public var outcomes = 0
         public var outcomesByResult: [String: Int] = [:]
         public var outcomesByController: [String: Int] = [:]

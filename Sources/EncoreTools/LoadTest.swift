@@ -34,6 +34,9 @@ public enum LoadTest {
         public var isRamp: Bool { schedule.from != schedule.to }
     }
 
+    /// The request attribute that marks a load test's requests with its run id.
+    public static let runAttribute = "encore_loadtest_run"
+
     /// What the run must show to pass.
     public struct SLO: Sendable, Hashable {
         /// The largest p99 request-to-outcome latency allowed, in milliseconds (the knee's bound in a ramp).
@@ -83,7 +86,7 @@ public enum LoadTest {
     ) async throws -> LoadTestReport {
         var generatorOptions = options.generator
         generatorOptions.requestIDPrefix = "lt-\(options.runID)"
-        generatorOptions.attributes["encore_loadtest_run"] = options.runID
+        generatorOptions.attributes[runAttribute] = options.runID
         let tracker = LoadTestTracker(window: options.window.seconds, schedule: options.schedule)
         // Read from the current ends: fetched before the first request is produced, so no outcome
         // of this run can fall before them.

@@ -134,6 +134,9 @@ public struct PipelineAudit: Sendable {
             resentRequests += 1
             return
         }
+        if let run = request.attributes?[LoadTest.runAttribute] {
+            report.figures.loadTestRequests[run, default: 0] += 1
+        }
         let index = Int32(requests.count)
         if requestIndex[fingerprint] == nil {
             requestIndex[fingerprint] = index

@@ -71,7 +71,9 @@ private struct Deployment {
 struct LoadTestTests {
     @Test("a steady run counts exactly what was produced and answered; HTML and HDR log readable; exit 0")
     func steady() async throws {
-        let deployment = try await Deployment.start(group: "loaded")
+        let deployment = try await Deployment.start(
+            group: "loaded",
+            processorArguments: ["--simulated-latency-ms", "0", "--http-listen", "127.0.0.1:0", "--log-level", "info"])
         defer { Task { await deployment.stop() } }
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("loadtest-\(UUID())")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
@@ -106,6 +108,20 @@ struct LoadTestTests {
                     == Int64(unique.count))
         } else {
             Issue.record("no results: \(output)")
+        }
+        // The deployment's metrics and an audit tell the load test's traffic apart (the warm-up's 20 too).
+        let operations = OperationsTests()
+        let base = try await operations.endpoint(of: deployment.processor)
+        #expect(try await operations.metrics(base)["encore_loadtest_outcomes_total{}"] == Double(unique.count + 20))
+        let (auditStatus, audit, auditErrors) = try await runBinary(
+            ["audit", "--bootstrap-servers", deployment.bootstrap, "--json"], timeout: .seconds(120))
+        #expect(auditStatus == 0, "\(audit)\n\(auditErrors)")
+        if case .object(let figures)? = try loadTestFields(audit)["figures"],
+            case .object(let runs)? = figures["load_test_requests_by_run"]
+        {
+            #expect(runs == ["warmup": .integer(20), "steady": .integer(Int64(unique.count))])
+        } else {
+            Issue.record("no load_test_requests_by_run: \(audit)")
         }
         let page = try String(contentsOf: html, encoding: .utf8)
         #expect(isWellFormed(html: page))
