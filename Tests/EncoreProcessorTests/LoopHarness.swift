@@ -233,7 +233,7 @@ final class LoopHarness: Sendable {
 
     var statistics: ProcessorStatistics { recorder.snapshot }
 
-    func waitForFinished(_ count: Int, timeout: Duration = .seconds(20)) async -> Bool {
+    func waitForFinished(_ count: Int, timeout: Duration = .seconds(60)) async -> Bool {
         await eventually(timeout: timeout) { self.statistics.finished >= count }
     }
 
