@@ -60,11 +60,12 @@ public enum LoadTest {
         public var answered = 0
         public var deadLetters = 0
         public var results: [String: Int] = [:]
-        /// Latencies of the outcomes seen in the window (microseconds).
-        public var seen = HdrHistogram()
+        /// Latencies of the outcomes seen in the window (microseconds; two significant digits, so
+        /// that an hour of windows stays within tens of megabytes).
+        public var seen = HdrHistogram(significantDigits: 2)
         /// Latencies of the requests produced in the window, whenever answered: what the rate offered
         /// in the window cost (the knee's measure).
-        public var ofSent = HdrHistogram()
+        public var ofSent = HdrHistogram(significantDigits: 2)
 
         public var achievedRate: Double { length > 0 ? Double(answered) / length : 0 }
     }
@@ -228,6 +229,10 @@ final class LoadTestTracker: Sendable {
     ) -> LoadTestReport {
         state.withLock { state in
             let missing = state.sent.keys.filter { state.outcomes[$0] == nil }.sorted()
+            // Nothing was offered in the grace windows after production.
+            for index in state.windows.indices where state.windows[index].start >= productionSeconds {
+                state.windows[index].offeredRate = 0
+            }
             return LoadTestReport(
                 runID: options.runID, startedAt: startedAt, schedule: options.schedule, isRamp: options.isRamp,
                 durationSeconds: options.duration.seconds, productionSeconds: productionSeconds,

@@ -232,7 +232,7 @@ public struct LoadTestReport: Sendable {
         page.lineChart(
             id: "rate", title: "Offered and achieved rate", xLabel: "seconds", yLabel: "requests/s",
             series: [
-                ("offered", zip(middles, productionWindowsRates(\.offeredRate)).map { ($0, $1) }),
+                ("offered", zip(middles, windows.map(\.offeredRate)).map { ($0, $1) }),
                 ("achieved", zip(middles, windows.map(\.achievedRate)).map { ($0, $1) }),
             ])
         page.lineChart(
@@ -259,10 +259,5 @@ public struct LoadTestReport: Sendable {
                 ("p99", measured.map { ($0.offeredRate, milliseconds($0.ofSent, 99)) }),
             ])
         return page.html()
-    }
-
-    /// The offered rate of the windows with production, 0 in the grace windows after.
-    private func productionWindowsRates(_ rate: KeyPath<LoadTest.Window, Double>) -> [Double] {
-        windows.map { $0.sent > 0 ? $0[keyPath: rate] : 0 }
     }
 }

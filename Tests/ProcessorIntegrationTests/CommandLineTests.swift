@@ -62,6 +62,18 @@ struct CommandLineTests {
                 ["run", "-X", "max.poll.interval.ms=20000"],
                 "max.poll.interval.ms: must be longer than the drain timeout"
             ),
+            (["loadtest", "--bootstrap-servers", "k:9092", "--duration", "5"], "--rate and --ramp"),
+            (
+                ["loadtest", "--bootstrap-servers", "k:9092", "--rate", "5", "--ramp", "1:9", "--duration", "5"],
+                "--ramp"
+            ),
+            (["loadtest", "--bootstrap-servers", "k:9092", "--ramp", "fast", "--duration", "5"], "--ramp: 'fast'"),
+            (["loadtest", "--bootstrap-servers", "k:9092", "--rate", "5"], "--duration"),
+            (
+                ["loadtest", "--bootstrap-servers", "k:9092", "--rate", "5", "--duration", "5", "--slo", "p50=3"],
+                "--slo"
+            ),
+            (["loadtest", "--rate", "5", "--duration", "5"], "--bootstrap-servers"),
             (["entitlements", "--bootstrap-servers", "k:9092"], "--user"),
             (["entitlements", "--bootstrap-servers", "k:9092", "--user", "nocolon"], "APP_ID:APP_USER_ID"),
         ])

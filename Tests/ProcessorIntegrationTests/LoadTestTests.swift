@@ -197,6 +197,15 @@ struct LoadTestTests {
         #expect(passing == 0, "\(passed)\n\(passingErrors)")
     }
 
+    @Test("an unreachable cluster is a connection error: exit 2 with the reason, no report")
+    func unreachable() async throws {
+        let (status, output, errors) = try await runBinary(
+            ["loadtest", "--bootstrap-servers", "127.0.0.1:1", "--rate", "10", "--duration", "1", "--json"],
+            timeout: .seconds(120))
+        #expect(status == 2, "\(output)\n\(errors)")
+        #expect(output.isEmpty && errors.contains("loadtest: "), "\(output)\n\(errors)")
+    }
+
     @Test("a ramp past what the deployment answers reports its knee inside the ramp")
     func rampKnee() async throws {
         // About 100 calls a second at most: 2 in flight, 20 ms each.
