@@ -48,8 +48,8 @@ peer_row() { # broker bootstrap count extra-consumer-config
   local out
   out=$(IN_TOPIC=bench.requests OUT_TOPIC=bench.peer-outcomes GROUP=peer-python CCONF="$4" \
     python3 "$PEER_PY" "$2" "$3" 2>/dev/null | grep RESULT || true)
-  peer=$(echo "$out" | grep -o ' rate=[0-9]*' | cut -d= -f2)
-  local cpu; cpu=$(echo "$out" | grep -o 'client_cpu_s=[0-9.]*' | cut -d= -f2)
+  peer=$(echo "$out" | grep -o ' rate=[0-9]*' | cut -d= -f2 || true)
+  local cpu; cpu=$(echo "$out" | grep -o 'client_cpu_s=[0-9.]*' | cut -d= -f2 || true)
   row "$1" "Python peer (confluent-kafka, no lanes, no ledger)" "${peer:-?}/s" \
     "$(python3 -c "print(f'{${peer:-0}/$limit:.1%}')")" "-" "-" "$cpu" \
     "$(python3 -c "print(f'{${cpu:-0}/$3*1e6:.1f}')")" "-"

@@ -9,8 +9,8 @@ it stops the members and checks, for every request id:
 
   - undeclared_repeats: billing was called again without `Encore-Recovery: true`      (must be 0)
   - overlaps: two calls of one user in billing at once, both from live processes      (must be 0)
-    (overlaps_after_timeout, apart: the earlier call was cancelled at the call timeout and
-    billing had not yet noticed the hang-up)
+    (overlaps_after_hang_up, apart: the processor had hung up on the earlier call, which billing
+    saw connected last before the later call started, and noticed gone only after)
   - lost: valid requests without an outcome                                            (must be 0)
   - conflicting: outcomes of one request that disagree, or disagree with billing       (must be 0)
   - resent_called / resent_answered: re-sent answered requests called or answered again (must be 0)
@@ -87,15 +87,18 @@ class Billing:
         # The call lasts until the answer or until the caller hangs up (a cancelled call is over
         # for the processor; what billing does then is what a recovery call looks up).
         until = start + self.delay_ms(request_id, recovery) / 1000
-        hung_up = False
+        # When the caller was last seen connected: a hang-up happened after it, before the next check.
+        hung_up, connected_at = False, start
         while time.monotonic() < until:
             if client_gone():
                 hung_up = True
                 break
+            connected_at = time.monotonic()
             time.sleep(0.005)
         with self.lock:
             user = f"{request['app_id']}:{request['app_user_id']}"
-            self.calls.append((request_id, user, instance, attempt, recovery, start, time.monotonic(), hung_up))
+            self.calls.append(
+                (request_id, user, instance, attempt, recovery, start, time.monotonic(), hung_up, connected_at))
         return result
 
 
@@ -400,13 +403,13 @@ def main():
     for call in billing.calls:
         calls_by_id.setdefault(call[0], []).append(call)
     # Overlaps: two calls of one user at once, unless the earlier one's process was killed by then.
-    # A call the processor cancelled at its call timeout is over for the processor when it hangs
-    # up; billing notices the hang-up only at its next check (every 5 ms, later on a loaded
-    # machine), so a next call starting in between is declared, counted apart, when the earlier
-    # call was hung up on and the next started at least the call timeout after it (less 100 ms:
-    # billing sees a call start after the processor started it, by the request's transit).
+    # A call the processor cancelled (at its call timeout, or in a drain) is over for the processor
+    # when it hangs up; billing notices the hang-up only at its next check (every 5 ms, later on a
+    # loaded machine). A next call that started after billing last saw the earlier caller connected
+    # falls within that detection gap: declared, counted apart. One that started while the earlier
+    # caller was still seen connected is an overlap.
     overlaps = 0
-    overlaps_after_timeout = 0
+    overlaps_after_hang_up = 0
     overlap_examples = []
     by_user = {}
     for call in billing.calls:
@@ -416,8 +419,8 @@ def main():
         for earlier, later in zip(calls, calls[1:]):
             killed = members.killed_at.get(earlier[2])
             if later[5] < earlier[6] and not (killed is not None and killed <= later[5]):
-                if earlier[7] and later[5] - earlier[5] >= args.call_timeout_ms / 1000 - 0.1:
-                    overlaps_after_timeout += 1
+                if earlier[7] and later[5] >= earlier[8]:
+                    overlaps_after_hang_up += 1
                     continue
                 overlaps += 1
                 overlap_examples.append([[c[0], c[2], c[3], c[4], round(c[5] - started, 3), round(c[6] - started, 3), c[7]]
@@ -453,7 +456,7 @@ def main():
         "undeclared_repeats": len(billing.undeclared),
         "overlaps": overlaps,
         "overlap_examples": overlap_examples[:10],
-        "overlaps_after_timeout": overlaps_after_timeout,
+        "overlaps_after_hang_up": overlaps_after_hang_up,
         "conflicting": conflicting,
         "repeated_outcomes": repeated_outcomes,
         "undeclared_outcome_repeats": undeclared_outcome_repeats,

@@ -19,6 +19,12 @@ public struct PurchaseRequestEvent: EncoreEvent, Hashable {
     public var deadlineAtMs: Int64?
     public var attributes: [String: String]?
 
+    /// The attribute that marks a load test's request with the run's id (`encore-processor loadtest`).
+    public static let loadTestRunAttribute = "encore_loadtest_run"
+
+    /// The load-test run this request belongs to, if any.
+    public var loadTestRun: String? { attributes?[Self.loadTestRunAttribute] }
+
     public init(
         requestID: String, appID: String, appUserID: String, productID: String, store: Store,
         environment: PurchaseEnvironment, requestedAtMs: Int64, placementID: String? = nil, promoOfferID: String? = nil,

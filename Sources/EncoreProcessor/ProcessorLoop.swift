@@ -331,7 +331,7 @@ final class ProcessorLoop {
             request: item.request, result: result, attempts: attempts, completedAtMs: completedAtMs ?? currentTimeMs(),
             controller: controller, error: error)
         statistics.outcomesByController[.init(result.rawValue, controller ?? "-"), default: 0] += 1
-        if item.request.attributes?["encore_loadtest_run"] != nil { statistics.loadTestOutcomes += 1 }
+        if item.request.loadTestRun != nil { statistics.loadTestOutcomes += 1 }
         let trace = Self.traceHeaders(item.message.headers)
         var alongside: [(output: Output, unsent: UnsentOutput)] = [
             (

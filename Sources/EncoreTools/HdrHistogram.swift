@@ -65,6 +65,7 @@ public struct HdrHistogram: Sendable, Hashable {
         return (Int64(subBucket) << Int64(bucket), Int64(1) << Int64(bucket))
     }
 
+    /// Counts `value` (clamped to 0...``highest``).
     public mutating func record(_ value: Int64) {
         let value = min(max(value, 0), highest)
         counts[index(of: value)] += 1
@@ -73,6 +74,7 @@ public struct HdrHistogram: Sendable, Hashable {
         minValue = min(minValue, value)
     }
 
+    /// Adds the counts of `other`, a histogram of the same range and precision.
     public mutating func merge(_ other: HdrHistogram) {
         precondition(other.counts.count == counts.count, "histograms of different ranges")
         for index in counts.indices where other.counts[index] != 0 { counts[index] += other.counts[index] }

@@ -43,7 +43,7 @@ public struct LoadGenerator: Sendable {
 
     /// Produces until `count` records were sent or `duration` passed, then waits for every
     /// acknowledgement. `report` is called about every `interval` and once at the end; `sent`
-    /// with each record as it is produced.
+    /// with each record just before it is produced.
     public func run(
         generator: inout RequestGenerator, count: Int?, duration: Duration?, interval: Duration = .seconds(1),
         report: (Progress) -> Void = { _ in }, sent: (RequestGenerator.Record) -> Void = { _ in }
@@ -101,10 +101,11 @@ public struct LoadGenerator: Sendable {
             ).headers.map { KafkaHeader(key: $0.key, string: $0.value) }
             let producerRecord = KafkaProducerRecord(
                 topic: topic, key: record.key, value: record.value, headers: headers)
+            // Told before it is enqueued: its answer may come back before enqueue returns.
+            sent(record)
             while !enqueue(producerRecord, counters: counters) {
                 try await Task.sleep(for: .milliseconds(1))
             }
-            sent(record)
             progress.sent += 1
             if progress.sent % 1024 == 0 { await Task.yield() }
         }
@@ -113,37 +114,6 @@ public struct LoadGenerator: Sendable {
         let final = snapshot()
         report(final)
         return final
-    }
-}
-
-/// An offered rate over time: steady, or a linear ramp from one rate to another over a duration.
-public struct RateSchedule: Sendable, Hashable {
-    public var from: Double
-    public var to: Double
-    /// The ramp's length in seconds (a steady rate stays `from` however long it runs).
-    public var over: Double
-
-    public init(_ rate: Double) {
-        self.init(from: rate, to: rate, over: 1)
-    }
-
-    public init(from: Double, to: Double, over: Double) {
-        precondition(from >= 0 && to >= 0 && over > 0)
-        self.from = from
-        self.to = to
-        self.over = over
-    }
-
-    /// Records per second `elapsed` seconds in.
-    public func rate(at elapsed: Double) -> Double {
-        from + (to - from) * min(max(elapsed, 0), over) / over
-    }
-
-    /// Records the schedule allows in the first `elapsed` seconds (the integral of the rate).
-    public func allowed(at elapsed: Double) -> Int {
-        let ramped = min(max(elapsed, 0), over)
-        let during = from * ramped + (to - from) * ramped * ramped / (2 * over)
-        return Int(during + to * max(0, elapsed - over))
     }
 }
 

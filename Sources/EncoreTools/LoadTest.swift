@@ -8,7 +8,9 @@ import Synchronization
 /// their ends, matching outcomes to requests by `request_id`. Joins no group, commits nothing.
 public enum LoadTest {
     public struct Options: Sendable {
+        /// The deployment's cluster (`bootstrap.servers` and any client settings).
         public var kafka: KafkaConfiguration
+        /// The deployment's topics: requests are produced to the first, the others are read.
         public var requestsTopic = "encore.purchase-requests"
         public var outcomesTopic = "encore.purchase-outcomes"
         public var deadLetterTopic = "encore.dead-letters"
@@ -19,6 +21,7 @@ public enum LoadTest {
         public var grace: Duration = .seconds(30)
         /// The length of a window of the live lines, the charts and the knee.
         public var window: Duration = .seconds(5)
+        /// What the requests look like (users, products, duplicates, invalid records, seed).
         public var generator = RequestGenerator.Options()
         public var slo = SLO()
         /// Marks every request (`attributes.encore_loadtest_run`) and prefixes its id.
@@ -34,9 +37,6 @@ public enum LoadTest {
         public var isRamp: Bool { schedule.from != schedule.to }
     }
 
-    /// The request attribute that marks a load test's requests with its run id.
-    public static let runAttribute = "encore_loadtest_run"
-
     /// What the run must show to pass.
     public struct SLO: Sendable, Hashable {
         /// The largest p99 request-to-outcome latency allowed, in milliseconds (the knee's bound in a ramp).
@@ -49,15 +49,18 @@ public enum LoadTest {
     /// One window of the run: what was offered and answered in it.
     public struct Window: Sendable {
         public var index: Int
-        /// Seconds since the start of production.
+        /// Seconds since the start of production, and the window's length.
         public var start: Double
         public var length: Double
         /// The schedule's rate at the window's middle.
         public var offeredRate: Double
-        /// Requests produced in the window.
+        /// Records produced in the window, and the valid requests among them (duplicates and
+        /// invalid records get no outcome of their own).
         public var sent = 0
+        public var validSent = 0
         /// Outcomes of this run's requests seen in the window.
         public var answered = 0
+        /// Dead letters of this run's records, and outcomes by result, seen in the window.
         public var deadLetters = 0
         public var results: [String: Int] = [:]
         /// Latencies of the outcomes seen in the window (microseconds; two significant digits, so
@@ -67,6 +70,7 @@ public enum LoadTest {
         /// in the window cost (the knee's measure).
         public var ofSent = HdrHistogram(significantDigits: 2)
 
+        /// Outcomes seen per second of the window.
         public var achievedRate: Double { length > 0 ? Double(answered) / length : 0 }
     }
 
@@ -87,14 +91,22 @@ public enum LoadTest {
     ) async throws -> LoadTestReport {
         var generatorOptions = options.generator
         generatorOptions.requestIDPrefix = "lt-\(options.runID)"
-        generatorOptions.attributes[runAttribute] = options.runID
+        generatorOptions.attributes[PurchaseRequestEvent.loadTestRunAttribute] = options.runID
         let tracker = LoadTestTracker(window: options.window.seconds, schedule: options.schedule)
         // Read from the current ends: fetched before the first request is produced, so no outcome
         // of this run can fall before them.
         let reader = try await OutcomeReader.start(options: options, tracker: tracker)
+        let producer: KafkaProducer
+        do {
+            producer = try KafkaProducer(configuration: options.kafka)
+            // The generator's clock starts after its metadata fetch; the windows' with it.
+            _ = try await producer.prepare(topic: options.requestsTopic)
+        } catch {
+            await reader.stop()
+            throw error
+        }
         let startedAt = Date()
         tracker.start()
-        let producer = try KafkaProducer(configuration: options.kafka)
         var generator = RequestGenerator(options: generatorOptions)
         let windowSeconds = options.window.seconds
         let reporter = Task {
@@ -107,21 +119,29 @@ public enum LoadTest {
                 next += 1
             }
         }
-        let produced = try await LoadGenerator(
-            producer: producer, topic: options.requestsTopic, schedule: options.schedule,
-            source: "/encore-processor/loadtest/\(options.runID)"
-        ).run(generator: &generator, count: nil, duration: options.duration, sent: { tracker.sent($0) })
-        await producer.close()
-        let productionEnded = tracker.elapsed
-        let graceDeadline = ContinuousClock.now.advanced(by: options.grace)
-        while tracker.outstanding > 0 && ContinuousClock.now < graceDeadline {
-            try await Task.sleep(for: .milliseconds(20))
+        let produced: LoadGenerator.Progress
+        do {
+            produced = try await LoadGenerator(
+                producer: producer, topic: options.requestsTopic, schedule: options.schedule,
+                source: "/encore-processor/loadtest/\(options.runID)"
+            ).run(generator: &generator, count: nil, duration: options.duration, sent: { tracker.sent($0) })
+            await producer.close()
+            let graceDeadline = ContinuousClock.now.advanced(by: options.grace)
+            while tracker.outstanding > 0 && ContinuousClock.now < graceDeadline {
+                try await Task.sleep(for: .milliseconds(20))
+            }
+        } catch {
+            reporter.cancel()
+            await reporter.value
+            await reader.stop()
+            await producer.close(timeout: .seconds(1))
+            throw error
         }
         reporter.cancel()
         await reporter.value
         await reader.stop()
         return tracker.report(
-            options: options, startedAt: startedAt, productionSeconds: productionEnded,
+            options: options, startedAt: startedAt, productionSeconds: produced.sendingTime.seconds,
             acknowledged: produced.acknowledged, produceErrors: produced.errors)
     }
 }
@@ -178,7 +198,8 @@ final class LoadTestTracker: Sendable {
             state.windows[window].sent += 1
             switch record.kind {
             case .valid:
-                if let id = record.requestID { state.sent[id] = (wallClockMs(), window) }
+                state.windows[window].validSent += 1
+                if let id = record.requestID { state.sent[id] = (record.requestedAtMs, window) }
             case .duplicate: state.duplicatesSent += 1
             case .invalid: state.invalidSent += 1
             }
@@ -268,10 +289,11 @@ private final class OutcomeReader: Sendable {
         adminConfiguration["allow.auto.create.topics"] = "false"
         let admin = try KafkaAdmin(configuration: adminConfiguration)
         var starts: [KafkaTopicPartitionOffset] = []
-        for topic in [options.outcomesTopic, options.deadLetterTopic] {
+        for topic in [options.requestsTopic, options.outcomesTopic, options.deadLetterTopic] {
             guard let partitions = try await admin.partitionCount(of: topic) else {
                 throw KafkaError(code: .unknownTopicOrPartition, message: "the topic '\(topic)' does not exist")
             }
+            guard topic != options.requestsTopic else { continue }
             for partition in 0..<Int32(partitions) {
                 let marks = try await admin.watermarks(of: KafkaTopicPartition(topic: topic, partition: partition))
                 starts.append(KafkaTopicPartitionOffset(topic: topic, partition: partition, offset: marks.high))
@@ -279,7 +301,7 @@ private final class OutcomeReader: Sendable {
         }
         let consumer = try KafkaConsumer(configuration: configuration, logger: Logger(label: "encore.loadtest.reader"))
         try consumer.assign(starts)
-        let (outcomesTopic, prefix) = (options.outcomesTopic, "lt-\(options.runID)-")
+        let (outcomesTopic, source) = (options.outcomesTopic, "/encore-processor/loadtest/\(options.runID)")
         let task = Task {
             for await event in consumer.events {
                 guard case .messages(let batch) = event else { continue }
@@ -290,8 +312,10 @@ private final class OutcomeReader: Sendable {
                         tracker.outcome(
                             requestID: outcome.requestID, result: outcome.result.rawValue, seenAtMs: seenAtMs)
                     } else if let letter = try? DeadLetterEvent(jsonBytes: message.value),
-                        letter.requestID?.hasPrefix(prefix) ?? false
+                        letter.originalHeaders?.contains(where: { $0.key == "ce_source" && $0.value?.text == source })
+                            ?? false
                     {
+                        // The original record's CloudEvents source names the run, whatever its value held.
                         tracker.deadLetter()
                     }
                 }

@@ -47,22 +47,21 @@ public struct LoadTestReport: Sendable {
     var productionWindows: [LoadTest.Window] { windows.filter { $0.sent > 0 } }
 
     /// A ramp's knee: the highest offered rate before the first window whose requests had a p99
-    /// above ``kneeBoundMs`` or were not all answered. `nil` when the first window already failed.
+    /// above ``kneeBoundMs`` or were not all answered (`reachedEnd`: no window did). `nil` when the
+    /// first window already failed.
     public var knee: (rate: Double, reachedEnd: Bool)? {
         var last: Double? = nil
         for window in productionWindows {
-            let unanswered = window.ofSent.totalCount < Int64(window.sent - invalidShare(window))
-            if unanswered || milliseconds(window.ofSent, 99) > kneeBoundMs { return last.map { ($0, false) } }
+            if !Self.holds(window, boundMs: kneeBoundMs) { return last.map { ($0, false) } }
             last = window.offeredRate
         }
         return last.map { ($0, true) }
     }
 
-    /// Invalid records and duplicates produced in `window` never get an outcome of their own;
-    /// the window's share of them, pro rata.
-    private func invalidShare(_ window: LoadTest.Window) -> Int {
-        guard sent > 0 else { return 0 }
-        return Int((Double(window.sent) * Double(duplicatesSent + invalidSent) / Double(sent)).rounded(.up))
+    /// Whether every valid request produced in `window` was answered with p99 within `boundMs`.
+    static func holds(_ window: LoadTest.Window, boundMs: Double) -> Bool {
+        window.ofSent.totalCount >= Int64(window.validSent)
+            && Double(window.ofSent.value(atPercentile: 99)) / 1000 <= boundMs
     }
 
     /// Why the run fails its SLO; empty when it holds.
@@ -105,6 +104,7 @@ public struct LoadTestReport: Sendable {
             : String(format: "%.0f/s (the highest offered rate with p99 within %.0f ms)", knee.rate, kneeBoundMs)
     }
 
+    /// The report as the terminal shows it.
     public func table() -> String {
         var lines = [
             "loadtest \(runID): \(offeredDescription)",
@@ -130,6 +130,7 @@ public struct LoadTestReport: Sendable {
         return lines.joined(separator: "\n")
     }
 
+    /// The report as one JSON object (`loadtest --json`).
     public func json() -> String {
         var writer = JSONWriter(capacity: 4096)
         writer.beginObject()
@@ -182,8 +183,9 @@ public struct LoadTestReport: Sendable {
         writer.key("max")
         writer.number(Double(latency.maxValue) / 1000)
         writer.endObject()
+        // A ramp's knee (with knee_reached_end when no window passed the bound); null otherwise.
         writer.key("knee_rate")
-        if isRamp, let knee, !knee.reachedEnd { writer.number(knee.rate) } else { writer.null() }
+        if isRamp, let knee { writer.number(knee.rate) } else { writer.null() }
         writer.field("knee_reached_end", isRamp && knee?.reachedEnd == true)
         writer.key("knee_bound_ms")
         writer.number(kneeBoundMs)
@@ -193,6 +195,8 @@ public struct LoadTestReport: Sendable {
             writer.key("offered_rate")
             writer.number(window.offeredRate)
             writer.field("sent", window.sent)
+            writer.field("valid_sent", window.validSent)
+            writer.field("answered_of_sent", Int(window.ofSent.totalCount))
             writer.field("answered", window.answered)
             writer.field("dead_letters", window.deadLetters)
             writer.key("p99_ms")
@@ -210,6 +214,7 @@ public struct LoadTestReport: Sendable {
             intervals: windows.map { ($0.start, $0.length, $0.seen) }, startedAt: startedAt)
     }
 
+    /// A self-contained HTML page: the figures and four inline SVG charts.
     public func html() -> String {
         var page = HTMLReport(title: "Load test \(runID)")
         page.paragraph(

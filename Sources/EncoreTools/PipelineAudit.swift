@@ -134,7 +134,7 @@ public struct PipelineAudit: Sendable {
             resentRequests += 1
             return
         }
-        if let run = request.attributes?[LoadTest.runAttribute] {
+        if let run = request.loadTestRun {
             report.figures.loadTestRequests[run, default: 0] += 1
         }
         let index = Int32(requests.count)

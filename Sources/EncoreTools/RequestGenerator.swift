@@ -73,6 +73,8 @@ public struct RequestGenerator: Sendable {
         public var kind: Kind
         /// The request id, for valid records and duplicates.
         public var requestID: String?
+        /// The `requested_at_ms` written into the record.
+        public var requestedAtMs: Int64 = 0
     }
 
     public static let defaultProducts = [
@@ -127,20 +129,23 @@ public struct RequestGenerator: Sendable {
             let kind = InvalidKind.allCases[invalidCount % InvalidKind.allCases.count]
             invalidCount += 1
             let request = makeRequest(nowMs: nowMs)
-            return Record(key: Array(request.key.utf8), value: Self.invalidValue(kind, request), kind: .invalid(kind))
+            return Record(
+                key: Array(request.key.utf8), value: Self.invalidValue(kind, request), kind: .invalid(kind),
+                requestedAtMs: nowMs)
         }
         if roll < options.invalidRatio + options.duplicateRatio, !recent.isEmpty {
             let original = recent[Int(random.next() % UInt64(recent.count))]
             return Record(
                 key: Array(original.key.utf8), value: original.jsonBytes(), kind: .duplicate,
-                requestID: original.requestID)
+                requestID: original.requestID, requestedAtMs: original.requestedAtMs)
         }
         let request = makeRequest(nowMs: nowMs)
         if options.duplicateRatio > 0 {
             if recent.count < 1024 { recent.append(request) } else { recent[sequence % 1024] = request }
         }
         return Record(
-            key: Array(request.key.utf8), value: request.jsonBytes(), kind: .valid, requestID: request.requestID)
+            key: Array(request.key.utf8), value: request.jsonBytes(), kind: .valid, requestID: request.requestID,
+            requestedAtMs: nowMs)
     }
 
     /// The grants offers carry; each product's offer is one of them.

@@ -75,7 +75,6 @@ struct LoadTestTests {
         let deployment = try await Deployment.start(
             group: "loaded",
             processorArguments: ["--simulated-latency-ms", "0", "--http-listen", "127.0.0.1:0", "--log-level", "info"])
-        defer { Task { await deployment.stop() } }
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("loadtest-\(UUID())")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
@@ -126,7 +125,14 @@ struct LoadTestTests {
         }
         let page = try String(contentsOf: html, encoding: .utf8)
         #expect(isWellFormed(html: page))
-        for chart in ["rate", "latency", "outcomes", "knee"] { #expect(page.contains("<svg id=\"\(chart)\"")) }
+        // Every chart is there and draws something: lines, or the outcome mix's columns.
+        for (chart, mark) in [
+            ("rate", "<polyline"), ("latency", "<polyline"), ("outcomes", "<rect"), ("knee", "<polyline"),
+        ] {
+            let svg = page.components(separatedBy: "<svg id=\"\(chart)\"").dropFirst().first?
+                .components(separatedBy: "</svg>").first
+            #expect(svg?.contains(mark) == true, "chart \(chart)")
+        }
         // HdrHistogram's own Python reader decodes every interval: together, every answered request.
         let reader = try ChildProcess(
             URL(fileURLWithPath: "/usr/bin/env"),
@@ -145,12 +151,12 @@ struct LoadTestTests {
             ])
         #expect(await reader.waitForExit(timeout: .seconds(60)) == 0, "\(reader.stderr)")
         #expect(reader.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == String(unique.count))
+        await deployment.stop()
     }
 
     @Test("the processor stopped half-way: the requests without an outcome are reported missing, exit 1")
     func stoppedHalfWay() async throws {
         let deployment = try await Deployment.start(group: "stopped")
-        defer { Task { await deployment.stop() } }
         let run = Task {
             try await deployment.loadTest([
                 "--rate", "50", "--duration", "20", "--grace", "3", "--run-id", "halfway", "--json",
@@ -175,13 +181,23 @@ struct LoadTestTests {
         #expect(integer(fields, "missing") == Int64(missing))
         #expect(integer(fields, "answered") == Int64(outcomes.count))
         #expect(fields["passed"] == .bool(false))
+        // With the processor gone every request is missing: within an allowance the run passes.
+        let (allowed, allowedOutput, allowedErrors) = try await deployment.loadTest([
+            "--rate", "10", "--duration", "1", "--grace", "1", "--run-id", "allowed", "--slo", "missing=10",
+        ])
+        #expect(allowed == 0, "\(allowedOutput)\n\(allowedErrors)")
+        #expect(allowedOutput.contains(", 10 missing,"), "\(allowedOutput)")
+        let (beyond, beyondOutput, _) = try await deployment.loadTest([
+            "--rate", "10", "--duration", "1", "--grace", "1", "--run-id", "beyond", "--slo", "missing=9",
+        ])
+        #expect(beyond == 1 && beyondOutput.contains("missing: 10 requests without an outcome"), "\(beyondOutput)")
+        await deployment.stop()
     }
 
     @Test("a p99 above the SLO fails the run (exit 1); a missing allowance is honoured")
     func sloViolation() async throws {
         let deployment = try await Deployment.start(
             group: "slow", processorArguments: ["--simulated-latency-ms", "40"])
-        defer { Task { await deployment.stop() } }
         let (status, output, errors) = try await deployment.loadTest([
             "--rate", "50", "--duration", "3", "--window-s", "1", "--grace", "60", "--run-id", "slo",
             "--slo", "p99=5,missing=0",
@@ -195,6 +211,7 @@ struct LoadTestTests {
             "--rate", "50", "--duration", "2", "--grace", "60", "--run-id", "slo2", "--slo", "p99=60000",
         ])
         #expect(passing == 0, "\(passed)\n\(passingErrors)")
+        await deployment.stop()
     }
 
     @Test("an unreachable cluster is a connection error: exit 2 with the reason, no report")
@@ -211,7 +228,6 @@ struct LoadTestTests {
         // About 100 calls a second at most: 2 in flight, 20 ms each.
         let deployment = try await Deployment.start(
             group: "ramped", processorArguments: ["--simulated-latency-ms", "20", "--max-in-flight", "2"])
-        defer { Task { await deployment.stop() } }
         let (status, output, errors) = try await deployment.loadTest([
             "--ramp", "10:400", "--duration", "16", "--window-s", "2", "--grace", "120", "--run-id", "ramp",
             "--slo", "p99=800", "--json",
@@ -228,5 +244,33 @@ struct LoadTestTests {
         }
         #expect(knee >= 10 && knee < 400, "\(output)")
         #expect(fields["knee_reached_end"] == .bool(false))
+        // The knee is where the windows' own figures say: every window of production up to it had
+        // its requests answered with p99 within 800 ms, the next one did not.
+        guard case .array(let windows)? = fields["windows"] else {
+            Issue.record("no windows: \(output)")
+            return
+        }
+        let production = windows.compactMap { value -> (rate: Double, holds: Bool)? in
+            guard case .object(let window) = value, let sent = integer(window, "sent"), sent > 0 else { return nil }
+            let rate: Double
+            switch window["offered_rate"] {
+            case .double(let value)?: rate = value
+            case .integer(let value)?: rate = Double(value)
+            default: return nil
+            }
+            let p99: Double
+            switch window["p99_ms_of_sent"] {
+            case .double(let value)?: p99 = value
+            case .integer(let value)?: p99 = Double(value)
+            default: return nil
+            }
+            let answered = integer(window, "answered_of_sent") ?? 0
+            return (rate, p99 <= 800 && answered >= (integer(window, "valid_sent") ?? .max))
+        }
+        let kneeIndex = try #require(production.firstIndex { $0.rate == knee }, "\(output)")
+        let heldUpToKnee = production[...kneeIndex].allSatisfy { $0.holds }
+        #expect(heldUpToKnee, "\(output)")
+        #expect(kneeIndex + 1 < production.count && !production[kneeIndex + 1].holds, "\(output)")
+        await deployment.stop()
     }
 }

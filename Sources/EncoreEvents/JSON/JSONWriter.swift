@@ -122,6 +122,7 @@ public struct JSONWriter: Sendable {
         }
     }
 
+    /// Writes `null` (a value the reader must see as absent, not omitted).
     public mutating func null() {
         separate()
         bytes.append(contentsOf: [UInt8(ascii: "n"), UInt8(ascii: "u"), UInt8(ascii: "l"), UInt8(ascii: "l")])
