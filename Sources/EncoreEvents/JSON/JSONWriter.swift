@@ -164,6 +164,11 @@ public struct JSONWriter: Sendable {
         field(name, Int64(value))
     }
 
+    public mutating func field(_ name: StaticString, _ value: Double) {
+        key(name)
+        number(value)
+    }
+
     public mutating func field(_ name: StaticString, _ value: Bool) {
         key(name)
         bool(value)
