@@ -120,7 +120,7 @@ struct LaneScheduler<Item, LaneKey: Hashable> {
     }
 }
 
-/// A user's lane: `{app_id}:{app_user_id}` without building that string, hash computed once.
+/// A user's lane, keyed as the ledger and the changelog are: `{app_id}:{app_user_id}`, built and hashed once.
 struct UserLane: Hashable, Sendable {
     /// The user's key in the changelog and the ledger: `{app_id}:{app_user_id}`, built once.
     let key: String
