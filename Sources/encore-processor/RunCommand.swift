@@ -100,8 +100,9 @@ enum RunCommand {
         .option("route", value: "PREFIX=NAME", repeatable: true, "Route products to a named controller."),
         .option("max-in-flight", value: "N", default: "256", "Controller calls running at once, across users."),
         .option(
-            "workers", value: "N", default: "1",
-            "Dispatch loops in this process; the consumer's partitions are split among them (a user stays on one)."),
+            "workers", value: "N",
+            "Dispatch loops in this process; the consumer's partitions are split among them (a user stays on one). Default: the cores available, at most --max-in-flight (1 with --guarantee exactly-once)."
+        ),
         .option(
             "buffer-size", value: "N", default: "10000",
             "Records held (read, not yet done) before the consumer stops reading."),
@@ -139,7 +140,6 @@ enum RunCommand {
         configuration.ledgerEnabled = !options.flag("no-ledger")
         configuration.groupID = options.string("group-id") ?? configuration.groupID
         configuration.maxInFlight = try options.integer("max-in-flight", range: 1...1_000_000)
-        configuration.workers = try options.integer("workers", range: 1...64)
         configuration.bufferCapacity = try options.integer("buffer-size", range: 1...10_000_000)
         configuration.callTimeout = try options.milliseconds("call-timeout-ms", minimum: 1)
         if options.isSet("drain-timeout-ms") {
@@ -156,6 +156,10 @@ enum RunCommand {
         configuration.retry = RetryPolicy(
             maxAttempts: try options.integer("max-attempts", range: 1...100),
             initialBackoff: try options.milliseconds("retry-backoff-ms", minimum: 1))
+        configuration.workers =
+            options.isSet("workers")
+            ? try options.integer("workers", range: 1...64)
+            : defaultWorkers(guarantee: configuration.guarantee, maxInFlight: configuration.maxInFlight)
         do {
             try configuration.validate()
         } catch {
@@ -169,6 +173,13 @@ enum RunCommand {
                 options, callTimeout: configuration.callTimeout, maxConnections: configuration.maxInFlight)
         }
         return (configuration, router)
+    }
+
+    /// One dispatch loop per core available (exactly-once: one, a transaction at a time per member),
+    /// never more than the calls allowed at once.
+    static func defaultWorkers(guarantee: DeliveryGuarantee, maxInFlight: Int) -> Int {
+        guard guarantee == .atLeastOnce else { return 1 }
+        return max(1, min(ProcessInfo.processInfo.activeProcessorCount, 64, maxInFlight))
     }
 
     static func makeRouter(

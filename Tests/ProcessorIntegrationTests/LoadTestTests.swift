@@ -67,8 +67,9 @@ private struct Deployment {
     }
 }
 
-/// One deployment at a time: each is a broker, a processor and a load test on a 2-core machine.
-@Suite("loadtest: the real binary against a deployment on the embedded broker", .serialized)
+/// One deployment at a time per suite: each is a broker, a processor and a load test on a 2-core
+/// machine. Two suites, so that two run side by side.
+@Suite("loadtest: steady runs, SLOs and errors against a deployment on the embedded broker", .serialized)
 struct LoadTestTests {
     @Test("a steady run counts exactly what was produced and answered; HTML and HDR log readable; exit 0")
     func steady() async throws {
@@ -110,6 +111,9 @@ struct LoadTestTests {
             Issue.record("no results: \(output)")
         }
         // The deployment's metrics and an audit tell the load test's traffic apart (the warm-up's 20 too).
+        // One dispatch loop per core unless --workers says otherwise.
+        let cores = min(ProcessInfo.processInfo.activeProcessorCount, 64)
+        #expect(deployment.processor.stderr.contains("(\(cores) workers, max in flight 256)"))
         let operations = OperationsTests()
         let base = try await operations.endpoint(of: deployment.processor)
         #expect(try await operations.metrics(base)["encore_loadtest_outcomes_total{}"] == Double(unique.count + 20))
@@ -154,15 +158,48 @@ struct LoadTestTests {
         await deployment.stop()
     }
 
+    @Test("a p99 above the SLO fails the run (exit 1); a missing allowance is honoured")
+    func sloViolation() async throws {
+        let deployment = try await Deployment.start(
+            group: "slow", processorArguments: ["--simulated-latency-ms", "40"])
+        let (status, output, errors) = try await deployment.loadTest([
+            "--rate", "50", "--duration", "3", "--window-s", "1", "--grace", "60", "--run-id", "slo",
+            "--slo", "p99=5,missing=0",
+        ])
+        #expect(status == 1, "\(output)\n\(errors)")
+        #expect(output.contains("SLO          FAILED: p99:"), "\(output)")
+        #expect(output.contains(", 0 missing,"), "\(output)")
+        // The live lines: one per window on standard error.
+        #expect(errors.contains("offered 50/s"), "\(errors)")
+        let (passing, passed, passingErrors) = try await deployment.loadTest([
+            "--rate", "50", "--duration", "2", "--grace", "60", "--run-id", "slo2", "--slo", "p99=60000",
+        ])
+        #expect(passing == 0, "\(passed)\n\(passingErrors)")
+        await deployment.stop()
+    }
+
+    @Test("an unreachable cluster is a connection error: exit 2 with the reason, no report")
+    func unreachable() async throws {
+        let (status, output, errors) = try await runBinary(
+            ["loadtest", "--bootstrap-servers", "127.0.0.1:1", "--rate", "10", "--duration", "1", "--json"],
+            timeout: .seconds(120))
+        #expect(status == 2, "\(output)\n\(errors)")
+        #expect(output.isEmpty && errors.contains("loadtest: "), "\(output)\n\(errors)")
+    }
+
+}
+
+@Suite("loadtest: a processor stopped half-way, and a ramp's knee", .serialized)
+struct LoadTestFailureTests {
     @Test("the processor stopped half-way: the requests without an outcome are reported missing, exit 1")
     func stoppedHalfWay() async throws {
         let deployment = try await Deployment.start(group: "stopped")
         let run = Task {
             try await deployment.loadTest([
-                "--rate", "50", "--duration", "20", "--grace", "3", "--run-id", "halfway", "--json",
+                "--rate", "50", "--duration", "12", "--grace", "3", "--run-id", "halfway", "--json",
             ])
         }
-        // Stopped once some of the run's requests were answered, well before the 20 s of production end.
+        // Stopped once some of the run's requests were answered, well before the 12 s of production end.
         #expect(
             try await eventually(timeout: .seconds(60), poll: .milliseconds(250)) {
                 try await deployment.topics(runID: "halfway").outcomes.count >= 20
@@ -194,42 +231,13 @@ struct LoadTestTests {
         await deployment.stop()
     }
 
-    @Test("a p99 above the SLO fails the run (exit 1); a missing allowance is honoured")
-    func sloViolation() async throws {
-        let deployment = try await Deployment.start(
-            group: "slow", processorArguments: ["--simulated-latency-ms", "40"])
-        let (status, output, errors) = try await deployment.loadTest([
-            "--rate", "50", "--duration", "3", "--window-s", "1", "--grace", "60", "--run-id", "slo",
-            "--slo", "p99=5,missing=0",
-        ])
-        #expect(status == 1, "\(output)\n\(errors)")
-        #expect(output.contains("SLO          FAILED: p99:"), "\(output)")
-        #expect(output.contains(", 0 missing,"), "\(output)")
-        // The live lines: one per window on standard error.
-        #expect(errors.contains("offered 50/s"), "\(errors)")
-        let (passing, passed, passingErrors) = try await deployment.loadTest([
-            "--rate", "50", "--duration", "2", "--grace", "60", "--run-id", "slo2", "--slo", "p99=60000",
-        ])
-        #expect(passing == 0, "\(passed)\n\(passingErrors)")
-        await deployment.stop()
-    }
-
-    @Test("an unreachable cluster is a connection error: exit 2 with the reason, no report")
-    func unreachable() async throws {
-        let (status, output, errors) = try await runBinary(
-            ["loadtest", "--bootstrap-servers", "127.0.0.1:1", "--rate", "10", "--duration", "1", "--json"],
-            timeout: .seconds(120))
-        #expect(status == 2, "\(output)\n\(errors)")
-        #expect(output.isEmpty && errors.contains("loadtest: "), "\(output)\n\(errors)")
-    }
-
-    @Test("a ramp past what the deployment answers reports its knee inside the ramp")
+    @Test("a ramp past what the deployment answers (10 to 300/s against about 100/s) reports its knee inside the ramp")
     func rampKnee() async throws {
         // About 100 calls a second at most: 2 in flight, 20 ms each.
         let deployment = try await Deployment.start(
             group: "ramped", processorArguments: ["--simulated-latency-ms", "20", "--max-in-flight", "2"])
         let (status, output, errors) = try await deployment.loadTest([
-            "--ramp", "10:400", "--duration", "16", "--window-s", "2", "--grace", "120", "--run-id", "ramp",
+            "--ramp", "10:300", "--duration", "12", "--window-s", "2", "--grace", "120", "--run-id", "ramp",
             "--slo", "p99=800", "--json",
         ])
         let fields = try loadTestFields(output)
@@ -242,7 +250,7 @@ struct LoadTestTests {
             Issue.record("no knee: \(output)")
             return
         }
-        #expect(knee >= 10 && knee < 400, "\(output)")
+        #expect(knee >= 10 && knee < 300, "\(output)")
         #expect(fields["knee_reached_end"] == .bool(false))
         // The knee is where the windows' own figures say: every window of production up to it had
         // its requests answered with p99 within 800 ms, the next one did not.
