@@ -15,7 +15,9 @@ enum BenchCommand {
             .option("latency-ms", value: "MS", default: "0", "Mean latency of the simulated controller."),
             .option("max-in-flight", value: "N", default: "256", "Controller calls at once."),
             .option(
-                "workers", value: "N", default: "1", "Dispatch loops of the processor (partitions split among them)."),
+                "workers", value: "N",
+                "Dispatch loops of the processor (partitions split among them). Default: as run's (the cores available)."
+            ),
             .option("buffer-size", value: "N", default: "10000", "Records held before the consumer stops reading."),
             .option("users", value: "N", default: "10000", "Distinct users."),
             .option("rate", value: "R", default: "0", "Offered requests/s while processing; 0 = pre-filled backlog."),
@@ -42,7 +44,6 @@ enum BenchCommand {
         benchmark.partitions = try options.integer("partitions", range: 1...10_000)
         benchmark.controllerLatency = try options.milliseconds("latency-ms")
         benchmark.maxInFlight = try options.integer("max-in-flight", range: 1...1_000_000)
-        benchmark.workers = try options.integer("workers", range: 1...64)
         benchmark.bufferCapacity = try options.integer("buffer-size", range: 1...10_000_000)
         benchmark.users = try options.integer("users", range: 1...10_000_000)
         benchmark.rate = try options.number("rate", range: 0...1e8)
@@ -52,6 +53,10 @@ enum BenchCommand {
         benchmark.guarantee =
             DeliveryGuarantee(rawValue: try options.choice("guarantee", DeliveryGuarantee.allCases.map(\.rawValue)))
             ?? .atLeastOnce
+        benchmark.workers =
+            options.isSet("workers")
+            ? try options.integer("workers", range: 1...64)
+            : RunCommand.defaultWorkers(guarantee: benchmark.guarantee, maxInFlight: benchmark.maxInFlight)
         if benchmark.prefilledTopic != nil && benchmark.rate > 0 {
             throw UsageError("--prefilled-topic and --rate exclude each other")
         }
