@@ -81,10 +81,7 @@ public struct LedgerComparison: Sendable {
             for (name, holding) in [("production", difference.production), ("shadow", difference.shadow)] {
                 writer.key(dynamic: name)
                 writer.beginObject()
-                writer.key("grants")
-                writer.beginArray()
-                for grant in holding.grants { writer.string(grant) }
-                writer.endArray()
+                writer.field("grants", holding.grants)
                 if let access = holding.access {
                     writer.key("access")
                     writer.beginObject()

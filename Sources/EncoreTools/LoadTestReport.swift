@@ -136,10 +136,7 @@ public struct LoadTestReport: Sendable {
         writer.beginObject()
         writer.field("run_id", runID)
         writer.field("passed", passed)
-        writer.key("failures")
-        writer.beginArray()
-        for failure in failures { writer.string(failure) }
-        writer.endArray()
+        writer.field("failures", failures)
         writer.key("offered")
         writer.beginObject()
         writer.field("from_rate", schedule.from)
@@ -156,10 +153,7 @@ public struct LoadTestReport: Sendable {
         writer.field("answered", answered)
         writer.field("achieved_rate", achievedRate)
         writer.field("missing", missing)
-        writer.key("missing_examples")
-        writer.beginArray()
-        for id in missingExamples { writer.string(id) }
-        writer.endArray()
+        writer.field("missing_examples", missingExamples)
         writer.field("duplicate_outcomes", duplicateOutcomes)
         writer.key("results")
         writer.beginObject()

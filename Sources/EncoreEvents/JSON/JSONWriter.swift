@@ -169,6 +169,14 @@ public struct JSONWriter: Sendable {
         number(value)
     }
 
+    /// Writes `name` as an array of strings.
+    public mutating func field(_ name: StaticString, _ values: [String]) {
+        key(name)
+        beginArray()
+        for value in values { string(value) }
+        endArray()
+    }
+
     public mutating func field(_ name: StaticString, _ value: Bool) {
         key(name)
         bool(value)
