@@ -17,7 +17,6 @@ public struct HdrHistogram: Sendable, Hashable {
     private var counts: [Int64]
     public private(set) var totalCount: Int64 = 0
     public private(set) var maxValue: Int64 = 0
-    public private(set) var minValue: Int64 = .max
 
     /// - Parameters:
     ///   - highest: the largest value tracked; larger values are recorded as `highest`.
@@ -71,7 +70,6 @@ public struct HdrHistogram: Sendable, Hashable {
         counts[index(of: value)] += 1
         totalCount += 1
         maxValue = max(maxValue, value)
-        minValue = min(minValue, value)
     }
 
     /// Adds the counts of `other`, a histogram of the same range and precision.
@@ -80,7 +78,6 @@ public struct HdrHistogram: Sendable, Hashable {
         for index in counts.indices where other.counts[index] != 0 { counts[index] += other.counts[index] }
         totalCount += other.totalCount
         maxValue = max(maxValue, other.maxValue)
-        minValue = min(minValue, other.minValue)
     }
 
     /// The value at `percentile` (0 to 100): the highest value equivalent to the bucket that

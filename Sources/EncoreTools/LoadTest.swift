@@ -33,8 +33,6 @@ public enum LoadTest {
             self.duration = duration
             self.runID = runID
         }
-
-        public var isRamp: Bool { schedule.from != schedule.to }
     }
 
     /// What the run must show to pass.
@@ -48,7 +46,6 @@ public enum LoadTest {
 
     /// One window of the run: what was offered and answered in it.
     public struct Window: Sendable {
-        public var index: Int
         /// Seconds since the start of production, and the window's length.
         public var start: Double
         public var length: Double
@@ -186,7 +183,7 @@ final class LoadTestTracker: Sendable {
             let start = Double(state.windows.count) * windowSeconds
             state.windows.append(
                 LoadTest.Window(
-                    index: state.windows.count, start: start, length: windowSeconds,
+                    start: start, length: windowSeconds,
                     offeredRate: schedule.rate(at: start + windowSeconds / 2)))
         }
         return index
@@ -255,7 +252,7 @@ final class LoadTestTracker: Sendable {
                 state.windows[index].offeredRate = 0
             }
             return LoadTestReport(
-                runID: options.runID, startedAt: startedAt, schedule: options.schedule, isRamp: options.isRamp,
+                runID: options.runID, startedAt: startedAt, schedule: options.schedule,
                 durationSeconds: options.duration.seconds, productionSeconds: productionSeconds,
                 sent: state.sent.count + state.duplicatesSent + state.invalidSent, acknowledged: acknowledged,
                 produceErrors: produceErrors, validSent: state.sent.count, duplicatesSent: state.duplicatesSent,

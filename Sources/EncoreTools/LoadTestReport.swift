@@ -8,7 +8,6 @@ public struct LoadTestReport: Sendable {
     public var runID: String
     public var startedAt: Date
     public var schedule: RateSchedule
-    public var isRamp: Bool
     public var durationSeconds: Double
     /// Seconds production actually took (a busy producer catches up after `durationSeconds`).
     public var productionSeconds: Double
@@ -33,13 +32,15 @@ public struct LoadTestReport: Sendable {
     public var lastAnsweredSeconds: Double
     public var slo: LoadTest.SLO
 
+    public var isRamp: Bool { schedule.isRamp }
+
     /// The p99 bound that finds the knee of a ramp: the SLO's, else a second.
     public var kneeBoundMs: Double { slo.p99Ms ?? 1000 }
 
     public var offeredRate: Double { productionSeconds > 0 ? Double(sent) / productionSeconds : 0 }
     public var achievedRate: Double { lastAnsweredSeconds > 0 ? Double(answered) / lastAnsweredSeconds : 0 }
 
-    func milliseconds(_ histogram: HdrHistogram, _ percentile: Double) -> Double {
+    static func milliseconds(_ histogram: HdrHistogram, _ percentile: Double) -> Double {
         Double(histogram.value(atPercentile: percentile)) / 1000
     }
 
@@ -61,7 +62,7 @@ public struct LoadTestReport: Sendable {
     /// Whether every valid request produced in `window` was answered with p99 within `boundMs`.
     static func holds(_ window: LoadTest.Window, boundMs: Double) -> Bool {
         window.ofSent.totalCount >= Int64(window.validSent)
-            && Double(window.ofSent.value(atPercentile: 99)) / 1000 <= boundMs
+            && milliseconds(window.ofSent, 99) <= boundMs
     }
 
     /// Why the run fails its SLO; empty when it holds.
@@ -73,8 +74,8 @@ public struct LoadTestReport: Sendable {
         if produceErrors > 0 {
             failures.append("produce_errors: \(produceErrors) requests not delivered to the broker")
         }
-        if let bound = slo.p99Ms, !isRamp, milliseconds(latency, 99) > bound {
-            failures.append(String(format: "p99: %.1f ms (at most %.1f ms)", milliseconds(latency, 99), bound))
+        if let bound = slo.p99Ms, !isRamp, Self.milliseconds(latency, 99) > bound {
+            failures.append(String(format: "p99: %.1f ms (at most %.1f ms)", Self.milliseconds(latency, 99), bound))
         }
         return failures
     }
@@ -119,8 +120,8 @@ public struct LoadTestReport: Sendable {
             "dead letters \(deadLetters)",
             String(
                 format: "latency      p50 %.1f ms  p90 %.1f ms  p99 %.1f ms  p99.9 %.1f ms  max %.1f ms",
-                milliseconds(latency, 50), milliseconds(latency, 90), milliseconds(latency, 99),
-                milliseconds(latency, 99.9), Double(latency.maxValue) / 1000),
+                Self.milliseconds(latency, 50), Self.milliseconds(latency, 90), Self.milliseconds(latency, 99),
+                Self.milliseconds(latency, 99.9), Double(latency.maxValue) / 1000),
             "knee         \(kneeDescription)",
         ]
         if !missingExamples.isEmpty {
@@ -167,7 +168,7 @@ public struct LoadTestReport: Sendable {
         writer.beginObject()
         for (name, percentile) in [("p50", 50.0), ("p90", 90), ("p99", 99), ("p99.9", 99.9)] {
             writer.key(dynamic: name)
-            writer.number(milliseconds(latency, percentile))
+            writer.number(Self.milliseconds(latency, percentile))
         }
         writer.field("max", Double(latency.maxValue) / 1000)
         writer.endObject()
@@ -184,8 +185,8 @@ public struct LoadTestReport: Sendable {
             writer.field("answered_of_sent", Int(window.ofSent.totalCount))
             writer.field("answered", window.answered)
             writer.field("dead_letters", window.deadLetters)
-            writer.field("p99_ms", milliseconds(window.seen, 99))
-            writer.field("p99_ms_of_sent", milliseconds(window.ofSent, 99))
+            writer.field("p99_ms", Self.milliseconds(window.seen, 99))
+            writer.field("p99_ms_of_sent", Self.milliseconds(window.ofSent, 99))
         }
         writer.endObject()
         return String(decoding: writer.bytes, as: UTF8.self)
@@ -211,8 +212,8 @@ public struct LoadTestReport: Sendable {
             [
                 "latency",
                 String(
-                    format: "p50 %.1f ms, p90 %.1f ms, p99 %.1f ms, max %.1f ms", milliseconds(latency, 50),
-                    milliseconds(latency, 90), milliseconds(latency, 99), Double(latency.maxValue) / 1000),
+                    format: "p50 %.1f ms, p90 %.1f ms, p99 %.1f ms, max %.1f ms", Self.milliseconds(latency, 50),
+                    Self.milliseconds(latency, 90), Self.milliseconds(latency, 99), Double(latency.maxValue) / 1000),
             ],
             ["knee", kneeDescription],
         ])
@@ -229,7 +230,7 @@ public struct LoadTestReport: Sendable {
                 (
                     name,
                     zip(windows, middles).filter { $0.0.seen.totalCount > 0 }.map {
-                        ($1, milliseconds($0.seen, percentile))
+                        ($1, Self.milliseconds($0.seen, percentile))
                     }
                 )
             })
@@ -243,8 +244,8 @@ public struct LoadTestReport: Sendable {
             id: "knee", title: "Latency against offered rate (requests produced in each window)",
             xLabel: "offered requests/s", yLabel: "ms",
             series: [
-                ("p50", measured.map { ($0.offeredRate, milliseconds($0.ofSent, 50)) }),
-                ("p99", measured.map { ($0.offeredRate, milliseconds($0.ofSent, 99)) }),
+                ("p50", measured.map { ($0.offeredRate, Self.milliseconds($0.ofSent, 50)) }),
+                ("p99", measured.map { ($0.offeredRate, Self.milliseconds($0.ofSent, 99)) }),
             ])
         return page.html()
     }

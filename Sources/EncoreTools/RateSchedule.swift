@@ -16,6 +16,9 @@ public struct RateSchedule: Sendable, Hashable {
         self.over = over
     }
 
+    /// Whether the rate changes over time.
+    public var isRamp: Bool { from != to }
+
     /// Records per second `elapsed` seconds in.
     public func rate(at elapsed: Double) -> Double {
         from + (to - from) * min(max(elapsed, 0), over) / over

@@ -34,7 +34,7 @@ struct LoadTestReportTests {
 
     /// A window of 100 valid requests, `answered` of them answered at `p99Ms`.
     func window(_ index: Int, rate: Double, answered: Int = 100, ms: Int64) -> LoadTest.Window {
-        var window = LoadTest.Window(index: index, start: Double(index) * 5, length: 5, offeredRate: rate)
+        var window = LoadTest.Window(start: Double(index) * 5, length: 5, offeredRate: rate)
         window.sent = 100
         window.validSent = 100
         for _ in 0..<answered { window.ofSent.record(ms * 1000) }
@@ -45,7 +45,7 @@ struct LoadTestReportTests {
         var slo = LoadTest.SLO()
         slo.p99Ms = p99Ms
         return LoadTestReport(
-            runID: "t", startedAt: Date(), schedule: RateSchedule(from: 100, to: 500, over: 20), isRamp: true,
+            runID: "t", startedAt: Date(), schedule: RateSchedule(from: 100, to: 500, over: 20),
             durationSeconds: 20, productionSeconds: 20, sent: 400, acknowledged: 400, produceErrors: 0, validSent: 400,
             duplicatesSent: 0, invalidSent: 0, answered: 400, missing: 0, missingExamples: [], duplicateOutcomes: 0,
             results: [:], deadLetters: 0, latency: HdrHistogram(), windows: windows, lastAnsweredSeconds: 20, slo: slo)
