@@ -164,86 +164,90 @@ public struct DeadLetterEvent: EncoreEvent, Hashable {
     }
 
     public init(jsonBytes: some Collection<UInt8>) throws(EventValidationError) {
-        self = try Self.decode(jsonBytes, limit: EventLimits.deadLetterBytes) { (json) throws(EventValidationError) in
-            let failure = try json.object("error")
-            var headers: [Header]? = nil
-            if let items = try json.optionalArray("original_headers", maxItems: 256) {
-                headers = []
-                for (index, item) in items.enumerated() {
-                    let header = try JSONFieldReader(item, path: "original_headers.\(index)")
-                    let value = try header.optionalString("value", maxLength: Int.max, allowEmpty: true).map {
-                        (text) throws(EventValidationError) in
-                        Payload(text: text, encoding: try header.optionalEnumeration("encoding") ?? .utf8)
-                    }
-                    headers?.append(
-                        Header(key: try header.string("key", maxLength: 1024, allowEmpty: true), value: value))
-                }
-            }
-            let key = try json.optionalString("original_key", maxLength: Int.max, allowEmpty: true).map {
-                (text) throws(EventValidationError) in
-                Payload(text: text, encoding: try json.optionalEnumeration("original_key_encoding") ?? .utf8)
-            }
-            return try DeadLetterEvent(
-                originalTopic: json.string("original_topic"),
-                originalPartition: Int32(clamping: json.int64("original_partition")),
-                originalOffset: json.int64("original_offset"),
-                originalValue: Payload(
-                    text: json.string("original_value", maxLength: Int.max, allowEmpty: true),
-                    encoding: json.optionalEnumeration("original_value_encoding") ?? .utf8),
-                originalValueTruncated: json.optionalBool("original_value_truncated") ?? false,
-                error: Failure(
-                    stage: failure.enumeration("stage"), errorClass: failure.string("class", maxLength: 128),
-                    message: failure.string("message", maxLength: EventLimits.messageLength, allowEmpty: true),
-                    retryable: failure.bool("retryable"), field: failure.optionalString("field")),
-                attempts: Int(json.int64("attempts")), failedAtMs: json.int64("failed_at_ms"), originalKey: key,
-                originalKeyTruncated: json.optionalBool("original_key_truncated") ?? false, originalHeaders: headers,
-                originalHeadersTruncated: json.optionalBool("original_headers_truncated") ?? false,
-                requestID: json.optionalString("request_id"))
-        }
+        self = try Self.table.decode(jsonBytes)
     }
 
-    public func jsonBytes() -> [UInt8] {
-        var writer = JSONWriter(capacity: 512 + originalValue.text.utf8.count)
-        writer.beginObject()
-        writer.field("original_topic", originalTopic)
-        writer.field("original_partition", Int64(originalPartition))
-        writer.field("original_offset", originalOffset)
-        writer.field("original_value", originalValue.text)
-        writer.field("original_value_encoding", originalValue.encoding)
-        if originalValueTruncated { writer.field("original_value_truncated", true) }
-        writer.key("error")
-        writer.beginObject()
-        writer.field("stage", error.stage)
-        writer.field("class", error.errorClass)
-        writer.field(
-            "message", String(String.UnicodeScalarView(error.message.unicodeScalars.prefix(EventLimits.messageLength))))
-        writer.field("retryable", error.retryable)
-        writer.field("field", error.field)
-        writer.endObject()
-        writer.field("attempts", attempts)
-        writer.field("failed_at_ms", failedAtMs)
-        if let originalKey {
-            writer.field("original_key", originalKey.text)
-            writer.field("original_key_encoding", originalKey.encoding)
-        }
-        if originalKeyTruncated { writer.field("original_key_truncated", true) }
-        if let originalHeaders {
-            writer.key("original_headers")
-            writer.beginArray()
-            for header in originalHeaders {
-                writer.beginObject()
-                writer.field("key", header.key)
-                if let value = header.value {
-                    writer.field("value", value.text)
-                    writer.field("encoding", value.encoding)
-                }
-                writer.endObject()
-            }
-            writer.endArray()
-        }
-        if originalHeadersTruncated { writer.field("original_headers_truncated", true) }
-        writer.field("request_id", requestID)
-        writer.endObject()
-        return writer.bytes
+    public func jsonBytes() -> [UInt8] { Self.table.encode(self) }
+
+    /// The original key's two wire fields; the table reads the text before its encoding.
+    var originalKeyText: String? {
+        get { originalKey?.text }
+        set { originalKey = newValue.map { Payload(text: $0, encoding: .utf8) } }
     }
+
+    var originalKeyEncoding: Payload.Encoding? {
+        get { originalKey?.encoding }
+        set { if let newValue { originalKey?.encoding = newValue } }
+    }
+}
+
+extension DeadLetterEvent: FieldTabled {
+    static let table = FieldTable<Self>(
+        blank: Self(
+            originalTopic: "", originalPartition: 0, originalOffset: 0,
+            originalValue: Payload(text: "", encoding: .utf8),
+            error: Failure(stage: .decode, errorClass: "", message: "", retryable: false), attempts: 0, failedAtMs: 0),
+        byteLimit: EventLimits.deadLetterBytes,
+        // A payload's text and encoding are two wire fields read in table order: no one-pass path.
+        fastPath: false,
+        capacity: { 512 + $0.originalValue.text.utf8.count },
+        [
+            .field("original_topic", \.originalTopic),
+            .field("original_partition", \.originalPartition),
+            .field("original_offset", \.originalOffset),
+            .field("original_value", \.originalValue.text, .text()),
+            .field("original_value_encoding", \.originalValue.encoding, whenAbsent: .utf8),
+            .field("original_value_truncated", \.originalValueTruncated, whenAbsent: false, omittedWhen: false),
+            .field("error", \.error),
+            .field("attempts", \.attempts),
+            .field("failed_at_ms", \.failedAtMs),
+            .field("original_key", \.originalKeyText, .text()),
+            .field("original_key_encoding", \.originalKeyEncoding),
+            .field("original_key_truncated", \.originalKeyTruncated, whenAbsent: false, omittedWhen: false),
+            .field("original_headers", \.originalHeaders, maximumOriginalHeaders),
+            .field("original_headers_truncated", \.originalHeadersTruncated, whenAbsent: false, omittedWhen: false),
+            .field("request_id", \.requestID),
+        ])
+}
+
+extension DeadLetterEvent.Stage: FieldEnumeration {}
+extension DeadLetterEvent.Payload.Encoding: FieldEnumeration {}
+
+extension DeadLetterEvent.Failure: FieldTabled {
+    /// The message as written: cut to the contract's limit, so the dead letter stays valid.
+    var wireMessage: String {
+        get { String(String.UnicodeScalarView(message.unicodeScalars.prefix(EventLimits.messageLength))) }
+        set { message = newValue }
+    }
+
+    static let table = FieldTable<Self>(
+        blank: Self(stage: .decode, errorClass: "", message: "", retryable: false),
+        [
+            .field("stage", \.stage),
+            .field("class", \.errorClass, .name(maxLength: 128)),
+            .field("message", \.wireMessage, .text(maxLength: EventLimits.messageLength)),
+            .field("retryable", \.retryable),
+            .field("field", \.field),
+        ])
+}
+
+extension DeadLetterEvent.Header: FieldTabled {
+    /// The value's two wire fields, as for the original key.
+    var valueText: String? {
+        get { value?.text }
+        set { value = newValue.map { DeadLetterEvent.Payload(text: $0, encoding: .utf8) } }
+    }
+
+    var valueEncoding: DeadLetterEvent.Payload.Encoding? {
+        get { value?.encoding }
+        set { if let newValue { value?.encoding = newValue } }
+    }
+
+    static let table = FieldTable<Self>(
+        blank: Self(key: "", value: nil),
+        [
+            .field("key", \.key, .text(maxLength: 1024)),
+            .field("value", \.valueText, .text()),
+            .field("encoding", \.valueEncoding),
+        ])
 }

@@ -63,58 +63,51 @@ public struct EntitlementChangeEvent: EncoreEvent, Hashable {
     public var key: String { userKey(appID: appID, appUserID: appUserID) }
 
     public init(jsonBytes: some Collection<UInt8>) throws(EventValidationError) {
-        self = try Self.decode(jsonBytes) { (json) throws(EventValidationError) in
-            var sources: [SourceState]? = nil
-            if let items = try json.optionalArray("sources", maxItems: 32) {
-                sources = []
-                for (index, item) in items.enumerated() {
-                    let source = try JSONFieldReader(item, path: "sources.\(index)")
-                    sources?.append(
-                        try SourceState(
-                            source: source.string("source", maxLength: 64), isActive: source.bool("is_active"),
-                            entitlementID: source.optionalString("entitlement_id"),
-                            expiresAtMs: source.optionalInt64("expires_at_ms")))
-                }
-            }
-            // An access flip names its rule instead of a grant; every other change names the grant.
-            let access = try json.optionalString("access", maxLength: 64)
-            let entitlement = try access == nil ? json.object("entitlement") : json.optionalObject("entitlement")
-            return try EntitlementChangeEvent(
-                appID: json.string("app_id"), appUserID: json.string("app_user_id"), change: json.enumeration("change"),
-                entitlement: entitlement.map { (reader) throws(EventValidationError) in try Entitlement(reader) },
-                status: access == nil ? json.enumeration("status") : json.optionalEnumeration("status"),
-                access: access, isActive: json.bool("is_active"), effectiveAtMs: json.int64("effective_at_ms"),
-                sequence: json.int64("sequence", minimum: 1), expiresAtMs: json.optionalInt64("expires_at_ms"),
-                requestID: json.optionalString("request_id"), campaignID: json.optionalString("campaign_id"),
-                offerID: json.optionalString("offer_id"), sources: sources)
-        }
+        self = try Self.table.decode(jsonBytes)
     }
 
-    public func jsonBytes() -> [UInt8] {
-        var writer = JSONWriter()
-        writer.beginObject()
-        writer.field("app_id", appID)
-        writer.field("app_user_id", appUserID)
-        writer.field("change", change)
-        entitlement?.write("entitlement", to: &writer)
-        writer.field("status", status)
-        writer.field("access", access)
-        writer.field("is_active", isActive)
-        writer.field("effective_at_ms", effectiveAtMs)
-        writer.field("sequence", sequence)
-        writer.field("expires_at_ms", expiresAtMs)
-        writer.field("request_id", requestID)
-        writer.field("campaign_id", campaignID)
-        writer.field("offer_id", offerID)
-        if let sources {
-            writer.objects("sources", sources) { writer, source in
-                writer.field("source", source.source)
-                writer.field("is_active", source.isActive)
-                writer.field("entitlement_id", source.entitlementID)
-                writer.field("expires_at_ms", source.expiresAtMs)
+    public func jsonBytes() -> [UInt8] { Self.table.encode(self) }
+}
+
+extension EntitlementChangeEvent: FieldTabled {
+    static let table = FieldTable<Self>(
+        blank: Self(
+            appID: "", appUserID: "", change: .granted, entitlement: nil, status: nil, isActive: false,
+            effectiveAtMs: 0, sequence: 0),
+        validate: { (change) throws(EventValidationError) in
+            // An access flip names its rule instead of a grant; every other change names the grant.
+            guard change.access == nil else { return }
+            for (field, absent) in [("entitlement", change.entitlement == nil), ("status", change.status == nil)]
+            where absent {
+                throw EventValidationError(
+                    .missingField, field: field, "required field '\(field)' is missing: 'access' is absent")
             }
-        }
-        writer.endObject()
-        return writer.bytes
-    }
+        },
+        [
+            .field("app_id", \.appID),
+            .field("app_user_id", \.appUserID),
+            .field("change", \.change),
+            .field("entitlement", \.entitlement),
+            .field("status", \.status),
+            .field("access", \.access, .name(maxLength: 64)),
+            .field("is_active", \.isActive),
+            .field("effective_at_ms", \.effectiveAtMs),
+            .field("sequence", \.sequence, 1),
+            .field("expires_at_ms", \.expiresAtMs),
+            .field("request_id", \.requestID),
+            .field("campaign_id", \.campaignID),
+            .field("offer_id", \.offerID),
+            .field("sources", \.sources, 32),
+        ])
+}
+
+extension EntitlementChangeEvent.SourceState: FieldTabled {
+    static let table = FieldTable<Self>(
+        blank: Self(source: "", isActive: false),
+        [
+            .field("source", \.source, .name(maxLength: 64)),
+            .field("is_active", \.isActive),
+            .field("entitlement_id", \.entitlementID),
+            .field("expires_at_ms", \.expiresAtMs),
+        ])
 }

@@ -33,35 +33,28 @@ public struct EntitlementSourceEvent: EncoreEvent, Hashable {
 
     /// Whether `name` is a valid source name (`^[A-Za-z0-9_.-]{1,64}$`).
     public static func isValidSourceName(_ name: String) -> Bool {
-        !name.isEmpty && name.utf8.count <= 64
-            && name.utf8.allSatisfy { byte in
-                (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A)
-                    || byte == UInt8(ascii: "_") || byte == UInt8(ascii: ".") || byte == UInt8(ascii: "-")
-            }
+        !name.isEmpty && name.utf8.count <= 64 && name.utf8.allSatisfy(StringPattern.sourceName.allows)
     }
 
     public init(jsonBytes: some Collection<UInt8>) throws(EventValidationError) {
-        self = try Self.decode(jsonBytes) { (json) throws(EventValidationError) in
-            let state = try EntitlementStateRecord.Source(json)
-            guard Self.isValidSourceName(state.source) else {
-                throw EventValidationError(
-                    .badFormat, field: "source", "'source' may hold only letters, digits, '_', '.' and '-'")
-            }
-            return try EntitlementSourceEvent(
-                appID: json.string("app_id"), appUserID: json.string("app_user_id"), source: state.source,
-                entitlementID: state.entitlementID,
-                isActive: state.isActive, expiresAtMs: state.expiresAtMs, eventID: state.eventID,
-                occurredAtMs: state.occurredAtMs)
-        }
+        self = try Self.table.decode(jsonBytes)
     }
 
-    public func jsonBytes() -> [UInt8] {
-        var writer = JSONWriter()
-        writer.beginObject()
-        writer.field("app_id", appID)
-        writer.field("app_user_id", appUserID)
-        EntitlementStateRecord.Source(self).writeFields(to: &writer)
-        writer.endObject()
-        return writer.bytes
-    }
+    public func jsonBytes() -> [UInt8] { Self.table.encode(self) }
+}
+
+extension EntitlementSourceEvent: FieldTabled {
+    static let table = FieldTable<Self>(
+        blank: Self(
+            appID: "", appUserID: "", source: "", entitlementID: "", isActive: false, eventID: "", occurredAtMs: 0),
+        [
+            .field("app_id", \.appID),
+            .field("app_user_id", \.appUserID),
+            .field("source", \.source, StringRule(maxLength: 64, pattern: .sourceName)),
+            .field("entitlement_id", \.entitlementID),
+            .field("is_active", \.isActive),
+            .field("expires_at_ms", \.expiresAtMs),
+            .field("event_id", \.eventID),
+            .field("occurred_at_ms", \.occurredAtMs),
+        ])
 }

@@ -59,24 +59,6 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
             self.eventID = eventID
             self.occurredAtMs = occurredAtMs
         }
-
-        /// Reads the six fields (a changelog's `sources` item, or a source event's top level).
-        init(_ json: JSONFieldReader) throws(EventValidationError) {
-            try self.init(
-                source: json.string("source", maxLength: 64), entitlementID: json.string("entitlement_id"),
-                isActive: json.bool("is_active"), expiresAtMs: json.optionalInt64("expires_at_ms"),
-                eventID: json.string("event_id"), occurredAtMs: json.int64("occurred_at_ms"))
-        }
-
-        /// Writes the six fields into the object being written.
-        func writeFields(to writer: inout JSONWriter) {
-            writer.field("source", source)
-            writer.field("entitlement_id", entitlementID)
-            writer.field("is_active", isActive)
-            writer.field("expires_at_ms", expiresAtMs)
-            writer.field("event_id", eventID)
-            writer.field("occurred_at_ms", occurredAtMs)
-        }
     }
 
     /// The request journal's entry for one of the user's requests: the intent written before its
@@ -154,85 +136,94 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
     public var key: String { userKey(appID: appID, appUserID: appUserID) }
 
     public init(jsonBytes: some Collection<UInt8>) throws(EventValidationError) {
-        // A user's record holds grants and the request journal: larger than an event.
-        self = try Self.decode(jsonBytes, limit: Self.maximumBytes) { (json) throws(EventValidationError) in
-            var record = try EntitlementStateRecord(
-                appID: json.string("app_id"), appUserID: json.string("app_user_id"),
-                sequence: json.int64("sequence"), updatedAtMs: json.int64("updated_at_ms"))
-            for (index, item) in try json.array("grants", maxItems: 1000).enumerated() {
-                let grant = try JSONFieldReader(item, path: "grants.\(index)")
-                record.grants.append(
-                    try Grant(
-                        productID: grant.string("product_id"), entitlement: Entitlement(grant.object("entitlement")),
-                        status: grant.enumeration("status"), isActive: grant.bool("is_active"),
-                        grantedAtMs: grant.int64("granted_at_ms"), expiresAtMs: grant.optionalInt64("expires_at_ms"),
-                        requestID: grant.string("request_id"), campaignID: grant.optionalString("campaign_id"),
-                        offerID: grant.optionalString("offer_id")))
-            }
-            for (index, item) in try json.array("sources", maxItems: 1000).enumerated() {
-                record.sources.append(try Source(JSONFieldReader(item, path: "sources.\(index)")))
-            }
-            for (index, item) in try json.array("access", maxItems: 64).enumerated() {
-                let access = try JSONFieldReader(item, path: "access.\(index)")
-                record.access[try access.string("rule", maxLength: 64)] = try access.bool("is_active")
-            }
-            // Absent in records written before the journal existed.
-            let requests = try json.optionalArray("requests", maxItems: RequestEntry.maximumCount) ?? []
-            for (index, item) in requests.enumerated() {
-                let entry = try JSONFieldReader(item, path: "requests.\(index)")
-                let error = try entry.optionalObject("error").map { (error) throws(EventValidationError) in
-                    try PurchaseOutcomeEvent.Failure(error)
-                }
-                record.requests.append(
-                    try RequestEntry(
-                        requestID: entry.string("request_id"), attempts: Int(entry.int64("attempts")),
-                        startedAtMs: entry.int64("started_at_ms"), result: entry.optionalEnumeration("result"),
-                        completedAtMs: entry.optionalInt64("completed_at_ms"), error: error,
-                        controller: entry.optionalString("controller"), offset: entry.optionalInt64("offset")))
-            }
-            return record
-        }
+        self = try Self.table.decode(jsonBytes)
     }
 
-    public func jsonBytes() -> [UInt8] {
-        // Sized for the record at once: the journal makes it several times an event's size.
-        var writer = JSONWriter(
-            capacity: 256 + 200 * (grants.count + sources.count + requests.count) + 48 * access.count)
-        writer.beginObject()
-        writer.field("app_id", appID)
-        writer.field("app_user_id", appUserID)
-        writer.field("sequence", sequence)
-        writer.field("updated_at_ms", updatedAtMs)
-        writer.objects("grants", grants) { writer, grant in
-            writer.field("product_id", grant.productID)
-            grant.entitlement.write("entitlement", to: &writer)
-            writer.field("status", grant.status)
-            writer.field("is_active", grant.isActive)
-            writer.field("granted_at_ms", grant.grantedAtMs)
-            writer.field("expires_at_ms", grant.expiresAtMs)
-            writer.field("request_id", grant.requestID)
-            writer.field("campaign_id", grant.campaignID)
-            writer.field("offer_id", grant.offerID)
-        }
-        writer.objects("sources", sources) { writer, source in source.writeFields(to: &writer) }
-        writer.objects("access", access.sorted(by: { $0.key < $1.key })) { writer, access in
-            writer.field("rule", access.key)
-            writer.field("is_active", access.value)
-        }
-        // Omitted while empty, as in records written before the journal existed.
-        if !requests.isEmpty {
-            writer.objects("requests", requests) { writer, entry in
-                writer.field("request_id", entry.requestID)
-                writer.field("attempts", entry.attempts)
-                writer.field("started_at_ms", entry.startedAtMs)
-                writer.field("result", entry.result)
-                writer.field("completed_at_ms", entry.completedAtMs)
-                entry.error?.write("error", to: &writer)
-                writer.field("controller", entry.controller)
-                writer.field("offset", entry.offset)
-            }
-        }
-        writer.endObject()
-        return writer.bytes
+    public func jsonBytes() -> [UInt8] { Self.table.encode(self) }
+
+    /// One access rule's last answer, as the record holds it.
+    struct AccessAnswer: FieldTabled {
+        var rule: String
+        var isActive: Bool
+
+        static let table = FieldTable<Self>(
+            blank: Self(rule: "", isActive: false),
+            [
+                .field("rule", \.rule, .name(maxLength: 64)),
+                .field("is_active", \.isActive),
+            ])
     }
+
+    /// ``access`` as the record writes it: one object per rule, by rule name.
+    var accessAnswers: [AccessAnswer] {
+        get { access.sorted(by: { $0.key < $1.key }).map { AccessAnswer(rule: $0.key, isActive: $0.value) } }
+        set { access = Dictionary(newValue.map { ($0.rule, $0.isActive) }, uniquingKeysWith: { $1 }) }
+    }
+}
+
+extension EntitlementStateRecord: FieldTabled {
+    static let table = FieldTable<Self>(
+        blank: Self(appID: "", appUserID: "", sequence: 0, updatedAtMs: 0),
+        // A user's record holds grants and the request journal: larger than an event, sized at once.
+        byteLimit: maximumBytes,
+        capacity: { record in
+            256 + 200 * (record.grants.count + record.sources.count + record.requests.count) + 48 * record.access.count
+        },
+        [
+            .field("app_id", \.appID),
+            .field("app_user_id", \.appUserID),
+            .field("sequence", \.sequence),
+            .field("updated_at_ms", \.updatedAtMs),
+            .field("grants", \.grants, 1000),
+            .field("sources", \.sources, 1000),
+            .field("access", \.accessAnswers, 64),
+            // Absent (and omitted while empty) in records written before the journal existed.
+            .field("requests", \.requests, RequestEntry.maximumCount, whenAbsent: [], omittedWhen: []),
+        ])
+}
+
+extension EntitlementStateRecord.Grant: FieldTabled {
+    static let table = FieldTable<Self>(
+        blank: Self(
+            productID: "", entitlement: Entitlement.table.blank, status: .provisional, isActive: false,
+            grantedAtMs: 0, expiresAtMs: nil, requestID: ""),
+        [
+            .field("product_id", \.productID),
+            .field("entitlement", \.entitlement),
+            .field("status", \.status),
+            .field("is_active", \.isActive),
+            .field("granted_at_ms", \.grantedAtMs),
+            .field("expires_at_ms", \.expiresAtMs),
+            .field("request_id", \.requestID),
+            .field("campaign_id", \.campaignID),
+            .field("offer_id", \.offerID),
+        ])
+}
+
+extension EntitlementStateRecord.Source: FieldTabled {
+    static let table = FieldTable<Self>(
+        blank: Self(source: "", entitlementID: "", isActive: false, expiresAtMs: nil, eventID: "", occurredAtMs: 0),
+        [
+            .field("source", \.source, .name(maxLength: 64)),
+            .field("entitlement_id", \.entitlementID),
+            .field("is_active", \.isActive),
+            .field("expires_at_ms", \.expiresAtMs),
+            .field("event_id", \.eventID),
+            .field("occurred_at_ms", \.occurredAtMs),
+        ])
+}
+
+extension EntitlementStateRecord.RequestEntry: FieldTabled {
+    static let table = FieldTable<Self>(
+        blank: Self(requestID: "", attempts: 0, startedAtMs: 0),
+        [
+            .field("request_id", \.requestID),
+            .field("attempts", \.attempts),
+            .field("started_at_ms", \.startedAtMs),
+            .field("result", \.result),
+            .field("completed_at_ms", \.completedAtMs),
+            .field("error", \.error),
+            .field("controller", \.controller),
+            .field("offset", \.offset),
+        ])
 }

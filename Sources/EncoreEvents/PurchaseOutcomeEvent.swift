@@ -13,24 +13,6 @@ public struct PurchaseOutcomeEvent: EncoreEvent, Hashable {
             self.message = message
             self.retryable = retryable
         }
-
-        /// Reads `{type, message, retryable}` (an outcome's `error`, a journal entry's `error`).
-        init(_ json: JSONFieldReader) throws(EventValidationError) {
-            try self.init(
-                type: json.string("type", maxLength: 128),
-                message: json.string("message", maxLength: EventLimits.messageLength, allowEmpty: true),
-                retryable: json.bool("retryable"))
-        }
-
-        /// Writes the failure as the object field `name`.
-        func write(_ name: StaticString, to writer: inout JSONWriter) {
-            writer.key(name)
-            writer.beginObject()
-            writer.field("type", type)
-            writer.field("message", message)
-            writer.field("retryable", retryable)
-            writer.endObject()
-        }
     }
 
     public var requestID: String
@@ -92,46 +74,48 @@ public struct PurchaseOutcomeEvent: EncoreEvent, Hashable {
     public var key: String { userKey(appID: appID, appUserID: appUserID) }
 
     public init(jsonBytes: some Collection<UInt8>) throws(EventValidationError) {
-        self = try Self.decode(jsonBytes) { (json) throws(EventValidationError) in
-            let failure = try json.optionalObject("error").map { (error) throws(EventValidationError) in
-                try Failure(error)
-            }
-            let outcome = try PurchaseOutcomeEvent(
-                requestID: json.string("request_id"), appID: json.string("app_id"),
-                appUserID: json.string("app_user_id"), productID: json.string("product_id"),
-                result: json.enumeration("result"), attempts: Int(json.int64("attempts")),
-                store: json.enumeration("store"), environment: json.enumeration("environment"),
-                requestedAtMs: json.int64("requested_at_ms"), completedAtMs: json.int64("completed_at_ms"),
-                placementID: json.optionalString("placement_id"), promoOfferID: json.optionalString("promo_offer_id"),
-                controller: json.optionalString("controller", maxLength: 128),
-                transactionID: json.optionalString("transaction_id"), error: failure)
+        self = try Self.table.decode(jsonBytes)
+    }
+
+    public func jsonBytes() -> [UInt8] { Self.table.encode(self) }
+}
+
+extension PurchaseOutcomeEvent: FieldTabled {
+    static let table = FieldTable<Self>(
+        blank: Self(
+            requestID: "", appID: "", appUserID: "", productID: "", result: .failed, attempts: 0, store: .other,
+            environment: .production, requestedAtMs: 0, completedAtMs: 0),
+        validate: { (outcome) throws(EventValidationError) in
             if outcome.result == .failed && outcome.error == nil {
                 throw EventValidationError(
                     .missingField, field: "error", "required field 'error' is missing: result is 'failed'")
             }
-            return outcome
-        }
-    }
+        },
+        [
+            .field("request_id", \.requestID),
+            .field("app_id", \.appID),
+            .field("app_user_id", \.appUserID),
+            .field("product_id", \.productID),
+            .field("result", \.result),
+            .field("attempts", \.attempts),
+            .field("store", \.store),
+            .field("environment", \.environment),
+            .field("requested_at_ms", \.requestedAtMs),
+            .field("completed_at_ms", \.completedAtMs),
+            .field("placement_id", \.placementID),
+            .field("promo_offer_id", \.promoOfferID),
+            .field("controller", \.controller, .name(maxLength: 128)),
+            .field("transaction_id", \.transactionID),
+            .field("error", \.error),
+        ])
+}
 
-    public func jsonBytes() -> [UInt8] {
-        var writer = JSONWriter()
-        writer.beginObject()
-        writer.field("request_id", requestID)
-        writer.field("app_id", appID)
-        writer.field("app_user_id", appUserID)
-        writer.field("product_id", productID)
-        writer.field("result", result)
-        writer.field("attempts", attempts)
-        writer.field("store", store)
-        writer.field("environment", environment)
-        writer.field("requested_at_ms", requestedAtMs)
-        writer.field("completed_at_ms", completedAtMs)
-        writer.field("placement_id", placementID)
-        writer.field("promo_offer_id", promoOfferID)
-        writer.field("controller", controller)
-        writer.field("transaction_id", transactionID)
-        error?.write("error", to: &writer)
-        writer.endObject()
-        return writer.bytes
-    }
+extension PurchaseOutcomeEvent.Failure: FieldTabled {
+    static let table = FieldTable<Self>(
+        blank: Self(type: "", message: "", retryable: false),
+        [
+            .field("type", \.type, .name(maxLength: 128)),
+            .field("message", \.message, .text(maxLength: EventLimits.messageLength)),
+            .field("retryable", \.retryable),
+        ])
 }

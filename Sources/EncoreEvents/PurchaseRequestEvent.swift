@@ -51,13 +51,10 @@ public struct PurchaseRequestEvent: EncoreEvent, Hashable {
     public var key: String { userKey(appID: appID, appUserID: appUserID) }
 
     public init(jsonBytes: some Collection<UInt8>) throws(EventValidationError) {
-        // The common shape in one pass; anything else (errors included) takes the general path below.
-        if let decoded = jsonBytes.withContiguousStorageIfAvailable(PurchaseRequestFastDecoder.decode) ?? nil {
-            self = decoded
-            return
-        }
-        self = try Self.decodeGeneral(jsonBytes)
+        self = try Self.table.decode(jsonBytes)
     }
+
+    public func jsonBytes() -> [UInt8] { Self.table.encode(self) }
 
     /// The `request_id` of a record that is not a valid request, when one can be read (for its
     /// dead letter, and for an audit naming it).
@@ -67,53 +64,27 @@ public struct PurchaseRequestEvent: EncoreEvent, Hashable {
         else { return nil }
         return id
     }
+}
 
-    /// The general decoder: any valid JSON, and the errors that name the field at fault.
-    static func decodeGeneral(_ jsonBytes: some Collection<UInt8>) throws(EventValidationError) -> Self {
-        try Self.decode(jsonBytes) { (json) throws(EventValidationError) in
-            try PurchaseRequestEvent(
-                requestID: json.string("request_id"), appID: json.string("app_id"),
-                appUserID: json.string("app_user_id"), productID: json.string("product_id"),
-                store: json.enumeration("store"), environment: json.enumeration("environment"),
-                requestedAtMs: json.int64("requested_at_ms"), placementID: json.optionalString("placement_id"),
-                promoOfferID: json.optionalString("promo_offer_id"), campaignID: json.optionalString("campaign_id"),
-                offerID: json.optionalString("offer_id"),
-                entitlement: json.optionalObject("entitlement").map { (entitlement) throws(EventValidationError) in
-                    try Entitlement(entitlement)
-                },
-                deadlineAtMs: json.optionalInt64("deadline_at_ms"),
-                attributes: json.optionalStringMap(
-                    "attributes", maxEntries: EventLimits.attributeCount, maxKeyLength: EventLimits.attributeKeyLength,
-                    maxValueLength: EventLimits.attributeValueLength))
-        }
-    }
-
-    public func jsonBytes() -> [UInt8] {
-        var writer = JSONWriter()
-        writer.beginObject()
-        writer.field("request_id", requestID)
-        writer.field("app_id", appID)
-        writer.field("app_user_id", appUserID)
-        writer.field("product_id", productID)
-        writer.field("store", store)
-        writer.field("environment", environment)
-        writer.field("requested_at_ms", requestedAtMs)
-        writer.field("placement_id", placementID)
-        writer.field("promo_offer_id", promoOfferID)
-        writer.field("campaign_id", campaignID)
-        writer.field("offer_id", offerID)
-        entitlement?.write("entitlement", to: &writer)
-        writer.field("deadline_at_ms", deadlineAtMs)
-        if let attributes {
-            writer.key("attributes")
-            writer.beginObject()
-            for (name, value) in attributes.sorted(by: { $0.key < $1.key }) {
-                writer.key(dynamic: name)
-                writer.string(value)
-            }
-            writer.endObject()
-        }
-        writer.endObject()
-        return writer.bytes
-    }
+extension PurchaseRequestEvent: FieldTabled {
+    static let table = FieldTable<Self>(
+        blank: Self(
+            requestID: "", appID: "", appUserID: "", productID: "", store: .other, environment: .production,
+            requestedAtMs: 0),
+        [
+            .field("request_id", \.requestID),
+            .field("app_id", \.appID),
+            .field("app_user_id", \.appUserID),
+            .field("product_id", \.productID),
+            .field("store", \.store),
+            .field("environment", \.environment),
+            .field("requested_at_ms", \.requestedAtMs),
+            .field("placement_id", \.placementID),
+            .field("promo_offer_id", \.promoOfferID),
+            .field("campaign_id", \.campaignID),
+            .field("offer_id", \.offerID),
+            .field("entitlement", \.entitlement),
+            .field("deadline_at_ms", \.deadlineAtMs),
+            .field("attributes", \.attributes, .attributes),
+        ])
 }

@@ -61,27 +61,21 @@ public struct Entitlement: Sendable, Hashable {
         self.value = value
         self.unit = unit
     }
+}
 
-    init(_ reader: JSONFieldReader) throws(EventValidationError) {
-        type = try reader.enumeration("type")
-        value = try reader.double("value", minimum: 0, maximum: 1_000_000)
-        unit = try reader.enumeration("unit")
-    }
-
-    func write(_ name: StaticString, to writer: inout JSONWriter) {
-        writer.key(name)
-        writer.beginObject()
-        writer.field("type", type)
-        writer.key("value")
-        writer.number(value)
-        writer.field("unit", unit)
-        writer.endObject()
-    }
+extension Entitlement: FieldTabled {
+    static let table = FieldTable<Self>(
+        blank: Self(type: .credit, value: 0, unit: .days),
+        [
+            .field("type", \.type),
+            .field("value", \.value, 0...1_000_000),
+            .field("unit", \.unit),
+        ])
 }
 
 extension Entitlement {
     /// Reads an `{type, value, unit}` object (a catalog entry); the error names the field under `path`.
     public init(json: JSONValue, path: String) throws(EventValidationError) {
-        try self.init(JSONFieldReader(json, path: path))
+        self = try Self.table.read(JSONFieldReader(json, path: path))
     }
 }

@@ -12,8 +12,8 @@ struct FastDecoderTests {
 
     @discardableResult
     func agree(_ bytes: [UInt8], sourceLocation: SourceLocation = #_sourceLocation) -> PurchaseRequestEvent? {
-        let fast = bytes.withUnsafeBufferPointer(PurchaseRequestFastDecoder.decode)
-        let general = try? PurchaseRequestEvent.decodeGeneral(bytes)
+        let fast = bytes.withUnsafeBufferPointer(PurchaseRequestEvent.table.decodeFast)
+        let general = try? PurchaseRequestEvent.table.decodeGeneral(bytes)
         if let fast {
             #expect(fast == general, "\(String(decoding: bytes, as: UTF8.self))", sourceLocation: sourceLocation)
         }

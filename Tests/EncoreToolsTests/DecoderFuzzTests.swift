@@ -19,7 +19,7 @@ struct DecoderFuzzTests {
         for index in 0..<Self.count {
             let record = fuzzer.next()
             let context = "seed \(Self.seed) record \(index) (\(record.mutation))"
-            let fast = record.value.withUnsafeBufferPointer(PurchaseRequestFastDecoder.decode)
+            let fast = record.value.withUnsafeBufferPointer(PurchaseRequestEvent.table.decodeFast)
             do throws(EventValidationError) {
                 let request = try PurchaseRequestEvent(jsonBytes: record.value)
                 verdicts[record.mutation, default: (0, 0)].valid += 1

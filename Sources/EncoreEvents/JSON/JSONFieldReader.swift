@@ -24,7 +24,7 @@ struct JSONFieldReader {
         return value
     }
 
-    private func missing(_ key: String) -> EventValidationError {
+    func missing(_ key: String) -> EventValidationError {
         if fields[key] == .null {
             return EventValidationError(
                 .wrongType, field: fieldPath(key), "required field '\(fieldPath(key))' must not be null")
@@ -83,7 +83,12 @@ struct JSONFieldReader {
     }
 
     func double(_ key: String, minimum: Double, maximum: Double) throws(EventValidationError) -> Double {
-        guard let value = present(key) else { throw missing(key) }
+        guard let value = try optionalDouble(key, minimum: minimum, maximum: maximum) else { throw missing(key) }
+        return value
+    }
+
+    func optionalDouble(_ key: String, minimum: Double, maximum: Double) throws(EventValidationError) -> Double? {
+        guard let value = present(key) else { return nil }
         let number: Double
         switch value {
         case .integer(let exact): number = Double(exact)
