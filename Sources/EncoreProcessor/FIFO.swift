@@ -8,6 +8,12 @@ struct FIFO<Element> {
     var isEmpty: Bool { count == 0 }
     var first: Element? { isEmpty ? nil : slots[head] }
 
+    /// The element `offset` places from the first (`0` is the first).
+    subscript(offset: Int) -> Element {
+        precondition(offset >= 0 && offset < count, "FIFO offset \(offset) out of 0..<\(count)")
+        return slots[(head + offset) & (slots.count - 1)]!
+    }
+
     mutating func append(_ element: Element) {
         if count == slots.count { grow() }
         slots[(head + count) & (slots.count - 1)] = element

@@ -5,7 +5,8 @@ import EncoreEvents
 /// A lane's item holds a slot while its call runs (``endCall(lane:)`` gives the slot back) and
 /// holds the lane until its outputs are acknowledged (``releaseLane(_:)``): a user's next request
 /// starts only after the previous one is answered on the broker, so a user's outputs keep their
-/// order even when a delivery is produced again.
+/// order even when a delivery is produced again. (The loop releases the lane once the outcome is
+/// acknowledged; the changelog keeps its own order, and the next intent joins the result's record.)
 ///
 /// A pure state machine: the processor feeds it arrivals and completions and starts the items it
 /// returns.

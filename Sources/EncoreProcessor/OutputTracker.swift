@@ -38,6 +38,12 @@ struct OutputTracker<Item> {
         var isWritten = false
         /// The item whose call waits for this record (an intent): reported when it is acknowledged.
         var intent: Item?
+        /// The item whose result this is, reported by ``Event/resultReady(_:)`` once the outputs
+        /// sent with it are acknowledged.
+        var result: Item?
+        /// The updates (this one last) whose changelog record this update's is: written together,
+        /// the latest state holding the earlier ones.
+        var covers: [Int] = []
     }
 
     enum Event {
@@ -47,6 +53,10 @@ struct OutputTracker<Item> {
         case recordDone(RecordRef, Item?)
         /// The changelog record holding the item's intent is acknowledged: its call may start.
         case intentWritten(Item)
+        /// The outputs of the item's result (outcome, dead letter, change events) are acknowledged;
+        /// its changelog record is not written yet. Anything the user publishes now is written with
+        /// or after it.
+        case resultReady(Item)
         /// A delivery failed and will be produced again.
         case redelivering(topic: String, KafkaError)
         /// A delivery failed for good: the processor must stop.
@@ -68,6 +78,9 @@ struct OutputTracker<Item> {
     /// Users with a change event in flight, and their later change events waiting behind it.
     private var changesInFlight: [String: FIFO<(token: UInt, output: UnsentOutput)>] = [:]
     private var unsent: [(token: UInt, output: UnsentOutput)] = []
+    /// Users whose changelog record may be ready: written when outputs are next taken, so what
+    /// the loop publishes for them meanwhile (the next request's intent) shares the record.
+    private var mayWrite: [String] = []
     /// Outputs handed out and not answered yet.
     private(set) var awaitingAnswer = 0
 
@@ -101,7 +114,8 @@ struct OutputTracker<Item> {
     /// the update is that item's intent, reported by ``Event/intentWritten(_:)`` once durable.
     mutating func publish(
         _ update: LedgerUpdate, for ref: RecordRef?, item: Item? = nil,
-        alongside: [(output: Output, unsent: UnsentOutput)] = [], intent: Item? = nil, trace: [KafkaHeader] = []
+        alongside: [(output: Output, unsent: UnsentOutput)] = [], intent: Item? = nil, result: Item? = nil,
+        trace: [KafkaHeader] = []
     ) {
         for change in update.changes { changesByKind[change.change.rawValue, default: 0] += 1 }
         let id = nextUpdateID
@@ -109,7 +123,7 @@ struct OutputTracker<Item> {
         let key = update.state.key
         updates[id] = PendingUpdate(
             ref: ref, key: key, state: update.state, partition: update.partition,
-            unacknowledgedOutputs: alongside.count + update.changes.count, intent: intent)
+            unacknowledgedOutputs: alongside.count + update.changes.count, intent: intent, result: result)
         updateOrder[key, default: FIFO()].append(id)
         // The changelog record is counted now, so the record cannot finish before it is written.
         if let ref { count(ref, item: item) }
@@ -126,12 +140,14 @@ struct OutputTracker<Item> {
 
     /// The outputs to produce, in order; each is answered with its token.
     mutating func takeUnsent() -> [(token: UInt, output: UnsentOutput)] {
+        for key in mayWrite { writeStateIfReady(ofUser: key) }
+        mayWrite.removeAll(keepingCapacity: true)
         defer { unsent.removeAll(keepingCapacity: true) }
         return unsent
     }
 
     /// Whether outputs are waiting to be handed out.
-    var hasUnsent: Bool { !unsent.isEmpty }
+    var hasUnsent: Bool { !unsent.isEmpty || !mayWrite.isEmpty }
 
     /// The broker's answers.
     mutating func delivered(_ deliveries: [KafkaDelivery], now: ContinuousClock.Instant) -> [Event] {
@@ -220,16 +236,27 @@ struct OutputTracker<Item> {
         }
         if let id = slot.update, let key = updates[id]?.key {
             updates[id]!.unacknowledgedOutputs -= 1
-            writeStateIfReady(ofUser: key)
+            if updates[id]!.unacknowledgedOutputs == 0, let result = updates[id]!.result {
+                events.append(.resultReady(result))
+            }
+            mayWrite.append(key)
         }
-        if case .entitlementState(let id) = slot.output, let update = updates.removeValue(forKey: id) {
-            let key = update.key
-            _ = updateOrder[key]?.popFirst()
-            if updateOrder[key]?.isEmpty ?? false { updateOrder[key] = nil }
-            if let intent = update.intent { events.append(.intentWritten(intent)) }
-            writeStateIfReady(ofUser: key)
+        if case .entitlementState(let id) = slot.output, let written = updates[id] {
+            // The record's updates are the user's oldest, in order.
+            for covered in written.covers {
+                guard let update = updates.removeValue(forKey: covered) else { continue }
+                _ = updateOrder[written.key]?.popFirst()
+                if let intent = update.intent { events.append(.intentWritten(intent)) }
+                if let ref = update.ref { outputAcknowledged(of: ref, into: &events) }
+            }
+            if updateOrder[written.key]?.isEmpty ?? false { updateOrder[written.key] = nil }
+            mayWrite.append(written.key)
         }
-        guard let ref = slot.ref, let pending = records[ref] else { return }
+        if let ref = slot.ref { outputAcknowledged(of: ref, into: &events) }
+    }
+
+    private mutating func outputAcknowledged(of ref: RecordRef, into events: inout [Event]) {
+        guard let pending = records[ref] else { return }
         if pending.outputs > 1 {
             records[ref]!.outputs -= 1
         } else {
@@ -238,15 +265,25 @@ struct OutputTracker<Item> {
         }
     }
 
-    /// Writes the user's oldest unwritten changelog record when its change events are acknowledged.
+    /// Writes the user's oldest unwritten changelog record when its outputs are acknowledged and
+    /// the user's earlier record is. Later updates that are ready too are written in the same
+    /// record: the latest state holds theirs (a result, and the intent of the next request).
     private mutating func writeStateIfReady(ofUser key: String) {
-        guard let id = updateOrder[key]?.first, let update = updates[id], update.unacknowledgedOutputs == 0,
-            !update.isWritten
+        guard let order = updateOrder[key], let first = order.first, let update = updates[first],
+            update.unacknowledgedOutputs == 0, !update.isWritten
         else { return }
-        updates[id]!.isWritten = true
-        // Counted with its update already.
+        var covers = [first]
+        for offset in 1..<order.count {
+            guard let later = updates[order[offset]], later.unacknowledgedOutputs == 0 else { break }
+            covers.append(order[offset])
+        }
+        let last = covers.last!
+        for id in covers { updates[id]!.isWritten = true }
+        updates[last]!.covers = covers
+        let written = updates[last]!
+        // Counted with its updates already (each acknowledged with the record).
         enqueue(
-            .entitlementState(update: id), .state(update.state, partition: update.partition), for: update.ref,
+            .entitlementState(update: last), .state(written.state, partition: written.partition), for: nil,
             update: nil)
     }
 }

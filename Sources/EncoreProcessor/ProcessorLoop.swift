@@ -348,7 +348,12 @@ final class ProcessorLoop {
         let update = ledger.complete(
             outcome, entitlement: item.request.entitlement, campaignID: item.request.campaignID,
             offerID: item.request.offerID, partition: item.ref.partition.number, grants: configuration.ledgerEnabled)
-        outputs.publish(update, for: item.ref, item: item, alongside: alongside, trace: trace)
+        // At least once, the user's next request starts once these outputs are acknowledged, and its
+        // intent shares the changelog record of this result (``resultReady(_:)``). In a transaction
+        // the lane is held to the end.
+        outputs.publish(
+            update, for: item.ref, item: item, alongside: alongside, result: transactions == nil ? item : nil,
+            trace: trace)
     }
 
     /// Publishes a dead letter for a record no request of which is journaled (it did not decode).
@@ -422,6 +427,8 @@ final class ProcessorLoop {
                 recordDone(ref, item)
             case .intentWritten(let item):
                 intentWritten(item)
+            case .resultReady(let item):
+                resultReady(item)
             case .redelivering(let topic, let error):
                 statistics.redelivered += 1
                 redelivering = ((redelivering?.count ?? 0) + 1, topic, error)
@@ -437,7 +444,15 @@ final class ProcessorLoop {
     func recordDone(_ ref: RecordRef, _ item: WorkItem?) {
         ownership.endWork(ref)
         finish(ref)
-        if let item, let next = scheduler.releaseLane(item.lane) { start(next) }
+        if let item, !item.laneReleased, let next = scheduler.releaseLane(item.lane) { start(next) }
+    }
+
+    /// The item's outcome (and dead letter, change events) is acknowledged, its result not yet in
+    /// the changelog: the user's next request may start. Its intent is written in the same record
+    /// as this result or a later one, so its call still starts after this result is durable.
+    func resultReady(_ item: WorkItem) {
+        item.laneReleased = true
+        if let next = scheduler.releaseLane(item.lane) { start(next) }
     }
 
     // MARK: Time

@@ -42,6 +42,9 @@ final class WorkItem {
     var controller: (any PurchaseController)? = nil
     /// The running attempt, to cancel it.
     var task: Task<Void, Never>? = nil
+    /// The user's lane was handed to the next request when this one's outputs were acknowledged,
+    /// before its changelog record (``ProcessorLoop/resultReady(_:)``).
+    var laneReleased = false
 
     init(ref: RecordRef, request: PurchaseRequestEvent, message: KafkaMessage) {
         self.ref = ref

@@ -59,6 +59,47 @@ struct OutputTrackerTests {
         return KafkaProducerRecord(topic: "changes", key: Array(change.key.utf8), value: change.jsonBytes())
     }
 
+    func acknowledge(_ sent: [(token: UInt, output: UnsentOutput)], in tracker: inout OutputTracker<String>)
+        -> [OutputTracker<String>.Event]
+    {
+        tracker.delivered(sent.map { KafkaDelivery(token: $0.token, error: nil, record: nil) }, now: at(0))
+    }
+
+    func states(_ sent: [(token: UInt, output: UnsentOutput)]) -> [Int64] {
+        sent.compactMap { if case .state(let state, _) = $0.output { state.sequence } else { nil } }
+    }
+
+    @Test("a result whose outcome is acknowledged and the user's next intent are one changelog record, acknowledged for both")
+    func readyUpdatesShareARecord() {
+        var tracker = OutputTracker<String>()
+        tracker.publish(
+            update(user: "u", sequences: [1]), for: ref(0), item: "req-0",
+            alongside: [(.outcome(.purchased, requestedAtMs: 0), outcome(0, user: "u"))], result: "req-0")
+        let first = tracker.takeUnsent()
+        #expect(first.count == 2 && states(first).isEmpty, "the outcome and the change go first")
+        var events = acknowledge(first, in: &tracker)
+        let ready = events.compactMap { if case .resultReady(let item) = $0 { item } else { nil } }
+        #expect(ready == ["req-0"] && done(events).isEmpty)
+        // The loop starts the user's next request: its intent (a later state of the user).
+        var intent = update(user: "u", sequences: [])
+        intent.state.sequence = 5
+        tracker.publish(intent, for: nil, intent: "req-1")
+        let written = tracker.takeUnsent()
+        #expect(states(written) == [5], "one record: the latest state holds the result and the intent")
+        events = acknowledge(written, in: &tracker)
+        #expect(done(events) == ["req-0"])
+        #expect(events.compactMap { if case .intentWritten(let item) = $0 { item } else { nil } } == ["req-1"])
+        #expect(!tracker.hasStateUpdates && tracker.pendingRecords == 0)
+        // Without a next request, the result is written alone, once its outputs are acknowledged.
+        tracker.publish(
+            update(user: "v", sequences: []), for: ref(2), item: "req-2",
+            alongside: [(.outcome(.purchased, requestedAtMs: 0), outcome(2, user: "v"))], result: "req-2")
+        events = acknowledge(tracker.takeUnsent(), in: &tracker)
+        let alone = tracker.takeUnsent()
+        #expect(alone.count == 1 && states(alone) == [0])
+        #expect(done(acknowledge(alone, in: &tracker)) == ["req-2"])
+    }
+
     @Test("one change event of a user in flight at a time: a failed one is produced again before the user's next")
     func redeliveryKeepsOrder() {
         var tracker = OutputTracker<String>(redeliveryDelay: .milliseconds(500))
