@@ -69,7 +69,7 @@ struct OutputTrackerTests {
         sent.compactMap { if case .state(let state, _) = $0.output { state.sequence } else { nil } }
     }
 
-    @Test("a result whose outcome is acknowledged and the user's next intent are one changelog record, acknowledged for both")
+    @Test("an acknowledged result and the user's next intent share one changelog record, acknowledged for both")
     func readyUpdatesShareARecord() {
         var tracker = OutputTracker<String>()
         tracker.publish(
