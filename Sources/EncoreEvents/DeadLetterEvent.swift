@@ -244,7 +244,7 @@ extension DeadLetterEvent.Header: FieldTabled {
     }
 
     static let table = FieldTable<Self>(
-        blank: Self(key: "", value: nil),
+        blank: Self(key: "", value: nil), fastPath: false,
         [
             .field("key", \.key, .text(maxLength: 1024)),
             .field("value", \.valueText, .text()),

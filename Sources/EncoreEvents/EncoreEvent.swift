@@ -45,16 +45,3 @@ public func userKey(appID: String, appUserID: String) -> String {
     key += appUserID
     return key
 }
-
-extension EncoreEvent {
-    /// Parses `bytes` and hands the top-level object to `body`, rejecting oversized records first.
-    static func decode<T>(
-        _ bytes: some Collection<UInt8>, limit: Int = EventLimits.recordBytes,
-        _ body: (JSONFieldReader) throws(EventValidationError) -> T
-    ) throws(EventValidationError) -> T {
-        guard bytes.count <= limit else {
-            throw EventValidationError(.tooLarge, field: "", "record is \(bytes.count) bytes, at most \(limit) allowed")
-        }
-        return try body(JSONFieldReader(JSONValue.parse(bytes)))
-    }
-}

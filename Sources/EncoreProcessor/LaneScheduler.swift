@@ -5,8 +5,7 @@ import EncoreEvents
 /// A lane's item holds a slot while its call runs (``endCall(lane:)`` gives the slot back) and
 /// holds the lane until its outputs are acknowledged (``releaseLane(_:)``): a user's next request
 /// starts only after the previous one is answered on the broker, so a user's outputs keep their
-/// order even when a delivery is produced again. (The loop releases the lane once the outcome is
-/// acknowledged; the changelog keeps its own order, and the next intent joins the result's record.)
+/// order even when a delivery is produced again.
 ///
 /// A pure state machine: the processor feeds it arrivals and completions and starts the items it
 /// returns.
@@ -60,8 +59,8 @@ struct LaneScheduler<Item, LaneKey: Hashable> {
         return startNextWaiting()
     }
 
-    /// The item of `lane` is done (its outputs acknowledged); the lane's next item queues for a
-    /// slot. Returns the item to start now, if any.
+    /// The item of `lane` is done with its lane (its outputs acknowledged, or as far as the caller
+    /// needs); the lane's next item queues for a slot. Returns the item to start now, if any.
     mutating func releaseLane(_ key: LaneKey) -> Item? {
         precondition(lanes[key]?.phase == .finishing, "releaseLane(_:) for a lane whose call has not ended")
         count -= 1

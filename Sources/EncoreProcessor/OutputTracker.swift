@@ -80,7 +80,7 @@ struct OutputTracker<Item> {
     private var unsent: [(token: UInt, output: UnsentOutput)] = []
     /// Users whose changelog record may be ready: written when outputs are next taken, so what
     /// the loop publishes for them meanwhile (the next request's intent) shares the record.
-    private var mayWrite: [String] = []
+    private var usersToWrite: [String] = []
     /// Outputs handed out and not answered yet.
     private(set) var awaitingAnswer = 0
 
@@ -88,8 +88,8 @@ struct OutputTracker<Item> {
         self.redeliveryDelay = redeliveryDelay
     }
 
-    /// Nothing is being produced, redelivered or held.
-    var isIdle: Bool { awaitingAnswer == 0 && redeliveries.isEmpty }
+    /// Nothing is being produced, redelivered, held or waiting to be written.
+    var isIdle: Bool { awaitingAnswer == 0 && redeliveries.isEmpty && usersToWrite.isEmpty }
 
     /// Records with outputs not yet acknowledged.
     var pendingRecords: Int { records.count }
@@ -97,7 +97,7 @@ struct OutputTracker<Item> {
     /// Whether any changelog record is not yet acknowledged.
     var hasStateUpdates: Bool { !updates.isEmpty }
 
-    /// Whether a ledger update of a user of requests partition `partition` is not yet written.
+    /// Whether a ledger update of a user of requests partition `partition` is not yet acknowledged.
     func hasUpdates(ofPartition partition: Int32) -> Bool {
         updates.values.contains { $0.partition == partition }
     }
@@ -140,14 +140,14 @@ struct OutputTracker<Item> {
 
     /// The outputs to produce, in order; each is answered with its token.
     mutating func takeUnsent() -> [(token: UInt, output: UnsentOutput)] {
-        for key in mayWrite { writeStateIfReady(ofUser: key) }
-        mayWrite.removeAll(keepingCapacity: true)
+        for key in usersToWrite { writeStateIfReady(ofUser: key) }
+        usersToWrite.removeAll(keepingCapacity: true)
         defer { unsent.removeAll(keepingCapacity: true) }
         return unsent
     }
 
     /// Whether outputs are waiting to be handed out.
-    var hasUnsent: Bool { !unsent.isEmpty || !mayWrite.isEmpty }
+    var hasUnsent: Bool { !unsent.isEmpty || !usersToWrite.isEmpty }
 
     /// The broker's answers.
     mutating func delivered(_ deliveries: [KafkaDelivery], now: ContinuousClock.Instant) -> [Event] {
@@ -239,7 +239,7 @@ struct OutputTracker<Item> {
             if updates[id]!.unacknowledgedOutputs == 0, let result = updates[id]!.result {
                 events.append(.resultReady(result))
             }
-            mayWrite.append(key)
+            usersToWrite.append(key)
         }
         if case .entitlementState(let id) = slot.output, let written = updates[id] {
             // The record's updates are the user's oldest, in order.
@@ -250,7 +250,7 @@ struct OutputTracker<Item> {
                 if let ref = update.ref { outputAcknowledged(of: ref, into: &events) }
             }
             if updateOrder[written.key]?.isEmpty ?? false { updateOrder[written.key] = nil }
-            mayWrite.append(written.key)
+            usersToWrite.append(written.key)
         }
         if let ref = slot.ref { outputAcknowledged(of: ref, into: &events) }
     }

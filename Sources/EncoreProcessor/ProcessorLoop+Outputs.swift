@@ -13,6 +13,8 @@ extension ProcessorLoop {
             guard state.phase == .open, !state.isClosed else { return }
         }
         let unsent = outputs.takeUnsent()
+        // (Changelog records that turned out not to be ready yet: nothing to produce.)
+        guard !unsent.isEmpty else { return }
         if transactions != nil {
             transactions!.unanswered += unsent.count
             transactions!.produced = true

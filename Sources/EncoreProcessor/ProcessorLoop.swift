@@ -440,7 +440,7 @@ final class ProcessorLoop {
     }
 
     /// Every output of the record is acknowledged (its result is in the journal): its offset may
-    /// be committed, and its user's next request may start.
+    /// be committed, and its user's next request may start unless ``resultReady(_:)`` let it.
     func recordDone(_ ref: RecordRef, _ item: WorkItem?) {
         ownership.endWork(ref)
         finish(ref)

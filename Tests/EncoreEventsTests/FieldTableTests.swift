@@ -109,6 +109,17 @@ struct FieldTableTests {
         agreeOnSamples(EntitlementStateRecord.self, "entitlement-state")
     }
 
+    @Test("a dead letter's message is cut to the contract's limit when written")
+    func deadLetterMessageIsCut() throws {
+        let long = String(repeating: "é", count: EventLimits.messageLength + 904)
+        let letter = DeadLetterEvent(
+            topic: "t", partition: 0, offset: 1, key: nil, value: [], headers: [],
+            error: .init(stage: .controller, errorClass: "timeout", message: long, retryable: false), attempts: 1,
+            failedAtMs: 1)
+        let decoded = try DeadLetterEvent(jsonBytes: letter.jsonBytes())
+        #expect(decoded.error.message == String(repeating: "é", count: EventLimits.messageLength))
+    }
+
     @Test("a rule that spans fields holds on the fast path too")
     func crossFieldRules() {
         let failedWithoutError =

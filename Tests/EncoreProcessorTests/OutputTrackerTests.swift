@@ -80,6 +80,8 @@ struct OutputTrackerTests {
         var events = acknowledge(first, in: &tracker)
         let ready = events.compactMap { if case .resultReady(let item) = $0 { item } else { nil } }
         #expect(ready == ["req-0"] && done(events).isEmpty)
+        // The result's record waits to be written: a drain must not take the tracker for idle.
+        #expect(!tracker.isIdle && tracker.hasUnsent)
         // The loop starts the user's next request: its intent (a later state of the user).
         var intent = update(user: "u", sequences: [])
         intent.state.sequence = 5
@@ -95,6 +97,7 @@ struct OutputTrackerTests {
             update(user: "v", sequences: []), for: ref(2), item: "req-2",
             alongside: [(.outcome(.purchased, requestedAtMs: 0), outcome(2, user: "v"))], result: "req-2")
         events = acknowledge(tracker.takeUnsent(), in: &tracker)
+        #expect(events.contains { if case .resultReady("req-2") = $0 { true } else { false } })
         let alone = tracker.takeUnsent()
         #expect(alone.count == 1 && states(alone) == [0])
         #expect(done(acknowledge(alone, in: &tracker)) == ["req-2"])

@@ -1,5 +1,7 @@
 #if canImport(Glibc)
     import Glibc
+#elseif canImport(Darwin)
+    import Darwin
 #endif
 
 /// A type whose JSON form is described once, by its ``FieldTable``: the general decoder, the fast

@@ -179,7 +179,9 @@ extension FieldTabled {
         try reader.optionalObject(key).map { (object) throws(EventValidationError) in try table.read(object) }
     }
 
-    static func scan(_ scanner: inout JSONScanner, _ rule: Void) -> Self? { table.scan(&scanner) }
+    static func scan(_ scanner: inout JSONScanner, _ rule: Void) -> Self? {
+        table.fastPath ? table.scan(&scanner) : nil
+    }
 
     func write(to writer: inout JSONWriter, _ rule: Void) { Self.table.write(self, to: &writer) }
 

@@ -62,11 +62,6 @@ struct JSONFieldReader {
         return text
     }
 
-    func int64(_ key: String, minimum: Int64 = 0) throws(EventValidationError) -> Int64 {
-        guard let value = try optionalInt64(key, minimum: minimum) else { throw missing(key) }
-        return value
-    }
-
     func optionalInt64(_ key: String, minimum: Int64 = 0) throws(EventValidationError) -> Int64? {
         guard let value = present(key) else { return nil }
         let integer: Int64
@@ -80,11 +75,6 @@ struct JSONFieldReader {
                 .outOfRange, field: fieldPath(key), "'\(fieldPath(key))' is \(integer), must be at least \(minimum)")
         }
         return integer
-    }
-
-    func double(_ key: String, minimum: Double, maximum: Double) throws(EventValidationError) -> Double {
-        guard let value = try optionalDouble(key, minimum: minimum, maximum: maximum) else { throw missing(key) }
-        return value
     }
 
     func optionalDouble(_ key: String, minimum: Double, maximum: Double) throws(EventValidationError) -> Double? {
@@ -114,13 +104,6 @@ struct JSONFieldReader {
         return try bool(key)
     }
 
-    func enumeration<E: RawRepresentable<String> & CaseIterable>(
-        _ key: String, as type: E.Type = E.self
-    ) throws(EventValidationError) -> E {
-        guard let value = try optionalEnumeration(key, as: type) else { throw missing(key) }
-        return value
-    }
-
     func optionalEnumeration<E: RawRepresentable<String> & CaseIterable>(
         _ key: String, as type: E.Type = E.self
     ) throws(EventValidationError) -> E? {
@@ -138,11 +121,6 @@ struct JSONFieldReader {
     func optionalObject(_ key: String) throws(EventValidationError) -> JSONFieldReader? {
         guard let value = present(key) else { return nil }
         return try JSONFieldReader(value, path: fieldPath(key))
-    }
-
-    func object(_ key: String) throws(EventValidationError) -> JSONFieldReader {
-        guard let value = try optionalObject(key) else { throw missing(key) }
-        return value
     }
 
     func optionalArray(_ key: String, maxItems: Int) throws(EventValidationError) -> [JSONValue]? {
@@ -174,16 +152,5 @@ struct JSONFieldReader {
             result[name] = try map.string(name, maxLength: maxValueLength, allowEmpty: true)
         }
         return result
-    }
-}
-
-extension JSONFieldReader {
-    /// A required array of at most `maxItems` items.
-    func array(_ key: String, maxItems: Int) throws(EventValidationError) -> [JSONValue] {
-        guard let items = try optionalArray(key, maxItems: maxItems) else {
-            throw EventValidationError(
-                .missingField, field: fieldPath(key), "required field '\(fieldPath(key))' is missing")
-        }
-        return items
     }
 }
