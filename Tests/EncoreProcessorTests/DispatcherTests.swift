@@ -22,7 +22,7 @@ struct DispatcherTests {
             // One user's records share a partition, as their key does in Kafka.
             harness.feed(event, partition: Int32(index % 50 % 4))
         }
-        #expect(await harness.waitForFinished(2000, timeout: .seconds(60)))
+        #expect(await harness.waitForFinished(2000))
         let state = controller.snapshot
         #expect(state.overlaps.isEmpty, "users with overlapping calls: \(Set(state.overlaps))")
         #expect(state.callsByUser == expected)
@@ -42,7 +42,7 @@ struct DispatcherTests {
         let harness = LoopHarness(configure: { $0.maxInFlight = 16 }, router: router(controller))
         harness.assign(partitions: 1)
         for index in 0..<400 { harness.feed(request(index, user: "user-\(index)")) }
-        #expect(await harness.waitForFinished(400, timeout: .seconds(60)))
+        #expect(await harness.waitForFinished(400))
         #expect(controller.snapshot.maxRunning == 16)
         #expect(harness.statistics.peakInFlight == 16)
         await harness.stop()
