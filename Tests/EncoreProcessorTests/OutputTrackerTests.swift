@@ -103,6 +103,39 @@ struct OutputTrackerTests {
         #expect(done(acknowledge(alone, in: &tracker)) == ["req-2"])
     }
 
+    @Test("a shared changelog record that fails is produced again; then it finishes each of its updates once")
+    func sharedRecordRedelivered() {
+        var tracker = OutputTracker<String>(redeliveryDelay: .milliseconds(500))
+        tracker.publish(
+            update(user: "u", sequences: []), for: ref(0), item: "req-0",
+            alongside: [(.outcome(.purchased, requestedAtMs: 0), outcome(0, user: "u"))], result: "req-0")
+        _ = acknowledge(tracker.takeUnsent(), in: &tracker)
+        var intent = update(user: "u", sequences: [])
+        intent.state.sequence = 5
+        tracker.publish(intent, for: nil, intent: "req-1")
+        let written = tracker.takeUnsent()
+        #expect(states(written) == [5])
+        // An expiry of the user while that record is in flight waits for it: one record at a time.
+        var expiry = update(user: "u", sequences: [])
+        expiry.state.sequence = 6
+        tracker.publish(expiry, for: nil)
+        let record = KafkaProducerRecord(topic: "state", key: Array("app:u".utf8), value: [])
+        var events = tracker.delivered(
+            [KafkaDelivery(token: written[0].token, error: failure(.messageTimedOut), record: record)], now: at(0))
+        #expect(done(events).isEmpty && !events.contains { if case .intentWritten = $0 { true } else { false } })
+        tracker.tick(now: at(600))
+        let again = tracker.takeUnsent()
+        #expect(again.count == 1 && again[0].token == written[0].token)
+        events = acknowledge(again, in: &tracker)
+        #expect(done(events) == ["req-0"])
+        #expect(events.compactMap { if case .intentWritten(let item) = $0 { item } else { nil } } == ["req-1"])
+        let last = tracker.takeUnsent()
+        #expect(states(last) == [6])
+        _ = acknowledge(last, in: &tracker)
+        // (Idle once the outputs were taken again: the acknowledgement may have made a record ready.)
+        #expect(tracker.takeUnsent().isEmpty && tracker.isIdle && !tracker.hasStateUpdates)
+    }
+
     @Test("one change event of a user in flight at a time: a failed one is produced again before the user's next")
     func redeliveryKeepsOrder() {
         var tracker = OutputTracker<String>(redeliveryDelay: .milliseconds(500))
