@@ -41,9 +41,9 @@ struct OutputTracker<Item> {
         /// The item whose result this is, reported by ``Event/resultReady(_:)`` once the outputs
         /// sent with it are acknowledged.
         var result: Item?
-        /// The updates (this one last) whose changelog record this update's is: written together,
-        /// the latest state holding the earlier ones.
-        var covers: [Int] = []
+        /// How many of the user's oldest updates (this one the last) this update's changelog record
+        /// is: written together, the latest state holding the earlier ones.
+        var covering = 0
     }
 
     enum Event {
@@ -241,16 +241,16 @@ struct OutputTracker<Item> {
             }
             usersToWrite.append(key)
         }
-        if case .entitlementState(let id) = slot.output, let written = updates[id] {
+        if case .entitlementState(let id) = slot.output, let key = updates[id]?.key {
             // The record's updates are the user's oldest, in order.
-            for covered in written.covers {
-                guard let update = updates.removeValue(forKey: covered) else { continue }
-                _ = updateOrder[written.key]?.popFirst()
+            for _ in 0..<updates[id]!.covering {
+                guard let covered = updateOrder[key]?.popFirst(), let update = updates.removeValue(forKey: covered)
+                else { break }
                 if let intent = update.intent { events.append(.intentWritten(intent)) }
                 if let ref = update.ref { outputAcknowledged(of: ref, into: &events) }
             }
-            if updateOrder[written.key]?.isEmpty ?? false { updateOrder[written.key] = nil }
-            usersToWrite.append(written.key)
+            if updateOrder[key]?.isEmpty ?? false { updateOrder[key] = nil }
+            usersToWrite.append(key)
         }
         if let ref = slot.ref { outputAcknowledged(of: ref, into: &events) }
     }
@@ -272,18 +272,18 @@ struct OutputTracker<Item> {
         guard let order = updateOrder[key], let first = order.first, let update = updates[first],
             update.unacknowledgedOutputs == 0, !update.isWritten
         else { return }
-        var covers = [first]
-        for offset in 1..<order.count {
-            guard let later = updates[order[offset]], later.unacknowledgedOutputs == 0 else { break }
-            covers.append(order[offset])
+        var last = first
+        var covering = 1
+        while covering < order.count, let later = updates[order[covering]], later.unacknowledgedOutputs == 0 {
+            updates[last]!.isWritten = true
+            last = order[covering]
+            covering += 1
         }
-        let last = covers.last!
-        for id in covers { updates[id]!.isWritten = true }
-        updates[last]!.covers = covers
-        let written = updates[last]!
+        updates[last]!.isWritten = true
+        updates[last]!.covering = covering
         // Counted with its updates already (each acknowledged with the record).
         enqueue(
-            .entitlementState(update: last), .state(written.state, partition: written.partition), for: nil,
-            update: nil)
+            .entitlementState(update: last), .state(updates[last]!.state, partition: updates[last]!.partition),
+            for: nil, update: nil)
     }
 }
