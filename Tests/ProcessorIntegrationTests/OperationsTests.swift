@@ -143,9 +143,14 @@ struct OperationsTests {
         try await producer.send(
             KafkaProducerRecord(topic: Topics.requests, key: Array(event.key.utf8), value: event.jsonBytes()))
         await producer.close()
-        // The loop is blocked for 9 s; its silence passes the 5 s window.
-        #expect(try await eventually(timeout: .seconds(20)) { try await status(["\(base)/healthz"]) == "503" })
-        #expect(try await status(["\(base)/readyz"]) == "503")
+        // The loop is blocked for 9 s; its silence passes the 5 s window. Both endpoints are read in
+        // one probe: a second, later read could land after the stall under a loaded suite.
+        #expect(
+            try await eventually(timeout: .seconds(20)) {
+                let health = try await status(["\(base)/healthz"])
+                let readiness = try await status(["\(base)/readyz"])
+                return health == "503" && readiness == "503"
+            })
         #expect(try await eventually(timeout: .seconds(30)) { try await status(["\(base)/healthz"]) == "200" })
         processor.signal(SIGTERM)
         #expect(await processor.waitForExit() == 0)
