@@ -84,8 +84,13 @@ struct OutputTracker<Item> {
     /// Outputs handed out and not answered yet.
     private(set) var awaitingAnswer = 0
 
-    init(redeliveryDelay: Duration = .milliseconds(500)) {
+    /// Whether a user's ready updates wait for the next ``takeUnsent()`` and share one changelog
+    /// record; otherwise each is written alone as soon as it is ready.
+    let sharesRecords: Bool
+
+    init(redeliveryDelay: Duration = .milliseconds(500), sharesRecords: Bool = true) {
         self.redeliveryDelay = redeliveryDelay
+        self.sharesRecords = sharesRecords
     }
 
     /// Nothing is being produced, redelivered, held or waiting to be written.
@@ -239,7 +244,7 @@ struct OutputTracker<Item> {
             if updates[id]!.unacknowledgedOutputs == 0, let result = updates[id]!.result {
                 events.append(.resultReady(result))
             }
-            usersToWrite.append(key)
+            mayWrite(ofUser: key)
         }
         if case .entitlementState(let id) = slot.output, let key = updates[id]?.key {
             // The record's updates are the user's oldest, in order.
@@ -250,9 +255,14 @@ struct OutputTracker<Item> {
                 if let ref = update.ref { outputAcknowledged(of: ref, into: &events) }
             }
             if updateOrder[key]?.isEmpty ?? false { updateOrder[key] = nil }
-            usersToWrite.append(key)
+            mayWrite(ofUser: key)
         }
         if let ref = slot.ref { outputAcknowledged(of: ref, into: &events) }
+    }
+
+    /// The user's next changelog record may be ready: written now, or at the next ``takeUnsent()``.
+    private mutating func mayWrite(ofUser key: String) {
+        if sharesRecords { usersToWrite.append(key) } else { writeStateIfReady(ofUser: key) }
     }
 
     private mutating func outputAcknowledged(of ref: RecordRef, into events: inout [Event]) {
@@ -274,7 +284,9 @@ struct OutputTracker<Item> {
         else { return }
         var last = first
         var covering = 1
-        while covering < order.count, let later = updates[order[covering]], later.unacknowledgedOutputs == 0 {
+        while sharesRecords, covering < order.count, let later = updates[order[covering]],
+            later.unacknowledgedOutputs == 0
+        {
             updates[last]!.isWritten = true
             last = order[covering]
             covering += 1

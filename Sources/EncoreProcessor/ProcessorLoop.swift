@@ -68,7 +68,12 @@ final class ProcessorLoop {
         admission: KafkaAdmission, logger: Logger, committer: (any TransactionCommitter)? = nil
     ) {
         self.committer = committer
-        if committer != nil { transactions = TransactionState() }
+        if committer != nil {
+            transactions = TransactionState()
+            // In a transaction every changelog record is written as soon as it is ready, as before
+            // records were shared (nothing measured calls for more there).
+            outputs = OutputTracker(sharesRecords: false)
+        }
         self.configuration = configuration
         self.router = router
         self.recorder = recorder

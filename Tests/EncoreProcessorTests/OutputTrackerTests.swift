@@ -103,6 +103,25 @@ struct OutputTrackerTests {
         #expect(done(acknowledge(alone, in: &tracker)) == ["req-2"])
     }
 
+    @Test("without shared records (exactly-once) each ready update is written alone, at once")
+    func unsharedRecords() {
+        var tracker = OutputTracker<String>(sharesRecords: false)
+        tracker.publish(
+            update(user: "u", sequences: []), for: ref(0), item: "req-0",
+            alongside: [(.outcome(.purchased, requestedAtMs: 0), outcome(0, user: "u"))])
+        _ = acknowledge(tracker.takeUnsent(), in: &tracker)
+        var intent = update(user: "u", sequences: [])
+        intent.state.sequence = 5
+        tracker.publish(intent, for: nil, intent: "req-1")
+        let first = tracker.takeUnsent()
+        #expect(states(first) == [0], "the result's record alone")
+        #expect(done(acknowledge(first, in: &tracker)) == ["req-0"])
+        let second = tracker.takeUnsent()
+        #expect(states(second) == [5])
+        let events = acknowledge(second, in: &tracker)
+        #expect(events.compactMap { if case .intentWritten(let item) = $0 { item } else { nil } } == ["req-1"])
+    }
+
     @Test("a shared changelog record that fails is produced again; then it finishes each of its updates once")
     func sharedRecordRedelivered() {
         var tracker = OutputTracker<String>(redeliveryDelay: .milliseconds(500))
