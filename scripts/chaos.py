@@ -198,7 +198,7 @@ class Members:
             self.args.binary, "run", "--bootstrap-servers", self.cluster.bootstrap, "--group-id", "chaos",
             "--controller", "http", "--controller-url", f"http://127.0.0.1:{self.port}/{instance}",
             "--call-timeout-ms", str(self.args.call_timeout_ms), "--max-attempts", "4", "--retry-backoff-ms", "50",
-            "--max-in-flight", "32", "--log-level", "warning",
+            "--max-in-flight", "32", "--log-level", self.args.member_log_level,
             "-X", "session.timeout.ms=6000", "-X", "heartbeat.interval.ms=500",
         ] + (["--guarantee", "exactly-once"] if self.args.guarantee == "exactly-once" else [])
         log = open(f"{self.work}/{instance}.log", "w")
@@ -307,6 +307,7 @@ def main():
     parser.add_argument("--seconds", type=float, default=24)
     parser.add_argument("--call-timeout-ms", type=int, default=1000)
     parser.add_argument("--resend", type=int, default=300)
+    parser.add_argument("--member-log-level", default="warning", help="the members' --log-level (their logs stay in the work directory)")
     parser.add_argument("--no-kill", action="store_true", help="graceful chaos only: members stopped with SIGTERM")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="encore-chaos-")
@@ -426,6 +427,7 @@ def main():
                 overlap_examples.append([[c[0], c[2], c[3], c[4], round(c[5] - started, 3), round(c[6] - started, 3), c[7]]
                                          for c in (earlier, later)])
     conflicting = 0
+    conflicting_examples = []
     repeated_outcomes = 0
     undeclared_outcome_repeats = 0
     identical_outcome_repeats = 0
@@ -433,6 +435,11 @@ def main():
         results = {a["result"] for a in answers}
         if len(results) > 1 or (request_id in billing.charged and results != {billing.charged[request_id]}):
             conflicting += 1
+            conflicting_examples.append({
+                "request_id": request_id, "charged": billing.charged.get(request_id),
+                "outcomes": [[a["result"], a["attempts"], a.get("error")] for a in answers],
+                "calls": [[c[2], c[3], c[4], round(c[5] - started, 3), round(c[6] - started, 3), c[7]]
+                          for c in calls_by_id.get(request_id, [])]})
         if len(answers) > 1:
             repeated_outcomes += 1
             # A later outcome either declares a new attempt (more attempts) or is the same record
@@ -454,10 +461,15 @@ def main():
         "charged": len(billing.charged), "outcome_records": len(records), "change_records": len(changes),
         "lost": len(set(ids) - set(outcomes)),
         "undeclared_repeats": len(billing.undeclared),
+        "undeclared_examples": [{"request_id": i, "outcomes": [[a["result"], a["attempts"]] for a in outcomes.get(i, [])],
+                                 "calls": [[c[2], c[3], c[4], round(c[5] - started, 3), round(c[6] - started, 3), c[7]]
+                                           for c in calls_by_id.get(i, [])]}
+                                for i in billing.undeclared[:10]],
         "overlaps": overlaps,
         "overlap_examples": overlap_examples[:10],
         "overlaps_after_hang_up": overlaps_after_hang_up,
         "conflicting": conflicting,
+        "conflicting_examples": conflicting_examples[:10],
         "repeated_outcomes": repeated_outcomes,
         "undeclared_outcome_repeats": undeclared_outcome_repeats,
         "identical_outcome_repeats": identical_outcome_repeats,
