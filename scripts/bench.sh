@@ -118,6 +118,15 @@ for guarantee in at-least-once exactly-once; do
   steady_row mock "processor at $half/s offered, $guarantee" "$steady"
   stop_mock
 done
+# What the broker itself adds at that rate: the Python peer under the same steady load, its
+# latency to the outcome reaching a reader (scripts/peer_latency.py).
+fresh_mock steady-peer 1
+peer_steady=$(python3 scripts/peer_latency.py --binary .build/release/encore-processor --bootstrap-servers "$bs" \
+  --rate "$half" --count $((half * 10)) 2>/dev/null || echo '{}')
+row mock "Python peer at $half/s offered (the broker's own)" "$(echo "$peer_steady" | field 'd.get("answered", "?")') answered" "" \
+  "$(echo "$peer_steady" | field 'd.get("visible_ms", {}).get("p50", "?")')" \
+  "$(echo "$peer_steady" | field 'd.get("visible_ms", {}).get("p99", "?")')" "-" "-" "-"
+stop_mock
 
 echo "== Tansu ($N_TANSU requests, $PARTS partitions, librdkafka from the confluent-kafka wheel)" >&2
 "$tansu" broker --listener-url "tcp://127.0.0.1:$PORT" --advertised-listener-url "tcp://127.0.0.1:$PORT" \
@@ -150,7 +159,7 @@ steady=$($B bench --bootstrap-servers "127.0.0.1:$PORT" --count $((half * 10)) -
 steady_row tansu "processor at $half/s offered, at-least-once" "$steady"
 # Exactly-once is not measured on Tansu: its read_committed consumers stall (see README).
 
-echo "(p50/p99: end-to-end latency under a steady offered load; backlog runs have none to report)"
+echo "(p50/p99: end-to-end latency under a steady offered load, the processor to its outcome acknowledged, the peer to its outcome read; backlog runs have none to report)"
 printf '%-8s %-52s %14s %22s %9s %9s %9s %9s %9s\n' broker scenario throughput ratio "p50 ms" "p99 ms" "CPU s" \
   "CPU µs/r" "RSS MB"
 printf '%s\n' "${rows[@]}"
