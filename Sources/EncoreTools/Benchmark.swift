@@ -18,6 +18,8 @@ public enum Benchmark {
         public var workers = 1
         public var bufferCapacity = 10_000
         public var users = 10_000
+        /// Most requests one user's journal holds (`--dedupe-per-user`).
+        public var journalPerUserCap = JournalPolicy().perUserCap
         /// Offered load in requests/s while processing; 0 pre-fills everything before the clock starts.
         public var rate = 0.0
         /// The requests topic already holds `count` requests (e.g. written by `limit fill`).
@@ -38,6 +40,8 @@ public enum Benchmark {
         public var maxInFlight: Int
         public var workers: Int
         public var users: Int
+        /// Most requests one user's journal holds.
+        public var journalPerUserCap: Int
         public var offeredRate: Double
         public var processed: Int
         public var elapsedSeconds: Double
@@ -59,6 +63,7 @@ public enum Benchmark {
                 ("broker", broker), ("librdkafka", librdkafka), ("requests", "\(count)"),
                 ("partitions", "\(partitions)"), ("controller latency", "\(controllerLatencyMs) ms"),
                 ("max in flight", "\(maxInFlight)"), ("workers", "\(workers)"), ("users", "\(users)"),
+                ("journal per user", "\(journalPerUserCap)"),
                 ("offered rate", offeredRate > 0 ? String(format: "%.0f/s", offeredRate) : "backlog"),
                 ("processed", "\(processed)"), ("elapsed", String(format: "%.3f s", elapsedSeconds)),
                 ("throughput", String(format: "%.0f requests/s", throughput)),
@@ -80,7 +85,7 @@ public enum Benchmark {
             let object: [String: Any] = [
                 "broker": broker, "librdkafka": librdkafka, "count": count, "partitions": partitions,
                 "controller_latency_ms": controllerLatencyMs, "max_in_flight": maxInFlight, "workers": workers,
-                "users": users,
+                "users": users, "dedupe_per_user": journalPerUserCap,
                 "offered_rate": offeredRate, "processed": processed, "elapsed_s": elapsedSeconds,
                 "throughput": throughput, "latency_ms": latencyMs, "cpu_s": cpuSeconds,
                 "cpu_us_per_request": cpuMicrosecondsPerRequest,
@@ -137,6 +142,7 @@ public enum Benchmark {
         configuration.maxInFlight = options.maxInFlight
         configuration.workers = options.workers
         configuration.bufferCapacity = options.bufferCapacity
+        configuration.journal.perUserCap = options.journalPerUserCap
         // The mock cluster and Tansu hold a fetch for its whole wait instead of answering when
         // data arrives; a short wait keeps that out of the latency figures.
         configuration.kafka.setDefault("fetch.wait.max.ms", "10")
@@ -207,7 +213,8 @@ public enum Benchmark {
             partitions: options.partitions,
             controllerLatencyMs: Double(options.controllerLatency.components.attoseconds) / 1e15
                 + Double(options.controllerLatency.components.seconds) * 1000,
-            maxInFlight: options.maxInFlight, workers: options.workers, users: options.users, offeredRate: options.rate,
+            maxInFlight: options.maxInFlight, workers: options.workers, users: options.users,
+            journalPerUserCap: options.journalPerUserCap, offeredRate: options.rate,
             processed: statistics.finished, elapsedSeconds: elapsed, throughput: statistics.throughput,
             latencyMs: [
                 "p50": Double(latency.percentile(0.5)) / 1000, "p90": Double(latency.percentile(0.9)) / 1000,

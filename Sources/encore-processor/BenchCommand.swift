@@ -1,3 +1,4 @@
+import EncoreEvents
 import EncoreProcessor
 import EncoreTools
 import Foundation
@@ -20,6 +21,9 @@ enum BenchCommand {
             ),
             .option("buffer-size", value: "N", default: "10000", "Records held before the consumer stops reading."),
             .option("users", value: "N", default: "10000", "Distinct users."),
+            .option(
+                "dedupe-per-user", value: "N", default: "100",
+                "Most requests one user's journal holds, as run's (every changelog record carries them)."),
             .option("rate", value: "R", default: "0", "Offered requests/s while processing; 0 = pre-filled backlog."),
             .option(
                 "prefilled-topic", value: "TOPIC",
@@ -46,6 +50,8 @@ enum BenchCommand {
         benchmark.maxInFlight = try options.integer("max-in-flight", range: 1...1_000_000)
         benchmark.bufferCapacity = try options.integer("buffer-size", range: 1...10_000_000)
         benchmark.users = try options.integer("users", range: 1...10_000_000)
+        benchmark.journalPerUserCap = try options.integer(
+            "dedupe-per-user", range: 1...EntitlementStateRecord.RequestEntry.maximumCount)
         benchmark.rate = try options.number("rate", range: 0...1e8)
         benchmark.prefilledTopic = options.string("prefilled-topic")
         benchmark.timeout = .seconds(try options.integer("timeout-s", range: 1...86_400))
