@@ -112,8 +112,13 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
     public var sources: [Source]
     /// The last published answer of each access rule, by rule name.
     public var access: [String: Bool]
-    /// The request journal: the user's in-flight intents and recent results, oldest first.
-    public var requests: [RequestEntry]
+    /// The request journal: the user's recent results, then the intents in flight, each oldest first.
+    public var journal: RequestJournal
+    /// The journal's entries (decoded: for reading and tests; the processor uses ``journal``).
+    public var requests: [RequestEntry] {
+        get { journal.entries }
+        set { journal = RequestJournal(newValue) }
+    }
 
     public init(
         appID: String, appUserID: String, sequence: Int64 = 0, updatedAtMs: Int64 = 0, grants: [Grant] = [],
@@ -126,7 +131,7 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
         self.grants = grants
         self.sources = sources
         self.access = access
-        self.requests = requests
+        self.journal = RequestJournal(requests)
     }
 
     /// The largest record accepted (librdkafka's default `message.max.bytes` is 1,000,000).
@@ -167,7 +172,8 @@ extension EntitlementStateRecord: FieldTabled {
         // A user's record holds grants and the request journal: larger than an event, sized at once.
         byteLimit: maximumBytes,
         capacity: { record in
-            256 + 200 * (record.grants.count + record.sources.count + record.requests.count) + 48 * record.access.count
+            256 + 200 * (record.grants.count + record.sources.count) + record.journal.encodedSizeEstimate
+                + 48 * record.access.count
         },
         [
             .field("app_id", \.appID),
@@ -178,7 +184,9 @@ extension EntitlementStateRecord: FieldTabled {
             .field("sources", \.sources, 1000),
             .field("access", \.accessAnswers, 64),
             // Absent (and omitted while empty) in records written before the journal existed.
-            .field("requests", \.requests, RequestEntry.maximumCount, whenAbsent: [], omittedWhen: []),
+            .field(
+                "requests", \.journal, RequestEntry.maximumCount, whenAbsent: RequestJournal(),
+                omittedWhen: RequestJournal()),
         ])
 }
 

@@ -55,9 +55,10 @@ struct RequestJournalTests {
         _ = ledger.recordIntent(request(1, user: "u"), attempt: 1, partition: 0, nowMs: Self.t0 + 1)
         _ = ledger.complete(outcome(2, .cancelled, at: Self.t0 + 2), entitlement: nil, partition: 0)
         _ = ledger.complete(outcome(3, .failed, at: Self.t0 + 3), entitlement: nil, partition: 0)
-        // Four entries, cap 3: the oldest result (req-0) goes; the older intent (req-1) stays.
+        // Four entries, cap 3: the oldest result (req-0) goes; the older intent (req-1) stays
+        // (the journal lists results first, then intents).
         var ids = ledger.state(ofUser: "app:u")!.requests.map(\.requestID)
-        #expect(ids == ["req-1", "req-2", "req-3"])
+        #expect(ids == ["req-2", "req-3", "req-1"])
         // Seven days on, a write drops what was last touched more than seven days before.
         let later = Self.t0 + 7 * Self.day + 2
         _ = ledger.complete(outcome(4, .purchased, at: later), entitlement: nil, partition: 0)

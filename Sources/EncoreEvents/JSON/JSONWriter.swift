@@ -29,6 +29,15 @@ public struct JSONWriter: Sendable {
         needsComma = true
     }
 
+    /// Writes values already encoded, comma-separated (`bytes` may be empty), as the next values
+    /// of the array being written.
+    mutating func encodedValues(_ bytes: [UInt8]) {
+        guard !bytes.isEmpty else { return }
+        separate()
+        bytes.withUnsafeBufferPointer { self.bytes.append(contentsOf: $0) }
+        needsComma = true
+    }
+
     /// Writes a field name; the next value written is its value.
     public mutating func key(_ name: StaticString) {
         separate()

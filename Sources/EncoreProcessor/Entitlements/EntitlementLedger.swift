@@ -67,7 +67,7 @@ public struct EntitlementLedger: Sendable {
 
     /// The journal's latest entry for `requestID` of user `key`: an intent (no result) or a result.
     public func journalEntry(ofUser key: String, requestID: String) -> EntitlementStateRecord.RequestEntry? {
-        users[key]?.state.requests.last { $0.requestID == requestID }
+        users[key]?.state.journal.entry(requestID: requestID)
     }
 
     /// Records that call `attempt` of `request` is about to start: the intent, which must be
@@ -79,9 +79,9 @@ public struct EntitlementLedger: Sendable {
         let key = request.key
         let update = mutate(key, request.appID, request.appUserID, partition: partition, nowMs: nowMs) {
             state, _ in
-            state.requests.removeAll { $0.requestID == request.requestID }
-            state.requests.append(.init(requestID: request.requestID, attempts: attempt, startedAtMs: nowMs))
-            policy.prune(&state.requests, nowMs: nowMs)
+            state.journal.remove(requestID: request.requestID)
+            state.journal.append(.init(requestID: request.requestID, attempts: attempt, startedAtMs: nowMs))
+            policy.prune(&state.journal, nowMs: nowMs)
         }
         // An intent always changes the state: its attempt number or start time is new.
         return update ?? LedgerUpdate(changes: [], state: users[key]!.state, partition: partition)
@@ -98,13 +98,13 @@ public struct EntitlementLedger: Sendable {
         let key = request.key
         let update = mutate(key, request.appID, request.appUserID, partition: partition, nowMs: nowMs) {
             state, _ in
-            let started = state.requests.last { $0.requestID == request.requestID }?.startedAtMs ?? nowMs
-            state.requests.removeAll { $0.requestID == request.requestID }
-            state.requests.append(
+            let started = state.journal.entry(requestID: request.requestID)?.startedAtMs ?? nowMs
+            state.journal.remove(requestID: request.requestID)
+            state.journal.append(
                 .init(
                     requestID: request.requestID, attempts: attempts, startedAtMs: started, result: .failed,
                     completedAtMs: nowMs, error: error, controller: controller, offset: offset))
-            policy.prune(&state.requests, nowMs: nowMs)
+            policy.prune(&state.journal, nowMs: nowMs)
         }
         return update ?? LedgerUpdate(changes: [], state: users[key]!.state, partition: partition)
     }
@@ -132,16 +132,16 @@ public struct EntitlementLedger: Sendable {
                     outcome, entitlement, status: status, campaignID: campaignID, offerID: offerID, to: &state,
                     changes: &changes)
             }
-            let earlier = state.requests.last { $0.requestID == outcome.requestID }
+            let earlier = state.journal.entry(requestID: outcome.requestID)
             // A failure journaled before its outcome stays as it was (it rebuilds the outcome).
             if earlier?.result == nil || earlier?.error == nil {
-                state.requests.removeAll { $0.requestID == outcome.requestID }
-                state.requests.append(
+                state.journal.remove(requestID: outcome.requestID)
+                state.journal.append(
                     .init(
                         requestID: outcome.requestID, attempts: outcome.attempts,
                         startedAtMs: earlier?.startedAtMs ?? now, result: outcome.result, completedAtMs: now))
             }
-            policy.prune(&state.requests, nowMs: now)
+            policy.prune(&state.journal, nowMs: now)
         }
         return update ?? LedgerUpdate(changes: [], state: users[key]!.state, partition: partition)
     }
@@ -403,14 +403,7 @@ public struct JournalPolicy: Sendable, Hashable {
     }
 
     /// Drops entries past the retention at `nowMs`, then the oldest beyond the cap.
-    func prune(_ entries: inout [EntitlementStateRecord.RequestEntry], nowMs: Int64) {
-        let horizon = nowMs - retentionMs
-        if entries.contains(where: { $0.lastTouchedMs < horizon }) {
-            entries.removeAll { $0.lastTouchedMs < horizon }
-        }
-        while entries.count > max(1, perUserCap) {
-            let oldest = entries.firstIndex { $0.result != nil } ?? entries.startIndex
-            entries.remove(at: oldest)
-        }
+    func prune(_ journal: inout RequestJournal, nowMs: Int64) {
+        journal.prune(untouchedBefore: nowMs - retentionMs, cap: perUserCap)
     }
 }
