@@ -111,11 +111,24 @@ extension PurchaseOutcomeEvent: FieldTabled {
 }
 
 extension PurchaseOutcomeEvent.Failure: FieldTabled {
+    /// The type as written: a controller's error type is not checked where it is made, so one
+    /// past the contract's limit is cut, and an empty one is written `unnamed`.
+    var wireType: String {
+        get { type.isEmpty ? "unnamed" : String(String.UnicodeScalarView(type.unicodeScalars.prefix(128))) }
+        set { type = newValue }
+    }
+
+    /// The message as written: cut to the contract's limit, so the outcome stays valid.
+    var wireMessage: String {
+        get { String(String.UnicodeScalarView(message.unicodeScalars.prefix(EventLimits.messageLength))) }
+        set { message = newValue }
+    }
+
     static let table = FieldTable<Self>(
         blank: Self(type: "", message: "", retryable: false),
         [
-            .field("type", \.type, .name(maxLength: 128)),
-            .field("message", \.message, .text(maxLength: EventLimits.messageLength)),
+            .field("type", \.wireType, .name(maxLength: 128)),
+            .field("message", \.wireMessage, .text(maxLength: EventLimits.messageLength)),
             .field("retryable", \.retryable),
         ])
 }

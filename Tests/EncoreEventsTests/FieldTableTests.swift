@@ -120,6 +120,23 @@ struct FieldTableTests {
         #expect(decoded.error.message == String(repeating: "é", count: EventLimits.messageLength))
     }
 
+    @Test("an outcome's error past the contract's limits is cut when written: a controller's error is not checked")
+    func outcomeErrorIsCut() throws {
+        let request = try PurchaseRequestEvent(
+            jsonBytes: Array(
+                #"{"request_id":"r","app_id":"a","app_user_id":"u","product_id":"p","store":"APP_STORE","environment":"SANDBOX","requested_at_ms":1}"#
+                    .utf8))
+        let cases = [("", "unnamed"), (String(repeating: "t", count: 200), String(repeating: "t", count: 128))]
+        for (type, written) in cases {
+            let outcome = PurchaseOutcomeEvent(
+                request: request, result: .failed, attempts: 1, completedAtMs: 2, controller: "billing",
+                error: .init(type: type, message: String(repeating: "é", count: 5_000), retryable: false))
+            let decoded = try PurchaseOutcomeEvent(jsonBytes: outcome.jsonBytes())
+            #expect(decoded.error?.type == written)
+            #expect(decoded.error?.message == String(repeating: "é", count: EventLimits.messageLength))
+        }
+    }
+
     @Test("a rule that spans fields holds on the fast path too")
     func crossFieldRules() {
         let failedWithoutError =
