@@ -1,129 +1,165 @@
-/// A user's request journal as the changelog record holds it (`requests`): the entries with a
-/// result ("settled") kept as their encoded JSON, the intents as values.
+/// A user's request journal (a changelog record's `requests`): entries with a result kept as
+/// their JSON, encoded once when they settle, since every record of the user writes them all again.
 ///
-/// Every changelog record carries the user's whole journal, up to `--dedupe-per-user` entries, and
-/// a user's record is rewritten on every update of the user. A settled entry never changes, so it
-/// is encoded once, when it settles: writing the record copies those bytes instead of encoding
-/// every entry again, and the journal holds no `String` or struct per settled entry.
-///
-/// The wire order is the settled entries, oldest first, then the intents, oldest first.
+/// The wire order is the settled entries, oldest first, then the entries kept as values.
 public struct RequestJournal: Sendable, Hashable {
     public typealias Entry = EntitlementStateRecord.RequestEntry
 
-    /// Where a settled entry's JSON is in ``settledJSON``, and what finds and prunes it unread.
+    /// Where a settled entry's JSON is in ``settledJSON`` (a journal is far below 2 GiB: records
+    /// are at most 1 MiB), and what finds and prunes it without decoding it.
     private struct Settled: Sendable, Hashable {
-        /// 64-bit FNV-1a of the request id: a match is confirmed on the decoded entry.
-        var idHash: UInt64
+        /// The request id's hash (`String` hashing, as `==` compares): a match is confirmed on the
+        /// decoded entry.
+        var idHash: Int
         var start: Int32
         var count: Int32
         var lastTouchedMs: Int64
     }
 
-    /// The settled entries' JSON objects, comma-separated, oldest first.
+    /// The settled entries' JSON objects, comma-separated, oldest first. Each reads back as the
+    /// entry it was encoded from (checked when it settles).
     private var settledJSON: [UInt8] = []
     private var settled: [Settled] = []
-    /// Entries without a result (requests in flight), oldest first.
-    private var intents: [Entry] = []
+    /// Oldest first: the intents (no result yet), and any settled entry whose JSON would not read
+    /// back as it is (a controller's error past the contract's limits, cut when written).
+    private var values: [Entry] = []
 
     public init() {}
 
-    /// The journal of `entries`; settled ones go before the intents, each in their order.
+    /// The journal of `entries`; an id listed twice keeps its last entry, as a search from the
+    /// end always found.
     public init(_ entries: some Sequence<Entry>) {
-        for entry in entries { append(entry) }
+        let entries = Array(entries)
+        var last: [String: Int] = [:]
+        if entries.count > 1 {
+            for (index, entry) in entries.enumerated() { last[entry.requestID] = index }
+        }
+        for (index, entry) in entries.enumerated() where last.isEmpty || last[entry.requestID] == index {
+            append(entry)
+        }
     }
 
-    public var count: Int { settled.count + intents.count }
+    public var count: Int { settled.count + values.count }
+    public var isEmpty: Bool { settled.isEmpty && values.isEmpty }
     /// About how many bytes the journal's JSON takes.
-    var encodedSizeEstimate: Int { settledJSON.count + 200 * intents.count }
-    public var isEmpty: Bool { settled.isEmpty && intents.isEmpty }
+    var encodedSizeEstimate: Int { settledJSON.count + 200 * values.count }
 
-    /// Every entry, in wire order (settled entries decoded: for reading, not for the hot path).
-    public var entries: [Entry] { settled.indices.compactMap(decodeSettled) + intents }
+    /// Every entry, in wire order (the settled ones decoded: for reading, not for the hot path).
+    public var entries: [Entry] { settled.indices.map(decodeSettled) + values }
 
-    /// The latest entry for `requestID`: an intent, else a settled entry.
+    /// The entry for `requestID`, if the journal holds one.
     public func entry(requestID: String) -> Entry? {
-        if let intent = intents.last(where: { $0.requestID == requestID }) { return intent }
-        let hash = Self.hash(requestID)
+        if let value = values.last(where: { $0.requestID == requestID }) { return value }
+        let hash = requestID.hashValue
         for index in settled.indices.reversed() where settled[index].idHash == hash {
-            if let entry = decodeSettled(index), entry.requestID == requestID { return entry }
+            let entry = decodeSettled(index)
+            if entry.requestID == requestID { return entry }
         }
         return nil
     }
 
-    /// Adds `entry` as the newest settled entry (with a result) or intent.
+    /// Adds `entry` as the user's newest.
     public mutating func append(_ entry: Entry) {
         guard entry.result != nil else {
-            intents.append(entry)
+            values.append(entry)
+            return
+        }
+        let json = Entry.table.encode(entry)
+        // Found later by decoding these bytes: an entry they would not give back stays a value.
+        guard (try? Entry.table.decode(json)) == entry else {
+            values.append(entry)
             return
         }
         if !settledJSON.isEmpty { settledJSON.append(UInt8(ascii: ",")) }
         let start = settledJSON.count
-        settledJSON.append(contentsOf: Entry.table.encode(entry))
+        settledJSON.append(contentsOf: json)
         settled.append(
             Settled(
-                idHash: Self.hash(entry.requestID), start: Int32(start), count: Int32(settledJSON.count - start),
+                idHash: entry.requestID.hashValue, start: Int32(start), count: Int32(json.count),
                 lastTouchedMs: entry.lastTouchedMs))
     }
 
     /// Removes every entry of `requestID`.
     public mutating func remove(requestID: String) {
-        intents.removeAll { $0.requestID == requestID }
-        let hash = Self.hash(requestID)
+        values.removeAll { $0.requestID == requestID }
+        let hash = requestID.hashValue
         guard settled.contains(where: { $0.idHash == hash }) else { return }
-        removeSettled(
-            settled.indices.map { index in
-                settled[index].idHash == hash && decodeSettled(index)?.requestID == requestID
-            })
+        let removed = settled.indices.map { settled[$0].idHash == hash && decodeSettled($0).requestID == requestID }
+        keepSettled { !removed[$0] }
     }
 
-    /// Drops entries untouched since before `horizonMs`, then the oldest beyond `cap` (at least
-    /// one stays): settled entries first, then intents.
+    /// Drops entries untouched since before `horizonMs`, then the oldest results beyond `cap` (at
+    /// least one entry stays), then the oldest intents.
     public mutating func prune(untouchedBefore horizonMs: Int64, cap: Int) {
-        if intents.contains(where: { $0.lastTouchedMs < horizonMs }) {
-            intents.removeAll { $0.lastTouchedMs < horizonMs }
+        if values.contains(where: { $0.lastTouchedMs < horizonMs }) {
+            values.removeAll { $0.lastTouchedMs < horizonMs }
         }
         if settled.contains(where: { $0.lastTouchedMs < horizonMs }) {
-            removeSettled(settled.map { $0.lastTouchedMs < horizonMs })
+            let touched = settled.map(\.lastTouchedMs)
+            keepSettled { touched[$0] >= horizonMs }
         }
-        let cap = max(1, cap)
-        let excess = count - cap
+        var excess = count - max(1, cap)
         guard excess > 0 else { return }
-        let settledDropped = min(excess, settled.count)
-        if settledDropped > 0 { removeSettled(settled.indices.map { $0 < settledDropped }) }
-        if excess > settledDropped { intents.removeFirst(excess - settledDropped) }
+        // The oldest results first: settled ones in order, a result kept as a value by its time.
+        var droppedSettled = 0
+        while excess > 0 {
+            let value = values.firstIndex { $0.result != nil }
+            if droppedSettled < settled.count,
+                value.map({ settled[droppedSettled].lastTouchedMs <= values[$0].lastTouchedMs }) ?? true
+            {
+                droppedSettled += 1
+            } else if let value {
+                values.remove(at: value)
+            } else {
+                break
+            }
+            excess -= 1
+        }
+        dropOldestSettled(droppedSettled)
+        if excess > 0 { values.removeFirst(excess) }
     }
 
-    /// Removes the settled entries marked in `isRemoved` (one flag per entry), keeping the others in order.
-    private mutating func removeSettled(_ isRemoved: [Bool]) {
+    /// Removes the oldest `count` settled entries: their bytes go at once, the others move up.
+    private mutating func dropOldestSettled(_ count: Int) {
+        guard count > 0 else { return }
+        guard count < settled.count else {
+            settledJSON.removeAll(keepingCapacity: true)
+            settled.removeAll(keepingCapacity: true)
+            return
+        }
+        // The next entry's start: the dropped entries and the comma after them.
+        let cut = settled[count].start
+        settledJSON.removeSubrange(0..<Int(cut))
+        settled.removeFirst(count)
+        for index in settled.indices { settled[index].start -= cut }
+    }
+
+    /// Keeps the settled entries whose index `isKept` picks, in order.
+    private mutating func keepSettled(_ isKept: (Int) -> Bool) {
         var json: [UInt8] = []
         json.reserveCapacity(settledJSON.count)
         var kept: [Settled] = []
         kept.reserveCapacity(settled.count)
-        for index in settled.indices where !isRemoved[index] {
-            var entry = settled[index]
+        for index in settled.indices where isKept(index) {
+            var place = settled[index]
             if !json.isEmpty { json.append(UInt8(ascii: ",")) }
             let start = json.count
-            json.append(contentsOf: settledJSON[Int(entry.start)..<Int(entry.start + entry.count)])
-            entry.start = Int32(start)
-            kept.append(entry)
+            json.append(contentsOf: settledJSON[Int(place.start)..<Int(place.start + place.count)])
+            place.start = Int32(start)
+            kept.append(place)
         }
         settledJSON = json
         settled = kept
     }
 
-    private func decodeSettled(_ index: Int) -> Entry? {
+    private func decodeSettled(_ index: Int) -> Entry {
         let place = settled[index]
-        // Encoded here from a valid entry: it decodes.
-        return try? Entry.table.decode(settledJSON[Int(place.start)..<Int(place.start + place.count)])
-    }
-
-    private static func hash(_ id: String) -> UInt64 {
-        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
-        for byte in id.utf8 {
-            hash ^= UInt64(byte)
-            hash = hash &* 0x100_0000_01b3
+        do {
+            return try Entry.table.decode(settledJSON[Int(place.start)..<Int(place.start + place.count)])
+        } catch {
+            // `append` decoded these very bytes: they cannot fail now.
+            preconditionFailure("a journal entry's own JSON no longer decodes: \(error)")
         }
-        return hash
     }
 }
 
@@ -144,7 +180,7 @@ extension RequestJournal: FieldValue {
         writer.beginArray()
         writer.encodedValues(settledJSON)
         let table = Entry.table
-        intents.withUnsafeBufferPointer { items in
+        values.withUnsafeBufferPointer { items in
             for index in items.indices { table.write(at: items.baseAddress! + index, to: &writer) }
         }
         writer.endArray()

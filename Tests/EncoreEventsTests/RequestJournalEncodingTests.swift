@@ -76,34 +76,82 @@ struct RequestJournalEncodingTests {
         }
     }
 
-    @Test("prunes what a plain list prunes: past the retention, then the oldest results beyond the cap")
-    func pruneAgreesWithAPlainList() {
-        var generator = SystemRandomNumberGenerator()
-        for round in 0..<200 {
+    /// A seeded generator: a failing round can be run again.
+    struct SplitMix64: RandomNumberGenerator {
+        var state: UInt64
+        mutating func next() -> UInt64 {
+            state &+= 0x9e37_79b9_7f4a_7c15
+            var z = state
+            z = (z ^ (z >> 30)) &* 0xbf58_476d_1ce4_e5b9
+            z = (z ^ (z >> 27)) &* 0x94d0_49bb_1331_11eb
+            return z ^ (z >> 31)
+        }
+    }
+
+    @Test("appends, removes, finds and prunes what a plain list does: past the retention, then the oldest results")
+    func agreesWithAPlainList() {
+        for seed in UInt64(1)...120 {
+            var generator = SplitMix64(state: seed)
             var plain: [Entry] = []
             var journal = RequestJournal()
-            var next = 0
             for _ in 0..<Int.random(in: 1...40, using: &generator) {
                 let ms = Int64.random(in: 0...10_000, using: &generator)
-                let entry = Bool.random(using: &generator) ? Self.settled(next, at: ms) : Self.intent(next, at: ms)
-                next += 1
-                plain.append(entry)
-                journal.append(entry)
-                if Int.random(in: 0..<4, using: &generator) == 0 {
+                // Ids repeat: an intent settles, a re-sent request comes back.
+                let id = Int.random(in: 0..<25, using: &generator)
+                let entry = Bool.random(using: &generator) ? Self.settled(id, at: ms) : Self.intent(id, at: ms)
+                switch Int.random(in: 0..<6, using: &generator) {
+                case 0:
+                    plain.removeAll { $0.requestID == entry.requestID }
+                    journal.remove(requestID: entry.requestID)
+                case 1:
                     let horizon = Int64.random(in: 0...3_000, using: &generator)
                     let cap = Int.random(in: 0...12, using: &generator)
                     Self.plainPrune(&plain, horizon: horizon, cap: cap)
                     journal.prune(untouchedBefore: horizon, cap: cap)
+                default:
+                    // As the ledger does: an id's earlier entry goes before its new one.
+                    plain.removeAll { $0.requestID == entry.requestID }
+                    plain.append(entry)
+                    journal.remove(requestID: entry.requestID)
+                    journal.append(entry)
                 }
                 // The same entries, in the journal's order: settled ones first.
                 let expected = plain.filter { $0.result != nil } + plain.filter { $0.result == nil }
-                guard journal.entries == expected, Self.journalJSON(journal) == Self.plainJSON(expected) else {
+                let found = (0..<25).map { id in journal.entry(requestID: "req-\(id)") }
+                let plainFound = (0..<25).map { id in plain.last { $0.requestID == "req-\(id)" } }
+                guard journal.entries == expected, Self.journalJSON(journal) == Self.plainJSON(expected),
+                    found == plainFound, journal == RequestJournal(expected)
+                else {
                     Issue.record(
-                        "round \(round): \(journal.entries.map(\.requestID)) against \(expected.map(\.requestID))")
+                        "seed \(seed): \(journal.entries.map(\.requestID)) against \(expected.map(\.requestID))")
                     return
                 }
             }
         }
+    }
+
+    @Test("an entry whose JSON does not read back as it is stays a value: found, written, pruned as before")
+    func entryThatDoesNotRoundTrip() throws {
+        // A controller's error type and message are not checked where they are made: past the
+        // contract's limits, the written entry cuts them (and an empty type names no class).
+        var long = Self.decidedFailure
+        long.error = .init(type: "", message: String(repeating: "x", count: 5_000), retryable: false)
+        var journal = RequestJournal([Self.settled(0), long, Self.settled(2)])
+        #expect(journal.entry(requestID: long.requestID) == long)
+        let record = EntitlementStateRecord(appID: "app", appUserID: "u", requests: journal.entries)
+        let decoded = try EntitlementStateRecord(jsonBytes: record.jsonBytes())
+        let written = try #require(decoded.journal.entry(requestID: long.requestID)?.error)
+        #expect(written.message.count == EventLimits.messageLength && written.type == "unnamed")
+        journal.prune(untouchedBefore: 0, cap: 1)
+        #expect(journal.entries == [Self.settled(2)], "the oldest results go first, the value among them")
+    }
+
+    @Test("a record listing an id twice keeps the last, as a list searched from its end did")
+    func duplicateIDs() {
+        let older = Self.intent(1, at: 500)
+        let journal = RequestJournal([older, Self.settled(1), Self.intent(2), Self.intent(2, at: 3_000)])
+        #expect(journal.entry(requestID: "req-1") == Self.settled(1))
+        #expect(journal.entry(requestID: "req-2") == Self.intent(2, at: 3_000) && journal.count == 2)
     }
 
     @Test("equal entries make equal journals, however they were built")
