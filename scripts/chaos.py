@@ -464,7 +464,7 @@ def main():
         "undeclared_examples": [{"request_id": i, "outcomes": [[a["result"], a["attempts"]] for a in outcomes.get(i, [])],
                                  "calls": [[c[2], c[3], c[4], round(c[5] - started, 3), round(c[6] - started, 3), c[7]]
                                            for c in calls_by_id.get(i, [])]}
-                                for i in billing.undeclared[:10]],
+                                for i in sorted(set(billing.undeclared))[:10]],
         "overlaps": overlaps,
         "overlap_examples": overlap_examples[:10],
         "overlaps_after_hang_up": overlaps_after_hang_up,

@@ -11,7 +11,9 @@ request, from its `requested_at_ms` (set when the generator produced it):
   - consumed_ms: to the peer decoding it (the outcome's `completed_at_ms`), the consumer side.
 
 The peer and the reader wait at most 10 ms per fetch, as `bench` configures the processor (the mock
-cluster and Tansu hold a fetch for its whole wait instead of answering when data arrives).
+cluster and Tansu hold a fetch for its whole wait instead of answering when data arrives); the peer
+polls one record at a time (BATCH=1) and the reader takes what has arrived every 5 ms, so neither
+waits to fill a batch.
 
 The first request is a warm-up (the peer's group join is not latency), then 2 s pass, as in
 `bench --rate`. Prints one JSON object with p50/p90/p99/max of both; exits 1 if outcomes are missing.
@@ -58,10 +60,11 @@ def main():
 
     def read():
         reader = Consumer({"bootstrap.servers": bootstrap, "group.id": f"peer-latency-reader-{time.time()}",
-                           "auto.offset.reset": "earliest", "enable.auto.commit": False, "fetch.wait.max.ms": 10})
+                           "auto.offset.reset": "earliest", "enable.auto.commit": False, "fetch.wait.max.ms": 10,
+                           "topic.metadata.refresh.interval.ms": 1000})
         reader.subscribe([OUTCOMES])
         while not stop.is_set():
-            for message in reader.consume(num_messages=500, timeout=0.05):
+            for message in reader.consume(num_messages=500, timeout=0.005):
                 if message.error():
                     continue
                 now_ms = time.time() * 1000
@@ -76,11 +79,21 @@ def main():
                 consumed.append(outcome["completed_at_ms"] - outcome["requested_at_ms"])
         reader.close()
 
-    reader = threading.Thread(target=read, daemon=True)
+    failures = []
+
+    def read_or_report():
+        try:
+            read()
+        except Exception as error:  # reported, and the wait below ends
+            failures.append(repr(error))
+            warm.set()
+
+    reader = threading.Thread(target=read_or_report, daemon=True)
     reader.start()
-    env = dict(os.environ, IN_TOPIC=REQUESTS, OUT_TOPIC=OUTCOMES, GROUP=f"peer-steady-{time.time()}", CCONF="fetch.wait.max.ms=10")
+    env = dict(os.environ, IN_TOPIC=REQUESTS, OUT_TOPIC=OUTCOMES, GROUP=f"peer-steady-{time.time()}", BATCH="1",
+               CCONF="fetch.wait.max.ms=10,topic.metadata.refresh.interval.ms=1000")
     peer = subprocess.Popen([sys.executable, args.peer, bootstrap, str(args.count + 1)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         producer = Producer({"bootstrap.servers": bootstrap})
         warm_up = {"request_id": "peer-latency-warm-up", "app_id": "app_bench", "app_user_id": "warm-up",
@@ -88,21 +101,22 @@ def main():
                    "requested_at_ms": int(time.time() * 1000)}
         producer.produce(REQUESTS, json.dumps(warm_up).encode(), b"app_bench:warm-up")
         producer.flush(30)
-        if not warm.wait(args.timeout_s):
-            sys.exit("the peer did not answer the warm-up request")
+        if not warm.wait(args.timeout_s) or failures:
+            sys.exit(f"the peer did not answer the warm-up request {failures}")
         time.sleep(2)
         subprocess.run([args.binary, "generate", "--bootstrap-servers", bootstrap, "--topic", REQUESTS,
                         "--users", "10000", "--rate", str(args.rate), "--count", str(args.count),
-                        "--log-level", "error"], check=True, stdout=subprocess.DEVNULL)
+                        "--log-level", "error"], check=True, stdout=subprocess.DEVNULL,
+                       timeout=args.timeout_s + args.count / args.rate)
         deadline = time.monotonic() + args.timeout_s
-        while len(visible) < args.count and time.monotonic() < deadline:
+        while len(visible) < args.count and time.monotonic() < deadline and not failures:
             time.sleep(0.1)
     finally:
         stop.set()
         reader.join(10)
         peer.kill()
         peer.wait()
-    report = {"offered_rate": args.rate, "count": args.count, "answered": len(visible),
+    report = {"offered_rate": args.rate, "count": args.count, "answered": len(visible), "failures": failures,
               "visible_ms": percentiles(visible), "consumed_ms": percentiles(consumed)}
     print(json.dumps(report))
     return 0 if len(visible) == args.count else 1

@@ -22,8 +22,8 @@ enum BenchCommand {
             .option("buffer-size", value: "N", default: "10000", "Records held before the consumer stops reading."),
             .option("users", value: "N", default: "10000", "Distinct users."),
             .option(
-                "dedupe-per-user", value: "N", default: "100",
-                "Most requests one user's journal holds, as run's (every changelog record carries them)."),
+                "dedupe-per-user", value: "N", default: "\(JournalPolicy().perUserCap)",
+                "Most requests one user's journal holds, as with run (every changelog record carries them)."),
             .option("rate", value: "R", default: "0", "Offered requests/s while processing; 0 = pre-filled backlog."),
             .option(
                 "prefilled-topic", value: "TOPIC",
