@@ -29,13 +29,19 @@ public struct RequestJournal: Sendable, Hashable {
     /// The journal of `entries`; an id listed twice keeps its last entry, as a search from the
     /// end always found.
     public init(_ entries: some Sequence<Entry>) {
+        self.init(entries, decoded: false)
+    }
+
+    /// `decoded`: the entries were read from JSON, so they are within the contract's limits and
+    /// encoding them loses nothing (no need to read each back).
+    init(_ entries: some Sequence<Entry>, decoded: Bool) {
         let entries = Array(entries)
         var last: [String: Int] = [:]
         if entries.count > 1 {
             for (index, entry) in entries.enumerated() { last[entry.requestID] = index }
         }
         for (index, entry) in entries.enumerated() where last.isEmpty || last[entry.requestID] == index {
-            append(entry)
+            append(entry, checked: !decoded)
         }
     }
 
@@ -59,14 +65,16 @@ public struct RequestJournal: Sendable, Hashable {
     }
 
     /// Adds `entry` as the user's newest.
-    public mutating func append(_ entry: Entry) {
+    public mutating func append(_ entry: Entry) { append(entry, checked: true) }
+
+    private mutating func append(_ entry: Entry, checked: Bool) {
         guard entry.result != nil else {
             values.append(entry)
             return
         }
         let json = Entry.table.encode(entry)
         // Found later by decoding these bytes: an entry they would not give back stays a value.
-        guard (try? Entry.table.decode(json)) == entry else {
+        guard !checked || (try? Entry.table.decode(json)) == entry else {
             values.append(entry)
             return
         }
@@ -169,11 +177,11 @@ extension RequestJournal: FieldValue {
     static func read(_ key: String, from reader: JSONFieldReader, _ maxItems: Int) throws(EventValidationError)
         -> Self?
     {
-        try [Entry].read(key, from: reader, maxItems).map { Self($0) }
+        try [Entry].read(key, from: reader, maxItems).map { Self($0, decoded: true) }
     }
 
     static func scan(_ scanner: inout JSONScanner, _ maxItems: Int) -> Self? {
-        [Entry].scan(&scanner, maxItems).map { Self($0) }
+        [Entry].scan(&scanner, maxItems).map { Self($0, decoded: true) }
     }
 
     func write(to writer: inout JSONWriter, _ maxItems: Int) {
