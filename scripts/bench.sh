@@ -121,7 +121,7 @@ done
 # What the broker itself adds at that rate: the Python peer under the same steady load, its
 # latency to the outcome reaching a reader (scripts/peer_latency.py).
 fresh_mock steady-peer 1
-peer_steady=$(python3 scripts/peer_latency.py --binary .build/release/encore-processor --bootstrap-servers "$bs" \
+peer_steady=$(python3 scripts/peer_latency.py --binary .build/release/encore-processor --peer "$PEER_PY" --bootstrap-servers "$bs" \
   --rate "$half" --count $((half * 10)) 2>/dev/null || true)
 [ -n "$peer_steady" ] || peer_steady='{}'
 row mock "Python peer at $half/s offered (the broker's own)" "$(echo "$peer_steady" | field 'd.get("answered", "?")') answered" "" \
