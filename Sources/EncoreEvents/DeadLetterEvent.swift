@@ -151,7 +151,7 @@ public struct DeadLetterEvent: EncoreEvent, Hashable {
             budget -= size
             kept.append(
                 Header(
-                    key: String(String.UnicodeScalarView(header.key.unicodeScalars.prefix(1024))),
+                    key: header.key.prefix(codePoints: 1024),
                     value: header.value.map { Payload(bytes: $0) }))
         }
         self.init(
@@ -216,7 +216,7 @@ extension DeadLetterEvent.Payload.Encoding: FieldEnumeration {}
 extension DeadLetterEvent.Failure: FieldTabled {
     /// The message as written: cut to the contract's limit, so the dead letter stays valid.
     var wireMessage: String {
-        get { String(String.UnicodeScalarView(message.unicodeScalars.prefix(EventLimits.messageLength))) }
+        get { message.prefix(codePoints: EventLimits.messageLength) }
         set { message = newValue }
     }
 

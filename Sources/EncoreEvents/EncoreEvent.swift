@@ -20,6 +20,17 @@ public enum EventType: String, Sendable, CaseIterable {
     case deadLetter = "com.encorekit.deadletter.v1"
 }
 
+extension String {
+    /// The first `limit` code points, as the contract's lengths count them: `self` when shorter.
+    func prefix(codePoints limit: Int) -> String {
+        let scalars = unicodeScalars
+        guard let end = scalars.index(scalars.startIndex, offsetBy: limit, limitedBy: scalars.endIndex),
+            end != scalars.endIndex
+        else { return self }
+        return String(scalars[..<end])
+    }
+}
+
 /// Size limits of the contract, mirrored by `maxLength`/`maxProperties` in `schemas/`.
 public enum EventLimits {
     /// Identifiers: request, app, user, product, placement, offer, campaign ids.

@@ -114,13 +114,13 @@ extension PurchaseOutcomeEvent.Failure: FieldTabled {
     /// The type as written: a controller's error type is not checked where it is made, so one
     /// past the contract's limit is cut, and an empty one is written `unnamed`.
     var wireType: String {
-        get { type.isEmpty ? "unnamed" : String(String.UnicodeScalarView(type.unicodeScalars.prefix(128))) }
+        get { type.isEmpty ? "unnamed" : type.prefix(codePoints: 128) }
         set { type = newValue }
     }
 
     /// The message as written: cut to the contract's limit, so the outcome stays valid.
     var wireMessage: String {
-        get { String(String.UnicodeScalarView(message.unicodeScalars.prefix(EventLimits.messageLength))) }
+        get { message.prefix(codePoints: EventLimits.messageLength) }
         set { message = newValue }
     }
 
