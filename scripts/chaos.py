@@ -8,6 +8,8 @@ requests are produced at a steady rate it SIGKILLs and restarts members, adds on
 it stops the members and checks, for every request id:
 
   - undeclared_repeats: billing was called again without `Encore-Recovery: true`      (must be 0)
+    (late_first_calls, apart: a request's first call that billing read only after the later,
+    declared attempts the processor made once it had given up on it; see classify_calls)
   - overlaps: two calls of one user in billing at once, both from live processes      (must be 0)
     (overlaps_after_hang_up, apart: the processor had hung up on the earlier call, which billing
     saw connected last before the later call started, and noticed gone only after)
@@ -56,8 +58,10 @@ class Billing:
     def __init__(self, call_timeout_ms):
         self.lock = threading.Lock()
         self.charged = {}  # request id -> result
-        self.calls = []  # (request id, user, instance, attempt, recovery, start, end)
-        self.undeclared = []
+        # (request id, user, instance, attempt, recovery, start, end, hung up, last seen connected,
+        #  arrival order, ever seen connected)
+        self.calls = []
+        self.arrivals = 0
         self.slow_ms = call_timeout_ms * 1.5
 
     def answer(self, request_id):
@@ -77,9 +81,9 @@ class Billing:
         attempt = int(headers.get("Encore-Attempt", "1"))
         start = time.monotonic()
         with self.lock:
+            arrival = self.arrivals
+            self.arrivals += 1
             if request_id in self.charged:
-                if not recovery:
-                    self.undeclared.append(request_id)
                 result = self.charged[request_id]
             else:
                 # Charged on arrival: a call that times out in the processor did charge.
@@ -88,17 +92,17 @@ class Billing:
         # for the processor; what billing does then is what a recovery call looks up).
         until = start + self.delay_ms(request_id, recovery) / 1000
         # When the caller was last seen connected: a hang-up happened after it, before the next check.
-        hung_up, connected_at = False, start
+        hung_up, connected_at, seen_connected = False, start, False
         while time.monotonic() < until:
             if client_gone():
                 hung_up = True
                 break
-            connected_at = time.monotonic()
+            connected_at, seen_connected = time.monotonic(), True
             time.sleep(0.005)
         with self.lock:
             user = f"{request['app_id']}:{request['app_user_id']}"
-            self.calls.append(
-                (request_id, user, instance, attempt, recovery, start, time.monotonic(), hung_up, connected_at))
+            self.calls.append((request_id, user, instance, attempt, recovery, start, time.monotonic(), hung_up,
+                               connected_at, arrival, seen_connected))
         return result
 
 
@@ -136,6 +140,57 @@ def serve_billing(billing):
     server = Server(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
+
+
+def classify_calls(calls_by_id):
+    """Undeclared repeats: a call without Encore-Recovery reaching billing after the request's first
+    call (billing charges on arrival). One exception, counted apart as late first calls: the
+    request's first call reaching billing only after its later, declared attempts. Its caller had
+    hung up before billing read it (never seen connected), and every call billing read before it is
+    a recovery call with a higher attempt number: the processor made it first and gave up on it at
+    its timeout before making the others; billing was behind (a stalled, loaded machine), not the
+    processor early. Billing's idempotency key keeps it from charging again.
+
+    Returns (request ids of undeclared calls, one per call; arrival numbers of late first calls);
+    sorts each request's calls by arrival."""
+    undeclared = []
+    late_first = set()
+    for request_id, calls in calls_by_id.items():
+        calls.sort(key=lambda c: c[9])
+        for index, call in enumerate(calls[1:], start=1):
+            if call[4]:
+                continue
+            before = calls[:index]
+            if call[7] and not call[10] and all(b[4] and b[3] > call[3] for b in before):
+                late_first.add(call[9])
+            else:
+                undeclared.append(request_id)
+    return undeclared, late_first
+
+
+def self_test():
+    """The classification above on made-up calls: it must still catch what it exists to catch."""
+    def call(arrival, attempt, recovery, hung_up=False, seen=True):
+        return ("r", "u", "i1", attempt, recovery, arrival, arrival + 0.01, hung_up, arrival, arrival, seen)
+
+    cases = [
+        ("first, then a recovery", [call(0, 1, False), call(1, 2, True)], 0, 0),
+        ("a second call without recovery", [call(0, 1, False), call(1, 1, False)], 1, 0),
+        ("a retry without recovery", [call(0, 1, False), call(1, 2, False)], 1, 0),
+        ("the first call late, hung up on", [call(0, 2, True), call(1, 1, False, hung_up=True, seen=False)], 0, 1),
+        ("late but seen connected", [call(0, 2, True), call(1, 1, False, hung_up=True, seen=True)], 1, 0),
+        ("late but not hung up", [call(0, 2, True), call(1, 1, False, seen=False)], 1, 0),
+        ("late with no higher attempt before it", [call(0, 1, True), call(1, 1, False, hung_up=True, seen=False)], 1, 0),
+        ("two without recovery, one late",
+         [call(0, 1, False), call(1, 3, True), call(2, 2, False, hung_up=True, seen=False)], 1, 0),
+    ]
+    failures = []
+    for name, calls, undeclared, late in cases:
+        got = classify_calls({"r": calls})
+        if (len(got[0]), len(got[1])) != (undeclared, late):
+            failures.append(f"{name}: {len(got[0])} undeclared, {len(got[1])} late; expected {undeclared}, {late}")
+    print("\n".join(failures) or f"self-test: {len(cases)} cases pass")
+    sys.exit(1 if failures else 0)
 
 
 def wait_port(port, timeout=30):
@@ -299,7 +354,7 @@ def filters_aborted(bootstrap):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--binary", required=True)
+    parser.add_argument("--binary")
     parser.add_argument("--broker", choices=["embedded", "tansu"], default="embedded")
     parser.add_argument("--tansu-port", type=int, default=19095)
     parser.add_argument("--guarantee", choices=["at-least-once", "exactly-once"], default="at-least-once")
@@ -309,7 +364,12 @@ def main():
     parser.add_argument("--resend", type=int, default=300)
     parser.add_argument("--member-log-level", default="warning", help="the members' --log-level (their logs stay in the work directory)")
     parser.add_argument("--no-kill", action="store_true", help="graceful chaos only: members stopped with SIGTERM")
+    parser.add_argument("--self-test", action="store_true", help="check the call classification only, then exit")
     args = parser.parse_args()
+    if args.self_test:
+        self_test()
+    if not args.binary:
+        parser.error("--binary is required")
     work = tempfile.mkdtemp(prefix="encore-chaos-")
     run = f"{int(time.time())}{random.randint(0, 999)}"
     billing = Billing(args.call_timeout_ms)
@@ -403,6 +463,7 @@ def main():
     calls_by_id = {}
     for call in billing.calls:
         calls_by_id.setdefault(call[0], []).append(call)
+    undeclared, late_first = classify_calls(calls_by_id)
     # Overlaps: two calls of one user at once, unless the earlier one's process was killed by then.
     # A call the processor cancelled (at its call timeout, or in a drain) is over for the processor
     # when it hangs up; billing notices the hang-up only at its next check (every 5 ms, later on a
@@ -419,6 +480,9 @@ def main():
         calls.sort(key=lambda c: c[5])
         for earlier, later in zip(calls, calls[1:]):
             killed = members.killed_at.get(earlier[2])
+            # (A late first call, above, overlaps the attempts made after it only in billing.)
+            if later[9] in late_first:
+                continue
             if later[5] < earlier[6] and not (killed is not None and killed <= later[5]):
                 if earlier[7] and later[5] >= earlier[8]:
                     overlaps_after_hang_up += 1
@@ -460,11 +524,12 @@ def main():
         "billing_calls": len(billing.calls), "recovery_calls": sum(1 for c in billing.calls if c[4]),
         "charged": len(billing.charged), "outcome_records": len(records), "change_records": len(changes),
         "lost": len(set(ids) - set(outcomes)),
-        "undeclared_repeats": len(billing.undeclared),
+        "undeclared_repeats": len(undeclared),
         "undeclared_examples": [{"request_id": i, "outcomes": [[a["result"], a["attempts"]] for a in outcomes.get(i, [])],
                                  "calls": [[c[2], c[3], c[4], round(c[5] - started, 3), round(c[6] - started, 3), c[7]]
                                            for c in calls_by_id.get(i, [])]}
-                                for i in sorted(set(billing.undeclared))[:10]],
+                                for i in sorted(set(undeclared))[:10]],
+        "late_first_calls": len(late_first),
         "overlaps": overlaps,
         "overlap_examples": overlap_examples[:10],
         "overlaps_after_hang_up": overlaps_after_hang_up,

@@ -22,6 +22,15 @@ struct ChaosTests {
         return report
     }
 
+    @Test("the script's checks catch undeclared repeats, and excuse only a first call billing read late")
+    func classification() async throws {
+        let script = try ChildProcess(
+            URL(fileURLWithPath: "/usr/bin/env"),
+            ["python3", repositoryRoot.appendingPathComponent("scripts/chaos.py").path, "--self-test"])
+        let status = await script.waitForExit(timeout: .seconds(60))
+        #expect(status == 0, "\(script.stdout)\(script.stderr)")
+    }
+
     @Test("at-least-once: no undeclared repeat, no overlap, none lost, no conflict, re-sends not called")
     func atLeastOnce() async throws {
         let report = try await chaos([])
