@@ -97,8 +97,10 @@ public struct RequestJournal: Sendable, Hashable {
     }
 
     /// Drops entries untouched since before `horizonMs`, then the oldest results beyond `cap` (at
-    /// least one entry stays), then the oldest intents.
-    public mutating func prune(untouchedBefore horizonMs: Int64, cap: Int) {
+    /// least one entry stays), then the oldest intents. Whether it dropped any.
+    @discardableResult
+    public mutating func prune(untouchedBefore horizonMs: Int64, cap: Int) -> Bool {
+        let counted = count
         if values.contains(where: { $0.lastTouchedMs < horizonMs }) {
             values.removeAll { $0.lastTouchedMs < horizonMs }
         }
@@ -107,7 +109,7 @@ public struct RequestJournal: Sendable, Hashable {
             keepSettled { touched[$0] >= horizonMs }
         }
         var excess = count - max(1, cap)
-        guard excess > 0 else { return }
+        guard excess > 0 else { return count < counted }
         // The oldest results first: settled ones in order, a result kept as a value by its time.
         var droppedSettled = 0
         while excess > 0 {
@@ -125,6 +127,7 @@ public struct RequestJournal: Sendable, Hashable {
         }
         dropOldestSettled(droppedSettled)
         if excess > 0 { values.removeFirst(excess) }
+        return true
     }
 
     /// Removes the oldest `count` settled entries: their bytes go at once, the others move up.

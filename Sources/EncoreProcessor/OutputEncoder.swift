@@ -10,7 +10,10 @@ struct OutputEncoder: Sendable {
     let entitlementsTopic: String
     let stateTopic: String
     /// The headers that never change, per event type (`ce_id` and `ce_time` are filled per record).
-    private let templates: [EventType: [KafkaHeader]]
+    private let outcomeHeaders: HeaderTemplate
+    private let changeHeaders: HeaderTemplate
+    private let stateHeaders: HeaderTemplate
+    private let deadLetterHeaders: HeaderTemplate
     /// The last `ce_time` value: outputs of the same millisecond share it.
     private let lastTime = LastTime()
 
@@ -19,14 +22,10 @@ struct OutputEncoder: Sendable {
         deadLetterTopic = configuration.deadLetterTopic
         entitlementsTopic = configuration.entitlementsTopic
         stateTopic = configuration.stateTopic
-        var templates: [EventType: [KafkaHeader]] = [:]
-        for type in EventType.allCases {
-            templates[type] = CloudEventHeaders(id: "", source: configuration.source, type: type, timeMs: 0).headers.map
-            {
-                KafkaHeader(key: $0.key, string: $0.value)
-            }
-        }
-        self.templates = templates
+        outcomeHeaders = HeaderTemplate(source: configuration.source, type: .purchaseOutcome)
+        changeHeaders = HeaderTemplate(source: configuration.source, type: .entitlementChanged)
+        stateHeaders = HeaderTemplate(source: configuration.source, type: .entitlementState)
+        deadLetterHeaders = HeaderTemplate(source: configuration.source, type: .deadLetter)
     }
 
     func record(for output: UnsentOutput) -> KafkaProducerRecord {
@@ -50,16 +49,17 @@ struct OutputEncoder: Sendable {
         KafkaProducerRecord(
             topic: outcomesTopic, key: Self.bytes(outcome.appID, ":", outcome.appUserID), value: outcome.jsonBytes(),
             headers: headers(
-                id: Self.bytes("outcome:", outcome.requestID), type: .purchaseOutcome, timeMs: outcome.completedAtMs))
+                outcomeHeaders, id: Self.bytes("outcome:", outcome.requestID), timeMs: outcome.completedAtMs))
     }
 
     func record(for letter: DeadLetterEvent, key: [UInt8]?) -> KafkaProducerRecord {
         KafkaProducerRecord(
             topic: deadLetterTopic, key: key, value: letter.jsonBytes(),
             headers: headers(
+                deadLetterHeaders,
                 id: Array(
                     "deadletter:\(letter.originalTopic)/\(letter.originalPartition)/\(letter.originalOffset)".utf8),
-                type: .deadLetter, timeMs: letter.failedAtMs))
+                timeMs: letter.failedAtMs))
     }
 
     /// `ce_id` is `entitlement:{user key}:{sequence}:{digest}`, the digest (64-bit FNV-1a, hex) of
@@ -71,8 +71,8 @@ struct OutputEncoder: Sendable {
         return KafkaProducerRecord(
             topic: entitlementsTopic, key: Array(change.key.utf8), value: value,
             headers: headers(
-                id: Array("entitlement:\(change.key):\(change.sequence):\(Self.digest(value))".utf8),
-                type: .entitlementChanged, timeMs: change.effectiveAtMs))
+                changeHeaders, id: Array("entitlement:\(change.key):\(change.sequence):\(Self.digest(value))".utf8),
+                timeMs: change.effectiveAtMs))
     }
 
     /// 64-bit FNV-1a of `bytes`, as 16 hex digits.
@@ -88,22 +88,24 @@ struct OutputEncoder: Sendable {
 
     /// The user's whole state, to the partition of the user's requests (co-partitioned).
     func record(forState state: EntitlementStateRecord, partition: Int32) -> KafkaProducerRecord {
-        KafkaProducerRecord(
-            topic: stateTopic, partition: partition, key: Array(state.key.utf8), value: state.jsonBytes(),
-            headers: headers(
-                id: Array("state:\(state.key):\(state.sequence):\(state.updatedAtMs)".utf8), type: .entitlementState,
-                timeMs: state.updatedAtMs))
+        let key = Self.bytes(state.appID, ":", state.appUserID)
+        var id: [UInt8] = []
+        id.reserveCapacity(key.count + 48)
+        id.append(contentsOf: "state:".utf8)
+        id.append(contentsOf: key)
+        id.append(UInt8(ascii: ":"))
+        id.append(contentsOf: String(state.sequence).utf8)
+        id.append(UInt8(ascii: ":"))
+        id.append(contentsOf: String(state.updatedAtMs).utf8)
+        return KafkaProducerRecord(
+            topic: stateTopic, partition: partition, key: key, value: state.jsonBytes(),
+            headers: headers(stateHeaders, id: id, timeMs: state.updatedAtMs))
     }
 
-    private func headers(id: [UInt8], type: EventType, timeMs: Int64) -> [KafkaHeader] {
-        var headers = templates[type] ?? []
-        for index in headers.indices {
-            switch headers[index].key {
-            case "ce_id": headers[index].value = id
-            case "ce_time": headers[index].value = lastTime.rfc3339(ms: timeMs)
-            default: break
-            }
-        }
+    private func headers(_ template: HeaderTemplate, id: [UInt8], timeMs: Int64) -> [KafkaHeader] {
+        var headers = template.headers
+        headers[template.id].value = id
+        headers[template.time].value = lastTime.rfc3339(ms: timeMs)
         return headers
     }
 
@@ -115,6 +117,22 @@ struct OutputEncoder: Sendable {
         bytes.append(contentsOf: second.utf8)
         bytes.append(contentsOf: third.utf8)
         return bytes
+    }
+}
+
+/// One event type's CloudEvents headers, with where its per-record `ce_id` and `ce_time` go.
+private struct HeaderTemplate: Sendable {
+    let headers: [KafkaHeader]
+    let id: Int
+    let time: Int
+
+    init(source: String, type: EventType) {
+        headers = CloudEventHeaders(id: "", source: source, type: type, timeMs: 0).headers.map {
+            KafkaHeader(key: $0.key, string: $0.value)
+        }
+        // (Both are always there: the id and time are given.)
+        id = headers.firstIndex { $0.key == "ce_id" }!
+        time = headers.firstIndex { $0.key == "ce_time" }!
     }
 }
 

@@ -27,10 +27,11 @@ struct OutputTracker<Item> {
 
     /// A ledger update whose changelog record waits for the outputs sent with it (change events,
     /// the outcome and dead letter whose result it records): the state is written only after
-    /// them, so a restored state never claims a change or a result that was not published.
-    private struct PendingUpdate {
+    /// them, so a restored state never claims a change or a result that was not published. A class:
+    /// looked up several times per output, a value (a whole state record) would be copied each time.
+    private final class PendingUpdate {
         let ref: RecordRef?
-        /// The user's key (`state.key`, built once).
+        /// The user's key (`state.key`, built once by the ledger).
         let key: String
         let state: EntitlementStateRecord
         let partition: Int32
@@ -44,6 +45,19 @@ struct OutputTracker<Item> {
         /// How many of the user's oldest updates (this one the last) this update's changelog record
         /// is: written together, the latest state holding the earlier ones.
         var covering = 0
+
+        init(
+            ref: RecordRef?, key: String, state: EntitlementStateRecord, partition: Int32, unacknowledgedOutputs: Int,
+            intent: Item?, result: Item?
+        ) {
+            self.ref = ref
+            self.key = key
+            self.state = state
+            self.partition = partition
+            self.unacknowledgedOutputs = unacknowledgedOutputs
+            self.intent = intent
+            self.result = result
+        }
     }
 
     enum Event {
@@ -125,7 +139,7 @@ struct OutputTracker<Item> {
         for change in update.changes { changesByKind[change.change.rawValue, default: 0] += 1 }
         let id = nextUpdateID
         nextUpdateID += 1
-        let key = update.state.key
+        let key = update.key
         updates[id] = PendingUpdate(
             ref: ref, key: key, state: update.state, partition: update.partition,
             unacknowledgedOutputs: alongside.count + update.changes.count, intent: intent, result: result)
@@ -239,16 +253,17 @@ struct OutputTracker<Item> {
         if case .entitlementChange(let id) = slot.output, let key = updates[id]?.key {
             changeAcknowledged(ofUser: key)
         }
-        if let id = slot.update, let key = updates[id]?.key {
-            updates[id]!.unacknowledgedOutputs -= 1
-            if updates[id]!.unacknowledgedOutputs == 0, let result = updates[id]!.result {
+        if let id = slot.update, let update = updates[id] {
+            update.unacknowledgedOutputs -= 1
+            if update.unacknowledgedOutputs == 0, let result = update.result {
                 events.append(.resultReady(result))
             }
-            mayWrite(ofUser: key)
+            mayWrite(ofUser: update.key)
         }
-        if case .entitlementState(let id) = slot.output, let key = updates[id]?.key {
+        if case .entitlementState(let id) = slot.output, let record = updates[id] {
+            let key = record.key
             // The record's updates are the user's oldest, in order.
-            for _ in 0..<updates[id]!.covering {
+            for _ in 0..<record.covering {
                 guard let covered = updateOrder[key]?.popFirst(), let update = updates.removeValue(forKey: covered)
                 else { break }
                 if let intent = update.intent { events.append(.intentWritten(intent)) }
@@ -284,18 +299,19 @@ struct OutputTracker<Item> {
         else { return }
         var last = first
         var covering = 1
+        var written = update
         while sharesRecords, covering < order.count, let later = updates[order[covering]],
             later.unacknowledgedOutputs == 0
         {
-            updates[last]!.isWritten = true
+            written.isWritten = true
             last = order[covering]
+            written = later
             covering += 1
         }
-        updates[last]!.isWritten = true
-        updates[last]!.covering = covering
+        written.isWritten = true
+        written.covering = covering
         // Counted with its updates already (each acknowledged with the record).
         enqueue(
-            .entitlementState(update: last), .state(updates[last]!.state, partition: updates[last]!.partition),
-            for: nil, update: nil)
+            .entitlementState(update: last), .state(written.state, partition: written.partition), for: nil, update: nil)
     }
 }

@@ -8,6 +8,16 @@ public struct LedgerUpdate: Sendable, Equatable {
     public var state: EntitlementStateRecord
     /// The partition of the user's requests, where the state is written.
     public var partition: Int32
+    /// The user's key (`state.key`), built once.
+    public let key: String
+
+    public init(changes: [EntitlementChangeEvent], state: EntitlementStateRecord, partition: Int32, key: String? = nil)
+    {
+        self.changes = changes
+        self.state = state
+        self.partition = partition
+        self.key = key ?? state.key
+    }
 }
 
 /// Per-user entitlement state: Encore grants from purchase outcomes, the states other sources
@@ -82,9 +92,10 @@ public struct EntitlementLedger: Sendable {
             state.journal.remove(requestID: request.requestID)
             state.journal.append(.init(requestID: request.requestID, attempts: attempt, startedAtMs: nowMs))
             policy.prune(&state.journal, nowMs: nowMs)
+            return true
         }
         // An intent always changes the state: its attempt number or start time is new.
-        return update ?? LedgerUpdate(changes: [], state: users[key]!.state, partition: partition)
+        return update ?? LedgerUpdate(changes: [], state: users[key]!.state, partition: partition, key: key)
     }
 
     /// Records a failure the processor decided, before its outcome is published: with what
@@ -105,8 +116,9 @@ public struct EntitlementLedger: Sendable {
                     requestID: request.requestID, attempts: attempts, startedAtMs: started, result: .failed,
                     completedAtMs: nowMs, error: error, controller: controller, offset: offset))
             policy.prune(&state.journal, nowMs: nowMs)
+            return true
         }
-        return update ?? LedgerUpdate(changes: [], state: users[key]!.state, partition: partition)
+        return update ?? LedgerUpdate(changes: [], state: users[key]!.state, partition: partition, key: key)
     }
 
     /// Records a request's outcome: its result in the journal and, with `grants`, what it grants
@@ -134,16 +146,18 @@ public struct EntitlementLedger: Sendable {
             }
             let earlier = state.journal.entry(requestID: outcome.requestID)
             // A failure journaled before its outcome stays as it was (it rebuilds the outcome).
-            if earlier?.result == nil || earlier?.error == nil {
+            let replaced = earlier?.result == nil || earlier?.error == nil
+            if replaced {
                 state.journal.remove(requestID: outcome.requestID)
                 state.journal.append(
                     .init(
                         requestID: outcome.requestID, attempts: outcome.attempts,
                         startedAtMs: earlier?.startedAtMs ?? now, result: outcome.result, completedAtMs: now))
             }
-            policy.prune(&state.journal, nowMs: now)
+            let pruned = policy.prune(&state.journal, nowMs: now)
+            return replaced || pruned
         }
-        return update ?? LedgerUpdate(changes: [], state: users[key]!.state, partition: partition)
+        return update ?? LedgerUpdate(changes: [], state: users[key]!.state, partition: partition, key: key)
     }
 
     // MARK: Rules
@@ -176,6 +190,7 @@ public struct EntitlementLedger: Sendable {
             Self.grant(
                 outcome, entitlement, status: status, campaignID: campaignID, offerID: offerID, to: &state,
                 changes: &changes)
+            return false
         }
     }
 
@@ -228,6 +243,7 @@ public struct EntitlementLedger: Sendable {
         return mutate(key, event.appID, event.appUserID, partition: partition, nowMs: nowMs) { state, _ in
             state.sources.removeAll { $0.source == event.source && $0.entitlementID == event.entitlementID }
             state.sources.append(EntitlementStateRecord.Source(event))
+            return false
         }
     }
 
@@ -241,7 +257,7 @@ public struct EntitlementLedger: Sendable {
             users[key]?.scheduledAtMs = nil
             defer { schedule(key, after: nowMs) }
             return mutate(key, entry.state.appID, entry.state.appUserID, partition: entry.partition, nowMs: nowMs) {
-                _, _ in
+                _, _ in false
             }
         }
     }
@@ -249,13 +265,19 @@ public struct EntitlementLedger: Sendable {
     // MARK: Internals
 
     /// Runs `body` on the user's state after settling expiries due at `nowMs`, re-evaluates the
-    /// access rules, and returns the update when the state changed.
+    /// access rules, and returns the update when the state changed. `body` says whether it changed
+    /// the journal (the journal is not compared: keeping a copy to compare with would copy it).
     private mutating func mutate(
         _ key: String, _ appID: String, _ appUserID: String, partition: Int32, nowMs: Int64,
-        _ body: (inout EntitlementStateRecord, inout [EntitlementChangeEvent]) -> Void
+        _ body: (inout EntitlementStateRecord, inout [EntitlementChangeEvent]) -> Bool
     ) -> LedgerUpdate? {
-        let before = users[key]?.state ?? EntitlementStateRecord(appID: appID, appUserID: appUserID)
-        var state = before
+        let index = users.index(forKey: key)
+        var state = EntitlementStateRecord(appID: appID, appUserID: appUserID)
+        // Taken out of the table while it changes: held once, its journal changes in place.
+        if let index { swap(&state, &users.values[index].state) }
+        let before = (
+            grants: state.grants, sources: state.sources, access: state.access, updatedAtMs: state.updatedAtMs
+        )
         var changes: [EntitlementChangeEvent] = []
         for index in state.grants.indices {
             guard state.grants[index].isActive, let expiresAt = state.grants[index].expiresAtMs, expiresAt <= nowMs
@@ -264,14 +286,15 @@ public struct EntitlementLedger: Sendable {
             changes.append(Self.change(.expired, state.grants[index], state: state, at: expiresAt))
         }
         let grantsExpired = !changes.isEmpty
-        body(&state, &changes)
+        let journalChanged = body(&state, &changes)
         let answers = accessAnswers(state, nowMs: nowMs)
         for rule in catalog.accessRules {
             let answer = answers[rule.name] ?? (false, [])
             guard answer.active != (state.access[rule.name] ?? false) else { continue }
             state.access[rule.name] = answer.active
             // Inactive because something expired rather than because a source said so.
-            let expired = grantsExpired || sourceExpired(rule, before: before, nowMs: nowMs)
+            let expired =
+                grantsExpired || sourceExpired(rule, sources: before.sources, since: before.updatedAtMs, nowMs: nowMs)
             changes.append(
                 EntitlementChangeEvent(
                     appID: appID, appUserID: appUserID,
@@ -280,23 +303,39 @@ public struct EntitlementLedger: Sendable {
                     sequence: 0, sources: answer.sources))
         }
         // Rules no longer configured are forgotten.
-        state.access = state.access.filter { name, _ in catalog.accessRules.contains { $0.name == name } }
-        guard state != before else { return nil }
+        if state.access.contains(where: { name, _ in !catalog.accessRules.contains { $0.name == name } }) {
+            state.access = state.access.filter { name, _ in catalog.accessRules.contains { $0.name == name } }
+        }
+        guard
+            journalChanged || state.grants != before.grants || state.sources != before.sources
+                || state.access != before.access
+        else {
+            if let index { swap(&state, &users.values[index].state) }
+            return nil
+        }
         for index in changes.indices {
             state.sequence += 1
             changes[index].sequence = state.sequence
         }
         state.updatedAtMs = max(state.updatedAtMs, nowMs)
-        users[key] = UserEntry(state: state, partition: partition, scheduledAtMs: users[key]?.scheduledAtMs)
+        if let index {
+            users.values[index].state = state
+            users.values[index].partition = partition
+        } else {
+            users[key] = UserEntry(state: state, partition: partition)
+        }
         schedule(key)
-        return LedgerUpdate(changes: changes, state: state, partition: partition)
+        return LedgerUpdate(changes: changes, state: state, partition: partition, key: key)
     }
 
-    /// Whether one of the rule's source states reached its expiry since the last update.
-    private func sourceExpired(_ rule: AccessRule, before: EntitlementStateRecord, nowMs: Int64) -> Bool {
-        before.sources.contains { source in
+    /// Whether one of the rule's source states (before this update) reached its expiry since the
+    /// last update.
+    private func sourceExpired(
+        _ rule: AccessRule, sources: [EntitlementStateRecord.Source], since updatedAtMs: Int64, nowMs: Int64
+    ) -> Bool {
+        sources.contains { source in
             guard source.isActive, let expiresAt = source.expiresAtMs,
-                expiresAt > before.updatedAtMs, expiresAt <= nowMs
+                expiresAt > updatedAtMs, expiresAt <= nowMs
             else { return false }
             return rule.terms.contains { term in
                 guard case .source(let name, let id) = term else { return false }
@@ -341,18 +380,26 @@ public struct EntitlementLedger: Sendable {
     /// Queues the user's earliest upcoming expiry; source states that ran out by `floor` (or before
     /// the last update) were settled already.
     private mutating func schedule(_ key: String, after floor: Int64 = .min) {
-        guard let entry = users[key] else { return }
-        let state = entry.state
-        // Active grants past their time expire at the next settle. Only the earliest is queued:
-        // settling it queues the next.
-        let grantExpiries = state.grants.filter(\.isActive).compactMap(\.expiresAtMs)
-        let sourceExpiries = state.sources.filter(\.isActive).compactMap(\.expiresAtMs).filter {
-            $0 > max(state.updatedAtMs, floor)
-        }
-        let earliest = (grantExpiries + sourceExpiries).min()
-        guard earliest != entry.scheduledAtMs else { return }
-        users[key]?.scheduledAtMs = earliest
+        guard let index = users.index(forKey: key) else { return }
+        let earliest = Self.earliestExpiry(of: users.values[index].state, after: floor)
+        guard earliest != users.values[index].scheduledAtMs else { return }
+        users.values[index].scheduledAtMs = earliest
         if let earliest { expiries.schedule(key, at: earliest) }
+    }
+
+    /// When the state's earliest expiry is due: an active grant's (past its time, it expires at
+    /// the next settle), or an active source state's after `floor` and the last update. Only the
+    /// earliest is queued: settling it queues the next.
+    private static func earliestExpiry(of state: EntitlementStateRecord, after floor: Int64) -> Int64? {
+        var earliest: Int64? = nil
+        for grant in state.grants where grant.isActive {
+            if let expiry = grant.expiresAtMs { earliest = min(earliest ?? expiry, expiry) }
+        }
+        let since = max(state.updatedAtMs, floor)
+        for source in state.sources where source.isActive {
+            if let expiry = source.expiresAtMs, expiry > since { earliest = min(earliest ?? expiry, expiry) }
+        }
+        return earliest
     }
 
     private static func change(
@@ -402,8 +449,10 @@ public struct JournalPolicy: Sendable, Hashable {
         self.perUserCap = perUserCap
     }
 
-    /// Drops entries past the retention at `nowMs`, then the oldest beyond the cap.
-    func prune(_ journal: inout RequestJournal, nowMs: Int64) {
+    /// Drops entries past the retention at `nowMs`, then the oldest beyond the cap; whether it
+    /// dropped any.
+    @discardableResult
+    func prune(_ journal: inout RequestJournal, nowMs: Int64) -> Bool {
         journal.prune(untouchedBefore: nowMs - retentionMs, cap: perUserCap)
     }
 }
