@@ -29,6 +29,10 @@ final class ProcessorLoop {
     var calls: CallTable<WorkItem>
     /// Items whose intent is durable, waiting for a call slot (`maxInFlight` calls at once).
     var waitingForSlot = FIFO<WorkItem>()
+    /// Calls a controller answered without suspending (``PurchaseController/immediateAnswer(to:)``),
+    /// handled after the input that launched them, as if they had come through the inbox.
+    var immediateAnswers: [(call: Int, attempt: Int, result: Result<PurchaseResult, any Error>, duration: Duration)] =
+        []
     var outputs = OutputTracker<WorkItem>()
     var tracker = OffsetTracker<InputPartition>()
     /// The users' state: grants and the request journal (intents and results).
@@ -95,7 +99,10 @@ final class ProcessorLoop {
 
     /// Handles a batch of inputs; while draining, checks whether everything is done.
     func handle(_ batch: [ProcessorInput]) {
-        for event in batch { handle(event) }
+        for event in batch {
+            handle(event)
+            handleImmediateAnswers()
+        }
         flushOutputs()
         if released > 0 {
             admission.release(released)
@@ -200,6 +207,19 @@ final class ProcessorLoop {
 
     // MARK: Calls
 
+    /// Handles the calls answered without suspending, and those their handling launched.
+    func handleImmediateAnswers() {
+        while !immediateAnswers.isEmpty {
+            let answers = immediateAnswers
+            immediateAnswers.removeAll(keepingCapacity: true)
+            for answer in answers {
+                handle(
+                    .attemptFinished(
+                        call: answer.call, attempt: answer.attempt, answer.result, duration: answer.duration))
+            }
+        }
+    }
+
     func perform(_ action: CallTable<WorkItem>.Action) {
         switch action {
         case .launch(let id, let item, let attempt):
@@ -234,10 +254,17 @@ final class ProcessorLoop {
                     item.request, attempt: attempt, partition: item.ref.partition.number, nowMs: currentTimeMs()),
                 for: nil)
         }
+        statistics.controllerCalls += 1
+        if attempt > item.firstAttempt { statistics.retries += 1 }
+        let started = ContinuousClock.now
+        if let answer = controller.immediateAnswer(to: request) {
+            // No task, and no trip through the inbox: handled once the current input is.
+            immediateAnswers.append((id, attempt, answer, ContinuousClock.now - started))
+            return
+        }
         let inbox = self.inbox
-        // Immediate: a controller that answers without suspending (a cache, a no-op) costs no thread hop.
+        // Immediate: a controller whose call does not suspend after all costs no thread hop.
         item.task = Task.immediate {
-            let started = ContinuousClock.now
             let result: Result<PurchaseResult, any Error>
             do {
                 result = .success(try await controller.purchase(request))
@@ -246,8 +273,6 @@ final class ProcessorLoop {
             }
             inbox.post(.attemptFinished(call: id, attempt: attempt, result, duration: ContinuousClock.now - started))
         }
-        statistics.controllerCalls += 1
-        if attempt > item.firstAttempt { statistics.retries += 1 }
     }
 
     /// The call is over: its slot is free; the lane stays held until the outputs are acknowledged.

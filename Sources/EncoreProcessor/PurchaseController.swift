@@ -63,6 +63,16 @@ public struct PurchaseRequest: Sendable, Hashable {
 /// repeated unless the controller says it is safe.
 public protocol PurchaseController: Sendable {
     func purchase(_ request: PurchaseRequest) async throws -> PurchaseResult
+
+    /// The answer at once, when the controller has it without suspending (a cache, a rule that
+    /// needs no I/O), or `nil` to be called with ``purchase(_:)``. An answer here is the call
+    /// (``purchase(_:)`` is not called for this attempt), and costs no task. It runs on the
+    /// processor's loop: it must not block. The default is `nil`.
+    func immediateAnswer(to request: PurchaseRequest) -> Result<PurchaseResult, any Error>?
+}
+
+extension PurchaseController {
+    public func immediateAnswer(to request: PurchaseRequest) -> Result<PurchaseResult, any Error>? { nil }
 }
 
 /// An error a controller throws to say what went wrong and whether trying again is safe.

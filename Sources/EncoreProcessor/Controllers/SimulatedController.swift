@@ -75,6 +75,22 @@ public struct SimulatedController: PurchaseController {
         if honoursStalls, let stall = request.event.attributes?["simulated_stall_ms"].flatMap({ UInt32($0) }) {
             usleep(min(stall, 60_000) * 1000)
         }
+        let (latencyUnit, answer) = try decide(request)
+        if meanLatency > .zero {
+            // One shared timer thread rather than a dispatch timer per call (see SimulatedDelays).
+            try await SimulatedDelays.shared.sleep(for: meanLatency * (0.5 + latencyUnit))
+        }
+        return try Self.result(of: answer)
+    }
+
+    /// With no latency (and no stalls to honour), the answer is known at once: no task is made.
+    public func immediateAnswer(to request: PurchaseRequest) -> Result<PurchaseResult, any Error>? {
+        guard meanLatency == .zero, !honoursStalls else { return nil }
+        return Result { try Self.result(of: decide(request).answer) }
+    }
+
+    /// The latency unit and the answer for `request`; throws for a `PRODUCTION` request it refuses.
+    private func decide(_ request: PurchaseRequest) throws -> (latencyUnit: Double, answer: Answer) {
         if request.event.environment == .production && !allowsProduction {
             throw PurchaseControllerError.final(
                 Self.refusedProductionType,
@@ -92,10 +108,10 @@ public struct SimulatedController: PurchaseController {
                 }
             }
         }
-        if meanLatency > .zero {
-            // One shared timer thread rather than a dispatch timer per call (see SimulatedDelays).
-            try await SimulatedDelays.shared.sleep(for: meanLatency * (0.5 + latencyUnit))
-        }
+        return (latencyUnit, answer)
+    }
+
+    private static func result(of answer: Answer) throws -> PurchaseResult {
         switch answer {
         case .purchased: return .purchased
         case .cancelled: return .cancelled
