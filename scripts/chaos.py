@@ -9,7 +9,7 @@ it stops the members and checks, for every request id:
 
   - undeclared_repeats: billing was called again without `Encore-Recovery: true`      (must be 0)
     (late_first_calls, apart: a request's first call that billing read only after the later,
-    declared attempts the processor made once it had given up on it; see classify_calls)
+    declared attempts its process made once it had given up on it; see classify_calls)
   - overlaps: two calls of one user in billing at once, both from live processes      (must be 0)
     (overlaps_after_hang_up, apart: the processor had hung up on the earlier call, which billing
     saw connected last before the later call started, and noticed gone only after)
@@ -142,14 +142,15 @@ def serve_billing(billing):
     return server
 
 
-def classify_calls(calls_by_id):
+def classify_calls(calls_by_id, killed_at):
     """Undeclared repeats: a call without Encore-Recovery reaching billing after the request's first
     call (billing charges on arrival). One exception, counted apart as late first calls: the
-    request's first call reaching billing only after its later, declared attempts. Its caller had
-    hung up before billing read it (never seen connected), and every call billing read before it is
-    a recovery call with a higher attempt number: the processor made it first and gave up on it at
-    its timeout before making the others; billing was behind (a stalled, loaded machine), not the
-    processor early. Billing's idempotency key keeps it from charging again.
+    request's first call reaching billing only after later, declared attempts of it that its own
+    process made (or that came after its process was killed). Its caller had hung up before billing
+    read it (never seen connected), and every call billing read before it is a recovery call with a
+    higher attempt number: its process gave up on it (at its timeout, or by dying) before the later
+    attempts; billing was behind (a stalled, loaded machine), not the processor early. Billing's
+    idempotency key keeps it from charging again.
 
     Returns (request ids of undeclared calls, one per call; arrival numbers of late first calls);
     sorts each request's calls by arrival."""
@@ -161,35 +162,93 @@ def classify_calls(calls_by_id):
             if call[4]:
                 continue
             before = calls[:index]
-            if call[7] and not call[10] and all(b[4] and b[3] > call[3] for b in before):
+            killed = killed_at.get(call[2])
+            given_up = any(b[2] == call[2] for b in before) or (
+                killed is not None and killed <= min(b[5] for b in before))
+            if call[7] and not call[10] and given_up and all(b[4] and b[3] > call[3] for b in before):
                 late_first.add(call[9])
             else:
                 undeclared.append(request_id)
     return undeclared, late_first
 
 
-def self_test():
-    """The classification above on made-up calls: it must still catch what it exists to catch."""
-    def call(arrival, attempt, recovery, hung_up=False, seen=True):
-        return ("r", "u", "i1", attempt, recovery, arrival, arrival + 0.01, hung_up, arrival, arrival, seen)
+def classify_overlaps(all_calls, killed_at, late_first):
+    """Overlaps: two calls of one user at once, unless the earlier one's process was killed by then.
+    A call the processor cancelled (at its call timeout, or in a drain) is over for the processor
+    when it hangs up; billing notices the hang-up only at its next check (every 5 ms, later on a
+    loaded machine). A next call that started after billing last saw the earlier caller connected
+    falls within that detection gap: declared, counted apart. One that started while the earlier
+    caller was still seen connected is an overlap. A late first call (above) overlaps the attempts
+    of its request made after it only in billing.
 
-    cases = [
-        ("first, then a recovery", [call(0, 1, False), call(1, 2, True)], 0, 0),
-        ("a second call without recovery", [call(0, 1, False), call(1, 1, False)], 1, 0),
-        ("a retry without recovery", [call(0, 1, False), call(1, 2, False)], 1, 0),
-        ("the first call late, hung up on", [call(0, 2, True), call(1, 1, False, hung_up=True, seen=False)], 0, 1),
-        ("late but seen connected", [call(0, 2, True), call(1, 1, False, hung_up=True, seen=True)], 1, 0),
-        ("late but not hung up", [call(0, 2, True), call(1, 1, False, seen=False)], 1, 0),
-        ("late with no higher attempt before it", [call(0, 1, True), call(1, 1, False, hung_up=True, seen=False)], 1, 0),
-        ("two without recovery, one late",
-         [call(0, 1, False), call(1, 3, True), call(2, 2, False, hung_up=True, seen=False)], 1, 0),
+    Returns (overlapping pairs, overlaps after a hang-up)."""
+    overlapping = []
+    after_hang_up = 0
+    by_user = {}
+    for call in all_calls:
+        by_user.setdefault(call[1], []).append(call)
+    for calls in by_user.values():
+        calls.sort(key=lambda c: c[5])
+        for earlier, later in zip(calls, calls[1:]):
+            if later[9] in late_first and later[0] == earlier[0]:
+                continue
+            killed = killed_at.get(earlier[2])
+            if later[5] < earlier[6] and not (killed is not None and killed <= later[5]):
+                if earlier[7] and later[5] >= earlier[8]:
+                    after_hang_up += 1
+                    continue
+                overlapping.append((earlier, later))
+    return overlapping, after_hang_up
+
+
+def self_test():
+    """The classifications above on made-up calls: they must still catch what they exist to catch."""
+    def call(arrival, attempt, recovery, hung_up=False, seen=True, instance="i1", request="r", start=None):
+        start = arrival if start is None else start
+        return (request, "u", instance, attempt, recovery, start, start + 0.01, hung_up, start, arrival, seen)
+
+    late = dict(hung_up=True, seen=False)
+    calls_cases = [
+        ("first, then a recovery", [call(0, 1, False), call(1, 2, True)], {}, 0, 0),
+        ("a second call without recovery", [call(0, 1, False), call(1, 1, False)], {}, 1, 0),
+        ("a retry without recovery", [call(0, 1, False), call(1, 2, False)], {}, 1, 0),
+        ("the first call late, hung up on", [call(0, 2, True), call(1, 1, False, **late)], {}, 0, 1),
+        ("the same, listed out of order", [call(1, 1, False, **late), call(0, 2, True)], {}, 0, 1),
+        ("late but seen connected", [call(0, 2, True), call(1, 1, False, hung_up=True)], {}, 1, 0),
+        ("late but not hung up", [call(0, 2, True), call(1, 1, False, seen=False)], {}, 1, 0),
+        ("late with no higher attempt before it", [call(0, 1, True), call(1, 1, False, **late)], {}, 1, 0),
+        ("two without recovery, one late", [call(0, 1, False), call(1, 3, True), call(2, 2, False, **late)], {}, 1, 0),
+        ("late, the recovery from another process that lives",
+         [call(0, 2, True, instance="i2"), call(1, 1, False, instance="i1", **late)], {}, 1, 0),
+        ("late, its process killed before the other's recovery",
+         [call(0, 2, True, instance="i2"), call(1, 1, False, instance="i1", **late)], {"i1": -1}, 0, 1),
+        ("late, its process killed only after the other's recovery",
+         [call(0, 2, True, instance="i2"), call(1, 1, False, instance="i1", **late)], {"i1": 0.5}, 1, 0),
     ]
     failures = []
-    for name, calls, undeclared, late in cases:
-        got = classify_calls({"r": calls})
-        if (len(got[0]), len(got[1])) != (undeclared, late):
-            failures.append(f"{name}: {len(got[0])} undeclared, {len(got[1])} late; expected {undeclared}, {late}")
-    print("\n".join(failures) or f"self-test: {len(cases)} cases pass")
+    for name, calls, killed_at, undeclared, late_count in calls_cases:
+        got = classify_calls({"r": list(calls)}, killed_at)
+        if (len(got[0]), len(got[1])) != (undeclared, late_count):
+            failures.append(f"{name}: {len(got[0])} undeclared, {len(got[1])} late; expected {undeclared}, {late_count}")
+    overlap_cases = [
+        ("one after the other", [call(0, 1, False), call(1, 1, False, request="s", start=0.02)], {}, 0),
+        ("at once", [call(0, 1, False), call(1, 1, False, request="s", start=0.005)], {}, 1),
+        ("at once, the earlier's process killed", [call(0, 1, False, instance="i2"),
+                                                   call(1, 1, False, request="s", start=0.005)], {"i2": 0.001}, 0),
+        ("a late first call over its own recovery", [call(0, 2, True), call(1, 1, False, start=0.005, **late)], {}, 0),
+        ("a late first call over another request's call",
+         [call(0, 2, True), call(1, 1, False, request="s", start=0.011),
+          call(2, 1, False, start=0.012, **late)], {}, 1),
+    ]
+    for name, calls, killed_at, expected in overlap_cases:
+        by_id = {}
+        for c in calls:
+            by_id.setdefault(c[0], []).append(c)
+        _, late_first = classify_calls(by_id, killed_at)
+        overlapping, _ = classify_overlaps(calls, killed_at, late_first)
+        if len(overlapping) != expected:
+            failures.append(f"{name}: {len(overlapping)} overlaps; expected {expected}")
+    print("\n".join(failures) or f"self-test: {len(calls_cases) + len(overlap_cases)} cases pass")
     sys.exit(1 if failures else 0)
 
 
@@ -463,33 +522,11 @@ def main():
     calls_by_id = {}
     for call in billing.calls:
         calls_by_id.setdefault(call[0], []).append(call)
-    undeclared, late_first = classify_calls(calls_by_id)
-    # Overlaps: two calls of one user at once, unless the earlier one's process was killed by then.
-    # A call the processor cancelled (at its call timeout, or in a drain) is over for the processor
-    # when it hangs up; billing notices the hang-up only at its next check (every 5 ms, later on a
-    # loaded machine). A next call that started after billing last saw the earlier caller connected
-    # falls within that detection gap: declared, counted apart. One that started while the earlier
-    # caller was still seen connected is an overlap.
-    overlaps = 0
-    overlaps_after_hang_up = 0
-    overlap_examples = []
-    by_user = {}
-    for call in billing.calls:
-        by_user.setdefault(call[1], []).append(call)
-    for calls in by_user.values():
-        calls.sort(key=lambda c: c[5])
-        for earlier, later in zip(calls, calls[1:]):
-            killed = members.killed_at.get(earlier[2])
-            # (A late first call, above, overlaps the attempts made after it only in billing.)
-            if later[9] in late_first:
-                continue
-            if later[5] < earlier[6] and not (killed is not None and killed <= later[5]):
-                if earlier[7] and later[5] >= earlier[8]:
-                    overlaps_after_hang_up += 1
-                    continue
-                overlaps += 1
-                overlap_examples.append([[c[0], c[2], c[3], c[4], round(c[5] - started, 3), round(c[6] - started, 3), c[7]]
-                                         for c in (earlier, later)])
+    undeclared, late_first = classify_calls(calls_by_id, members.killed_at)
+    overlapping, overlaps_after_hang_up = classify_overlaps(billing.calls, members.killed_at, late_first)
+    overlaps = len(overlapping)
+    overlap_examples = [[[c[0], c[2], c[3], c[4], round(c[5] - started, 3), round(c[6] - started, 3), c[7]]
+                         for c in pair] for pair in overlapping]
     conflicting = 0
     conflicting_examples = []
     repeated_outcomes = 0
@@ -530,6 +567,8 @@ def main():
                                            for c in calls_by_id.get(i, [])]}
                                 for i in sorted(set(undeclared))[:10]],
         "late_first_calls": len(late_first),
+        "late_first_examples": [[c[0], c[2], c[3], c[4], round(c[5] - started, 3), round(c[6] - started, 3)]
+                                for c in billing.calls if c[9] in late_first][:10],
         "overlaps": overlaps,
         "overlap_examples": overlap_examples[:10],
         "overlaps_after_hang_up": overlaps_after_hang_up,

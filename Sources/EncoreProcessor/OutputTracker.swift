@@ -8,8 +8,9 @@ import Kafka
 /// has at most one output in flight per topic, so a retriable failure, produced again after
 /// `redeliveryDelay`, is still ahead of the user's later outputs: outcomes by the user's lane (held
 /// until its outputs are acknowledged), changelog records by the update order, change events here.
-/// Any other failure is fatal: the record never finishes, so its offset is never committed. A pure
-/// state machine; `Item` is what the loop keeps with a record (its work item).
+/// Any other failure is fatal: the record never finishes, so its offset is never committed. A state
+/// machine with no I/O; `Item` is what the loop keeps with a record (its work item). Its pending
+/// updates are objects: a copy of a tracker shares them, so it is never copied.
 struct OutputTracker<Item> {
     private struct Slot {
         var ref: RecordRef?

@@ -30,7 +30,7 @@ final class ProcessorLoop {
     /// Items whose intent is durable, waiting for a call slot (`maxInFlight` calls at once).
     var waitingForSlot = FIFO<WorkItem>()
     /// Calls a controller answered without suspending (``PurchaseController/immediateAnswer(to:)``),
-    /// handled after the input that launched them, as if they had come through the inbox.
+    /// handled after the input, or the batch's hand-over and drain checks, that launched them.
     var immediateAnswers: [(call: Int, attempt: Int, result: Result<PurchaseResult, any Error>, duration: Duration)] =
         []
     var outputs = OutputTracker<WorkItem>()
@@ -110,6 +110,11 @@ final class ProcessorLoop {
         }
         if ownership.hasRevocations { pollOwnership() }
         if ownership.isDraining { checkDrained() }
+        // A hand-over or drain above may have started calls that were answered at once.
+        if !immediateAnswers.isEmpty {
+            handleImmediateAnswers()
+            flushOutputs()
+        }
     }
 
     func handle(_ event: ProcessorInput) {

@@ -64,10 +64,8 @@ public struct PurchaseRequest: Sendable, Hashable {
 public protocol PurchaseController: Sendable {
     func purchase(_ request: PurchaseRequest) async throws -> PurchaseResult
 
-    /// The answer at once, when the controller has it without suspending (a cache, a rule that
-    /// needs no I/O), or `nil` to be called with ``purchase(_:)``. An answer here is the call
-    /// (``purchase(_:)`` is not called for this attempt), and costs no task. It runs on the
-    /// processor's loop: it must not block. The default is `nil`.
+    /// The answer, when the controller has it without suspending (it is then the call, and costs no
+    /// task), or `nil` to be called with ``purchase(_:)`` (the default). Runs on the loop: never block.
     func immediateAnswer(to request: PurchaseRequest) -> Result<PurchaseResult, any Error>?
 }
 

@@ -5,18 +5,23 @@ import Foundation
 /// possibly none) and the user's new state for the changelog.
 public struct LedgerUpdate: Sendable, Equatable {
     public var changes: [EntitlementChangeEvent]
-    public var state: EntitlementStateRecord
+    /// (Set within the module only, without changing its user: `key` is its key.)
+    public internal(set) var state: EntitlementStateRecord
     /// The partition of the user's requests, where the state is written.
     public var partition: Int32
     /// The user's key (`state.key`), built once.
     public let key: String
 
-    public init(changes: [EntitlementChangeEvent], state: EntitlementStateRecord, partition: Int32, key: String? = nil)
-    {
+    public init(changes: [EntitlementChangeEvent], state: EntitlementStateRecord, partition: Int32) {
+        self.init(changes: changes, state: state, partition: partition, key: state.key)
+    }
+
+    /// `key` must be `state.key`.
+    init(changes: [EntitlementChangeEvent], state: EntitlementStateRecord, partition: Int32, key: String) {
         self.changes = changes
         self.state = state
         self.partition = partition
-        self.key = key ?? state.key
+        self.key = key
     }
 }
 
@@ -273,8 +278,16 @@ public struct EntitlementLedger: Sendable {
     ) -> LedgerUpdate? {
         let index = users.index(forKey: key)
         var state = EntitlementStateRecord(appID: appID, appUserID: appUserID)
-        // Taken out of the table while it changes: held once, its journal changes in place.
+        // Taken out of the table while it changes, so that the table's copy does not make the
+        // journal copy itself (an update still being written may share it, and then it does).
         if let index { swap(&state, &users.values[index].state) }
+        // (Checked in debug builds: a body that changes the journal says so.)
+        var journalBefore: RequestJournal? = nil
+        assert(
+            {
+                journalBefore = state.journal
+                return true
+            }())
         let before = (
             grants: state.grants, sources: state.sources, access: state.access, updatedAtMs: state.updatedAtMs
         )
@@ -287,6 +300,7 @@ public struct EntitlementLedger: Sendable {
         }
         let grantsExpired = !changes.isEmpty
         let journalChanged = body(&state, &changes)
+        assert(journalChanged || journalBefore == state.journal, "a ledger update changed the journal unannounced")
         let answers = accessAnswers(state, nowMs: nowMs)
         for rule in catalog.accessRules {
             let answer = answers[rule.name] ?? (false, [])
