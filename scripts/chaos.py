@@ -142,11 +142,12 @@ def serve_billing(billing):
     return server
 
 
-def classify_calls(calls_by_id, killed_at):
+def classify_calls(calls_by_id, left_at):
     """Undeclared repeats: a call without Encore-Recovery reaching billing after the request's first
     call (billing charges on arrival). One exception, counted apart as late first calls: the
     request's first call reaching billing only after later, declared attempts of it that its own
-    process made (or that came after its process was killed). Its caller had hung up before billing
+    process made, or that came after its process was killed or told to stop (`left_at`: a stopping
+    member hands its partitions over once its calls returned). Its caller had hung up before billing
     read it (never seen connected), and every call billing read before it is a recovery call with a
     higher attempt number: its process gave up on it (at its timeout, or by dying) before the later
     attempts; billing was behind (a stalled, loaded machine), not the processor early. Billing's
@@ -162,9 +163,8 @@ def classify_calls(calls_by_id, killed_at):
             if call[4]:
                 continue
             before = calls[:index]
-            killed = killed_at.get(call[2])
-            given_up = any(b[2] == call[2] for b in before) or (
-                killed is not None and killed <= min(b[5] for b in before))
+            left = left_at.get(call[2])
+            given_up = any(b[2] == call[2] for b in before) or (left is not None and left <= min(b[5] for b in before))
             if call[7] and not call[10] and given_up and all(b[4] and b[3] > call[3] for b in before):
                 late_first.add(call[9])
             else:
@@ -220,9 +220,9 @@ def self_test():
         ("two without recovery, one late", [call(0, 1, False), call(1, 3, True), call(2, 2, False, **late)], {}, 1, 0),
         ("late, the recovery from another process that lives",
          [call(0, 2, True, instance="i2"), call(1, 1, False, instance="i1", **late)], {}, 1, 0),
-        ("late, its process killed before the other's recovery",
+        ("late, its process killed (or stopping) before the other's recovery",
          [call(0, 2, True, instance="i2"), call(1, 1, False, instance="i1", **late)], {"i1": -1}, 0, 1),
-        ("late, its process killed only after the other's recovery",
+        ("late, its process killed (or stopping) only after the other's recovery",
          [call(0, 2, True, instance="i2"), call(1, 1, False, instance="i1", **late)], {"i1": 0.5}, 1, 0),
     ]
     failures = []
@@ -302,6 +302,7 @@ class Members:
         self.args, self.cluster, self.port, self.work = args, cluster, billing_port, work
         self.running = {}  # slot -> (instance, Popen)
         self.killed_at = {}  # instance -> monotonic time of its SIGKILL
+        self.stopping_at = {}  # instance -> monotonic time of its SIGTERM
         self.next_instance = 0
         self.exit_codes = []
 
@@ -326,6 +327,7 @@ class Members:
 
     def stop(self, slot):
         instance, process = self.running.pop(slot)
+        self.stopping_at[instance] = time.monotonic()
         process.send_signal(signal.SIGTERM)
         try:
             self.exit_codes.append((instance, process.wait(120)))
@@ -522,7 +524,7 @@ def main():
     calls_by_id = {}
     for call in billing.calls:
         calls_by_id.setdefault(call[0], []).append(call)
-    undeclared, late_first = classify_calls(calls_by_id, members.killed_at)
+    undeclared, late_first = classify_calls(calls_by_id, {**members.stopping_at, **members.killed_at})
     overlapping, overlaps_after_hang_up = classify_overlaps(billing.calls, members.killed_at, late_first)
     overlaps = len(overlapping)
     overlap_examples = [[[c[0], c[2], c[3], c[4], round(c[5] - started, 3), round(c[6] - started, 3), c[7]]
