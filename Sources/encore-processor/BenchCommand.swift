@@ -35,11 +35,22 @@ enum BenchCommand {
             .option(
                 "guarantee", value: "MODE", default: "at-least-once",
                 "at-least-once or exactly-once (Kafka transactions; needs --workers 1)."),
+            .flag(
+                "no-kafka",
+                "Run one dispatch loop alone, without a broker (0 ms controller, ledger on): what the loop costs, with less noise. Takes --count, --users, --max-in-flight, --dedupe-per-user."
+            ),
             .flag("json", "Print the report as one JSON object."),
         ])
 
+    /// What `--no-kafka` leaves out.
+    static let brokerOptions = [
+        "bootstrap-servers", "partitions", "latency-ms", "workers", "buffer-size", "rate", "prefilled-topic",
+        "no-ledger", "guarantee",
+    ]
+
     static func execute(_ options: ParsedOptions) async throws -> Int32 {
         try options.noPositionals()
+        if options.flag("no-kafka") { return try await loopOnly(options) }
         var benchmark = Benchmark.Options()
         benchmark.kafka = try CommonOptions.kafkaConfiguration(options)
         benchmark.bootstrapServers = benchmark.kafka.bootstrapServers
@@ -75,5 +86,39 @@ enum BenchCommand {
             }
         }
         return report.processed >= benchmark.count && report.allCommitted ? 0 : 1
+    }
+
+    static func loopOnly(_ options: ParsedOptions) async throws -> Int32 {
+        if let option = brokerOptions.first(where: { options.isSet($0) }) {
+            throw UsageError("--no-kafka runs no broker: --\(option) does not apply")
+        }
+        var benchmark = LoopBenchmark.Options()
+        benchmark.count = try options.integer("count", range: 1...100_000_000)
+        benchmark.users = try options.integer("users", range: 1...10_000_000)
+        benchmark.maxInFlight = try options.integer("max-in-flight", range: 1...1_000_000)
+        benchmark.journalPerUserCap = try options.integer(
+            "dedupe-per-user", range: 1...EntitlementStateRecord.RequestEntry.maximumCount)
+        let report = await LoopBenchmark.run(benchmark)
+        let fields: [(String, String)] = [
+            ("scenario", "one dispatch loop, no broker, 0 ms controller, ledger on"),
+            ("processed", "\(report.processed) (\(report.outcomes) outcomes)"),
+            ("users", "\(benchmark.users)"), ("journal per user", "\(benchmark.journalPerUserCap)"),
+            ("throughput", String(format: "%.0f/s", report.throughput)),
+            ("cpu", String(format: "%.2f s, %.1f µs per request", report.cpuSeconds, report.cpuMicrosecondsPerRequest)),
+        ]
+        if options.flag("json") {
+            let json: [String: Any] = [
+                "scenario": "loop-only", "count": benchmark.count, "processed": report.processed,
+                "outcomes": report.outcomes, "users": benchmark.users, "max_in_flight": benchmark.maxInFlight,
+                "dedupe_per_user": benchmark.journalPerUserCap, "elapsed_s": report.elapsedSeconds,
+                "throughput": report.throughput, "cpu_s": report.cpuSeconds,
+                "cpu_us_per_request": report.cpuMicrosecondsPerRequest,
+            ]
+            let data = try JSONSerialization.data(withJSONObject: json, options: [.sortedKeys])
+            print(String(decoding: data, as: UTF8.self))
+        } else {
+            for (label, value) in fields { print(label.padding(toLength: 24, withPad: " ", startingAt: 0) + value) }
+        }
+        return report.processed == benchmark.count && report.outcomes == benchmark.count ? 0 : 1
     }
 }

@@ -1,0 +1,145 @@
+import EncoreEvents
+import Foundation
+import Kafka
+import Synchronization
+
+/// The dispatch loop alone, without a broker (`bench --no-kafka`): contract requests through one
+/// ``ProcessorLoop`` with the 0 ms simulated controller and the ledger and journal on, their
+/// outputs taken as a producer would and acknowledged in batches: what the loop itself costs,
+/// without a broker's round trips (which vary a lot from run to run) in the figure.
+public enum LoopBenchmark {
+    public struct Options: Sendable {
+        public var count = 100_000
+        public var users = 10_000
+        public var maxInFlight = 256
+        public var journalPerUserCap = JournalPolicy().perUserCap
+        /// Given up after this long: the report then says how many finished.
+        public var timeout: Duration = .seconds(600)
+
+        public init() {}
+    }
+
+    public struct Report: Sendable {
+        public let processed: Int
+        public let outcomes: Int
+        /// CPU of the whole process over the run (the loop, the decoding, the acknowledging thread).
+        public let cpuSeconds: Double
+        public let elapsedSeconds: Double
+
+        public var cpuMicrosecondsPerRequest: Double { cpuSeconds / Double(max(1, processed)) * 1e6 }
+        public var throughput: Double { Double(processed) / max(elapsedSeconds, 1e-9) }
+    }
+
+    static let partitions: Int32 = 4
+
+    public static func run(_ options: Options) async -> Report {
+        var configuration = ProcessorConfiguration(kafka: KafkaConfiguration())
+        configuration.maxInFlight = options.maxInFlight
+        configuration.journal.perUserCap = options.journalPerUserCap
+        var router = PurchaseRouter()
+        router.register("simulated", SimulatedController(weights: [(.purchased, 1)], allowsProduction: true))
+        router.route(.any, to: "simulated")
+        let inbox = Inbox<ProcessorInput>()
+        let producer = AcknowledgingProducer(inbox: inbox)
+        let recorder = StatisticsRecorder()
+        let admission = KafkaAdmission(capacity: configuration.bufferCapacity)
+        let loop = ProcessorLoop(
+            configuration: configuration, router: router, recorder: recorder, consumer: NoConsumer(),
+            producer: producer, inbox: inbox, admission: admission, logger: Logger(label: "encore.bench"))
+        let pump = Task { [loop] in
+            while !loop.isFinished { loop.handle(await inbox.next()) }
+        }
+        let ticker = Task {
+            while !Task.isCancelled {
+                try? await Task.sleep(for: .milliseconds(5))
+                inbox.post(.tick)
+            }
+        }
+        let topic = configuration.requestsTopic
+        inbox.post(
+            .assigned(
+                (0..<partitions).map { KafkaTopicPartition(topic: topic, partition: $0) }, finished: [:], restored: [:])
+        )
+        // Encoded before the clock starts, as a broker would hold them; a user's on one partition.
+        var nextOffsets = [Int64](repeating: 0, count: Int(partitions))
+        let messages = (0..<options.count).map { index in
+            let user = index % options.users
+            let event = PurchaseRequestEvent(
+                requestID: "bench-\(index)", appID: "app_bench", appUserID: "user-\(user)", productID: "com.app.pro",
+                store: .appStore, environment: .sandbox, requestedAtMs: 1_764_475_643_000 + Int64(index))
+            let partition = user % Int(partitions)
+            defer { nextOffsets[partition] += 1 }
+            return KafkaMessage(
+                topic: topic, partition: Int32(partition), offset: nextOffsets[partition], key: Array(event.key.utf8),
+                value: event.jsonBytes(), headers: [])
+        }
+        let cpuBefore = processCPUSeconds()
+        let started = ContinuousClock.now
+        let deadline = started.advanced(by: options.timeout)
+        var fed = 0
+        while fed < messages.count, ContinuousClock.now < deadline {
+            // Batches of 500, as a consumer hands them out, no further ahead than the buffer allows.
+            let batch = messages[fed..<min(messages.count, fed + 500)]
+            admission.admit(batch.count)
+            inbox.post(.records(batch.map { IncomingRecord(message: $0, isSource: false) }))
+            fed += batch.count
+            while fed - recorder.snapshot.finished > configuration.bufferCapacity / 2, ContinuousClock.now < deadline {
+                try? await Task.sleep(for: .microseconds(200))
+            }
+        }
+        while recorder.snapshot.finished < messages.count, ContinuousClock.now < deadline {
+            try? await Task.sleep(for: .microseconds(200))
+        }
+        let elapsed = ContinuousClock.now - started
+        let cpu = processCPUSeconds() - cpuBefore
+        inbox.post(.shutdown)
+        await pump.value
+        ticker.cancel()
+        producer.stop()
+        let statistics = recorder.snapshot
+        return Report(
+            processed: statistics.finished, outcomes: statistics.outcomes.values.reduce(0, +), cpuSeconds: cpu,
+            elapsedSeconds: Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
+    }
+
+    static func processCPUSeconds() -> Double {
+        var usage = rusage()
+        getrusage(RUSAGE_SELF.rawValue, &usage)
+        let user = Double(usage.ru_utime.tv_sec) + Double(usage.ru_utime.tv_usec) / 1e6
+        return user + Double(usage.ru_stime.tv_sec) + Double(usage.ru_stime.tv_usec) / 1e6
+    }
+}
+
+/// Takes records as librdkafka would (it keeps nothing of them here) and acknowledges them from a
+/// thread of its own every half millisecond, in batches, as librdkafka's delivery reports come.
+private final class AcknowledgingProducer: OutputProducer {
+    private let pending = Mutex<[UInt]>([])
+    private let stopped = Atomic<Bool>(false)
+
+    init(inbox: Inbox<ProcessorInput>) {
+        Thread { [self] in
+            while !stopped.load(ordering: .relaxed) {
+                usleep(500)
+                let tokens = pending.withLock { tokens in
+                    defer { tokens.removeAll(keepingCapacity: true) }
+                    return tokens
+                }
+                guard !tokens.isEmpty else { continue }
+                inbox.post(.delivered(tokens.map { KafkaDelivery(token: $0, error: nil, record: nil) }))
+            }
+        }.start()
+    }
+
+    func produce(_ record: KafkaProducerRecord, token: UInt) throws(KafkaError) {
+        pending.withLock { $0.append(token) }
+    }
+
+    func stop() { stopped.store(true, ordering: .relaxed) }
+}
+
+/// Commits nothing anywhere: the benchmark has no group.
+private struct NoConsumer: ConsumerControl {
+    func pause(_ partitions: [KafkaTopicPartition]) throws(KafkaError) {}
+    func resume(_ partitions: [KafkaTopicPartition]) throws(KafkaError) {}
+    func commit(_ offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError) {}
+}
