@@ -127,7 +127,12 @@ struct UserLane: Hashable, Sendable {
     private let hashCode: Int
 
     init(appID: String, appUserID: String) {
-        key = userKey(appID: appID, appUserID: appUserID)
+        self.init(key: userKey(appID: appID, appUserID: appUserID))
+    }
+
+    /// `key`: a user's key, `{app_id}:{app_user_id}`.
+    init(key: String) {
+        self.key = key
         hashCode = key.hashValue
     }
 

@@ -32,8 +32,8 @@ struct OutputTracker<Item> {
     /// looked up several times per output, a value (a whole state record) would be copied each time.
     private final class PendingUpdate {
         let ref: RecordRef?
-        /// The user's key (`state.key`, built once by the ledger).
-        let key: String
+        /// The user (`state.key`, hashed once: the tracker looks the user up several times per output).
+        let key: UserLane
         let state: EntitlementStateRecord
         let partition: Int32
         var unacknowledgedOutputs: Int
@@ -48,7 +48,7 @@ struct OutputTracker<Item> {
         var covering = 0
 
         init(
-            ref: RecordRef?, key: String, state: EntitlementStateRecord, partition: Int32, unacknowledgedOutputs: Int,
+            ref: RecordRef?, key: UserLane, state: EntitlementStateRecord, partition: Int32, unacknowledgedOutputs: Int,
             intent: Item?, result: Item?
         ) {
             self.ref = ref
@@ -84,18 +84,18 @@ struct OutputTracker<Item> {
     private var records: [RecordRef: PendingRecord] = [:]
     private var updates: [Int: PendingUpdate] = [:]
     /// Ledger updates per user in the order they happened: changelog records are written in it.
-    private var updateOrder: [String: FIFO<Int>] = [:]
+    private var updateOrder: [UserLane: FIFO<Int>] = [:]
     private var nextUpdateID = 0
     /// Entitlement changes published, by kind (the loop copies them into its statistics).
     private(set) var changesByKind: [String: Int] = [:]
     /// Failed outputs waiting to be produced again (one delay for all: FIFO is due order).
     private var redeliveries = FIFO<(due: ContinuousClock.Instant, token: Int)>()
     /// Users with a change event in flight, and their later change events waiting behind it.
-    private var changesInFlight: [String: FIFO<(token: UInt, output: UnsentOutput)>] = [:]
+    private var changesInFlight: [UserLane: FIFO<(token: UInt, output: UnsentOutput)>] = [:]
     private var unsent: [(token: UInt, output: UnsentOutput)] = []
     /// Users whose changelog record may be ready: written when outputs are next taken, so what
     /// the loop publishes for them meanwhile (the next request's intent) shares the record.
-    private var usersToWrite: [String] = []
+    private var usersToWrite: [UserLane] = []
     /// Outputs handed out and not answered yet.
     private(set) var awaitingAnswer = 0
 
@@ -140,7 +140,7 @@ struct OutputTracker<Item> {
         for change in update.changes { changesByKind[change.change.rawValue, default: 0] += 1 }
         let id = nextUpdateID
         nextUpdateID += 1
-        let key = update.key
+        let key = UserLane(key: update.key)
         updates[id] = PendingUpdate(
             ref: ref, key: key, state: update.state, partition: update.partition,
             unacknowledgedOutputs: alongside.count + update.changes.count, intent: intent, result: result)
@@ -240,7 +240,7 @@ struct OutputTracker<Item> {
     }
 
     /// The user's change in flight was acknowledged: the next one goes.
-    private mutating func changeAcknowledged(ofUser key: String) {
+    private mutating func changeAcknowledged(ofUser key: UserLane) {
         if let next = changesInFlight[key]?.popFirst() {
             awaitingAnswer += 1
             unsent.append(next)
@@ -277,7 +277,7 @@ struct OutputTracker<Item> {
     }
 
     /// The user's next changelog record may be ready: written now, or at the next ``takeUnsent()``.
-    private mutating func mayWrite(ofUser key: String) {
+    private mutating func mayWrite(ofUser key: UserLane) {
         if sharesRecords { usersToWrite.append(key) } else { writeStateIfReady(ofUser: key) }
     }
 
@@ -294,7 +294,7 @@ struct OutputTracker<Item> {
     /// Writes the user's oldest unwritten changelog record when its outputs are acknowledged and
     /// the user's earlier record is. Later updates that are ready too are written in the same
     /// record: the latest state holds theirs (a result, and the intent of the next request).
-    private mutating func writeStateIfReady(ofUser key: String) {
+    private mutating func writeStateIfReady(ofUser key: UserLane) {
         guard let order = updateOrder[key], let first = order.first, let update = updates[first],
             update.unacknowledgedOutputs == 0, !update.isWritten
         else { return }
