@@ -7,7 +7,7 @@ import Testing
 
 @Suite("Load generator and benchmark")
 struct ToolsTests {
-    @Test("the rate limiter holds its rate within 10% over a few seconds")
+    @Test("the rate limiter never runs ahead of its rate and sends exactly what the window allowed")
     func rate() async throws {
         let cluster = try EmbeddedKafkaCluster()
         try cluster.createTopic("load", partitions: 4)
@@ -25,10 +25,10 @@ struct ToolsTests {
         }
         await producer.close()
         #expect(ahead.isEmpty, "ahead of the rate: \(ahead)")
-        // ...and over the window, what the rate allowed (a busy machine's lag is caught up).
-        #expect(abs(Double(progress.sent) - 3000) / 3000 < 0.10, "\(progress.sent) records in a 3 s window")
-        // Stops once the window is over (a wide margin: a loaded machine wakes the sender late).
-        #expect(progress.sendingTime.seconds < 10, "stopped late: \(progress.sendingTime)")
+        // ...and over the window exactly what the rate allowed: a sender a busy machine woke late
+        // catches up on the window's budget, and sends nothing after it (counted, not timed: a
+        // loaded machine may wake it seconds late).
+        #expect(progress.sent == 3000, "\(progress.sent) records in a 3 s window at 1,000/s")
         #expect(progress.acknowledged == progress.sent && progress.errors == 0)
         withExtendedLifetime(cluster) {}
     }
