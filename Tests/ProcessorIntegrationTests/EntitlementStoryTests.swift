@@ -80,11 +80,11 @@ struct EntitlementStoryTests {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("encore-story-\(UUID())")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         let catalog = directory.appendingPathComponent("catalog.json")
-        // A 30-second trial: it ends while the first processor is down. (12 seconds were too few on a
-        // loaded machine: carol's RevenueCat reports were processed after her trial had ended.)
+        // A 60-second trial: it ends while the first processor is down. (12, then 30 seconds were too
+        // few on a loaded machine: carol's RevenueCat reports were processed after her trial had ended.)
         try Data(
             """
-            {"products": {"trial_*": {"type": "freeTrial", "value": 0.000347, "unit": "days"}},
+            {"products": {"trial_*": {"type": "freeTrial", "value": 0.000694, "unit": "days"}},
              "access_rules": {"pro": "revenuecat:pro | encore:freeTrial"}}
             """.utf8
         ).write(to: catalog)
@@ -135,7 +135,7 @@ struct EntitlementStoryTests {
         let trialEnd = try await readTopic(
             bootstrap: bootstrap, topic: Topics.entitlements, partitions: Self.partitions
         ).compactMap { try EntitlementChangeEvent(jsonBytes: $0.value).expiresAtMs }.max()
-        let ended = await eventually(timeout: .seconds(60)) { wallClockMs() > (trialEnd ?? 0) + 500 }
+        let ended = await eventually(timeout: .seconds(120)) { wallClockMs() > (trialEnd ?? 0) + 500 }
         #expect(ended && trialEnd != nil)
 
         // Act 2: the restart restores the ledger; the expiries that passed are published once, on start.
