@@ -246,7 +246,8 @@ struct ParsedOptions {
     let positionals: [String]
     var sources: [String: Source] = [:]
 
-    private func spelling(_ name: String) -> String {
+    /// How the option is written on the command line (`--name`, or `-X`).
+    func spelling(_ name: String) -> String {
         definition.options.first { $0.name == name }?.spelling ?? "--\(name)"
     }
 

@@ -37,15 +37,15 @@ enum BenchCommand {
                 "at-least-once or exactly-once (Kafka transactions; needs --workers 1)."),
             .flag(
                 "no-kafka",
-                "Run one dispatch loop alone, without a broker (0 ms controller, ledger on): what the loop costs, with less noise. Takes --count, --users, --max-in-flight, --dedupe-per-user."
+                "Run one dispatch loop alone, without a broker (0 ms controller, ledger on): what the loop costs, with less noise. Takes --count, --users, --max-in-flight, --dedupe-per-user, --timeout-s."
             ),
             .flag("json", "Print the report as one JSON object."),
         ])
 
-    /// What `--no-kafka` leaves out.
+    /// What `--no-kafka` leaves out: refused rather than ignored.
     static let brokerOptions = [
-        "bootstrap-servers", "partitions", "latency-ms", "workers", "buffer-size", "rate", "prefilled-topic",
-        "no-ledger", "guarantee",
+        "bootstrap-servers", "X", "config", "print-config", "partitions", "latency-ms", "workers", "buffer-size",
+        "rate", "prefilled-topic", "no-ledger", "guarantee",
     ]
 
     static func execute(_ options: ParsedOptions) async throws -> Int32 {
@@ -90,7 +90,7 @@ enum BenchCommand {
 
     static func loopOnly(_ options: ParsedOptions) async throws -> Int32 {
         if let option = brokerOptions.first(where: { options.isSet($0) }) {
-            throw UsageError("--no-kafka runs no broker: --\(option) does not apply")
+            throw UsageError("--no-kafka runs no broker: \(options.spelling(option)) does not apply")
         }
         var benchmark = LoopBenchmark.Options()
         benchmark.count = try options.integer("count", range: 1...100_000_000)
@@ -98,6 +98,7 @@ enum BenchCommand {
         benchmark.maxInFlight = try options.integer("max-in-flight", range: 1...1_000_000)
         benchmark.journalPerUserCap = try options.integer(
             "dedupe-per-user", range: 1...EntitlementStateRecord.RequestEntry.maximumCount)
+        benchmark.timeout = .seconds(try options.integer("timeout-s", range: 1...86_400))
         let report = await LoopBenchmark.run(benchmark)
         let fields: [(String, String)] = [
             ("scenario", "one dispatch loop, no broker, 0 ms controller, ledger on"),

@@ -52,4 +52,20 @@ struct ToolsTests {
         #expect(object["processed"] as? Int == 3000 && object["all_committed"] as? Bool == true)
         #expect((object["throughput"] as? Double ?? 0) > 0)
     }
+
+    @Test("bench --no-kafka runs the loop alone and reports every request; a broker option is refused by name")
+    func benchWithoutKafka() async throws {
+        let (status, output, error) = try await runBinary(
+            ["bench", "--no-kafka", "--count", "2000", "--users", "100", "--json", "--log-level", "error"],
+            timeout: .seconds(120))
+        #expect(status == 0, "\(error)")
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(output.utf8)) as? [String: Any])
+        #expect(object["processed"] as? Int == 2000 && object["outcomes"] as? Int == 2000)
+        #expect((object["cpu_us_per_request"] as? Double ?? 0) > 0)
+        for arguments in [["-X", "linger.ms=1"], ["--rate", "10"], ["--bootstrap-servers", "127.0.0.1:1"]] {
+            let refused = try await runBinary(["bench", "--no-kafka"] + arguments, timeout: .seconds(30))
+            #expect(
+                refused.0 == 2 && refused.2.contains("\(arguments[0]) does not apply"), "\(arguments): \(refused.2)")
+        }
+    }
 }
