@@ -100,21 +100,19 @@ row mock "processor, 20 ms, 1000 in flight, at-least-once" "$(printf %.0f "$slow
   "$(echo "$slow" | field 'd["cpu_s"]')" "$(echo "$slow" | field 'd["cpu_us_per_request"]')" \
   "$(echo "$slow" | field 'd["peak_rss_mb"]')"
 stop_mock
-# Exactly-once: one worker (one transaction at a time per member). The mock keeps no
+# Exactly-once: as many workers, each with a transactional producer of its own. The mock keeps no
 # transactional offset commits, so its "all committed" check cannot pass there (ignored).
 fresh_mock mock-eos "$N_MOCK"
 GROUP=limit-g IN_TOPIC=bench.requests OUT_TOPIC=bench.limit-outcomes PARTS=$PARTS_MOCK .build/limit run "$bs" "$N_MOCK" >/dev/null 2>&1
 eos=$($B bench --bootstrap-servers "$bs" --prefilled-topic bench.requests --count "$N_MOCK" --partitions "$PARTS_MOCK" \
-  --workers 1 --guarantee exactly-once --json || true)
+  $W --guarantee exactly-once --json || true)
 backlog_row mock "processor, 0 ms controller, exactly-once" "$eos"
 stop_mock
 half=$(python3 -c "print(int($noop_rate/2))")
 for guarantee in at-least-once exactly-once; do
-  workers=$W
-  [ "$guarantee" = exactly-once ] && workers="--workers 1"
   fresh_mock "steady-$guarantee" 1
   steady=$($B bench --bootstrap-servers "$bs" --count $((half * 10)) --partitions "$PARTS_MOCK" --rate "$half" \
-    --guarantee "$guarantee" $workers --json || true)
+    --guarantee "$guarantee" $W --json || true)
   steady_row mock "processor at $half/s offered, $guarantee" "$steady"
   stop_mock
 done

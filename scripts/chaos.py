@@ -315,7 +315,8 @@ class Members:
             "--call-timeout-ms", str(self.args.call_timeout_ms), "--max-attempts", "4", "--retry-backoff-ms", "50",
             "--max-in-flight", "32", "--log-level", self.args.member_log_level,
             "-X", "session.timeout.ms=6000", "-X", "heartbeat.interval.ms=500",
-        ] + (["--guarantee", "exactly-once"] if self.args.guarantee == "exactly-once" else [])
+        ] + (["--guarantee", "exactly-once"] if self.args.guarantee == "exactly-once" else []) + (
+            ["--workers", str(self.args.workers)] if self.args.workers else [])
         log = open(f"{self.work}/{instance}.log", "w")
         self.running[slot] = (instance, subprocess.Popen(command, env=self.cluster.env, stdout=log, stderr=log))
 
@@ -419,6 +420,7 @@ def main():
     parser.add_argument("--broker", choices=["embedded", "tansu"], default="embedded")
     parser.add_argument("--tansu-port", type=int, default=19095)
     parser.add_argument("--guarantee", choices=["at-least-once", "exactly-once"], default="at-least-once")
+    parser.add_argument("--workers", type=int, help="the members' --workers (default: theirs, the cores available)")
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--seconds", type=float, default=24)
     parser.add_argument("--call-timeout-ms", type=int, default=1000)

@@ -84,9 +84,6 @@ public struct ProcessorConfiguration: Sendable {
             if !condition { throw ProcessorError(.invalidConfiguration, "\(option): \(message)") }
         }
         try require(maxInFlight >= 1, "max-in-flight", "must be at least 1, got \(maxInFlight)")
-        try require(
-            guarantee == .atLeastOnce || workers == 1, "guarantee",
-            "exactly-once needs --workers 1 (one transaction at a time per member), got \(workers)")
         try require((1...64).contains(workers), "workers", "must be between 1 and 64, got \(workers)")
         try require(
             maxInFlight >= workers, "workers", "\(workers) workers need --max-in-flight of at least \(workers)")

@@ -88,13 +88,15 @@ public final class PurchaseProcessor: Sendable {
             $0.admission = admission
             $0.consumer = clients.consumer
         }
-        let committer = try await transactionCommitter(clients)
+        let committers = try await transactionCommitters(clients)
         // The first outputs would otherwise wait for their topics' metadata (a start-up stall).
-        for topic in outputTopics {
-            do {
-                try await clients.producer.prepare(topic: topic, timeout: .seconds(5))
-            } catch {
-                logger.warning("cannot read the metadata of '\(topic)' yet: \(error)")
+        for producer in clients.producers {
+            for topic in outputTopics {
+                do {
+                    try await producer.prepare(topic: topic, timeout: .seconds(5))
+                } catch {
+                    logger.warning("cannot read the metadata of '\(topic)' yet: \(error)")
+                }
             }
         }
         let inputTopics = [configuration.requestsTopic] + (configuration.sourcesTopic.map { [$0] } ?? [])
@@ -127,8 +129,8 @@ public final class PurchaseProcessor: Sendable {
                     // The loop lives and ends in this task: it owns its state alone.
                     let loop = ProcessorLoop(
                         configuration: share, router: router, recorder: worker.recorder, consumer: clients.consumer,
-                        producer: WorkerProducer(producer: clients.producer, worker: index, workers: workers.count),
-                        inbox: worker.inbox, admission: admission, logger: logger, committer: committer)
+                        producer: clients.producer(of: index), inbox: worker.inbox, admission: admission,
+                        logger: logger, committer: committers?[index])
                     let failure = await withTaskCancellationHandler {
                         while !loop.isFinished { loop.handle(await worker.inbox.next()) }
                         return loop.failure
@@ -155,14 +157,16 @@ public final class PurchaseProcessor: Sendable {
             return (first, offsets)
         }
         ticker.cancel()
-        do {
-            try await clients.producer.flush(timeout: configuration.drainTimeout)
-        } catch {
-            logger.error("outputs still undelivered at shutdown: \(error)")
+        for producer in clients.producers {
+            do {
+                try await producer.flush(timeout: configuration.drainTimeout)
+            } catch {
+                logger.error("outputs still undelivered at shutdown: \(error)")
+            }
         }
         do {
-            // Exactly-once: the last transaction held them.
-            if !finalOffsets.isEmpty && committer == nil { try await clients.consumer.commit(finalOffsets) }
+            // Exactly-once: the last transactions held them.
+            if !finalOffsets.isEmpty && committers == nil { try await clients.consumer.commit(finalOffsets) }
         } catch {
             logger.error("final offset commit failed: \(error)")
         }
@@ -176,7 +180,7 @@ public final class PurchaseProcessor: Sendable {
         forwarder.cancel()
         await forwarder.value
         await ticker.value
-        await clients.producer.close(timeout: .seconds(5))
+        for producer in clients.producers { await producer.close(timeout: .seconds(5)) }
         let statistics = self.statistics
         logger.info(
             "stopped: \(statistics.received) received, \(statistics.outcomeCount) outcomes, \(statistics.deadLetters) dead letters, \(statistics.duplicates) duplicates"
@@ -184,24 +188,41 @@ public final class PurchaseProcessor: Sendable {
         if let failure { throw failure }
     }
 
-    /// Exactly-once: registers the transactional producer (fencing an earlier one with the same
-    /// `transactional.id`) and begins the first transaction.
-    private func transactionCommitter(
-        _ clients: (consumer: KafkaConsumer, producer: KafkaProducer)
-    ) async throws(ProcessorError) -> (any TransactionCommitter)? {
+    /// Exactly-once: registers each worker's transactional producer (fencing an earlier one with
+    /// the same `transactional.id`) and begins its first transaction; one committer per worker.
+    private func transactionCommitters(_ clients: Clients) async throws(ProcessorError) -> [any TransactionCommitter]? {
         guard configuration.guarantee == .exactlyOnce else { return nil }
-        do {
-            try await clients.producer.initTransactions()
-            try clients.producer.beginTransaction()
-        } catch {
-            throw ProcessorError(.kafka, "cannot start transactions (--guarantee exactly-once): \(error)")
+        var committers: [any TransactionCommitter] = []
+        for producer in clients.producers {
+            do {
+                try await producer.initTransactions()
+                try producer.beginTransaction()
+            } catch {
+                throw ProcessorError(.kafka, "cannot start transactions (--guarantee exactly-once): \(error)")
+            }
+            committers.append(KafkaTransactionCommitter(producer: producer, consumer: clients.consumer))
         }
-        return KafkaTransactionCommitter(producer: clients.producer, consumer: clients.consumer)
+        return committers
+    }
+
+    /// The member's consumer and producers: one producer shared by the workers (at-least-once), or
+    /// one per worker (exactly-once: a worker's transactions hold its own partitions' outputs and
+    /// offsets, committed without waiting for the other workers).
+    struct Clients {
+        let consumer: KafkaConsumer
+        let producers: [KafkaProducer]
+        let workers: Int
+
+        /// Worker `index`'s producer; a shared one marks its tokens with the worker's number.
+        func producer(of index: Int) -> any OutputProducer {
+            producers.count == workers
+                ? producers[index] : WorkerProducer(producer: producers[0], worker: index, workers: workers)
+        }
     }
 
     private func makeClients(
         admission: KafkaAdmission, inboxes: [Inbox<ProcessorInput>]
-    ) throws(ProcessorError) -> (consumer: KafkaConsumer, producer: KafkaProducer) {
+    ) throws(ProcessorError) -> Clients {
         var producerConfiguration = configuration.kafka
         producerConfiguration.setDefault("enable.idempotence", "true")
         producerConfiguration.setDefault("acks", "all")
@@ -234,28 +255,44 @@ public final class PurchaseProcessor: Sendable {
         } else {
             consumerConfiguration.setDefault("queued.max.messages.kbytes", "16384")
         }
+        // At-least-once: one producer for every worker (its batches are shared). Exactly-once: one
+        // transactional producer per worker; a zombie is fenced through the group metadata sent
+        // with the offsets. A stable id (-X transactional.id, per instance; each worker adds its
+        // number when there are several) also aborts a crashed member's open transactions at once
+        // instead of after transaction.timeout.ms.
+        var producerConfigurations = [producerConfiguration]
         if configuration.guarantee == .exactlyOnce {
-            // One transactional producer per member; a zombie is fenced through the group metadata
-            // sent with the offsets. A stable id (-X transactional.id, per instance) also aborts a
-            // crashed member's open transaction at once instead of after transaction.timeout.ms.
-            producerConfiguration.setDefault(
-                "transactional.id", "\(configuration.groupID)-\(UInt64.random(in: 0...UInt64.max))")
             producerConfiguration.setDefault("transaction.timeout.ms", "10000")
             consumerConfiguration.setDefault("isolation.level", "read_committed")
+            let id =
+                producerConfiguration["transactional.id"]
+                ?? "\(configuration.groupID)-\(UInt64.random(in: 0...UInt64.max))"
+            producerConfigurations = inboxes.indices.map { worker in
+                var own = producerConfiguration
+                own["transactional.id"] = inboxes.count == 1 ? id : "\(id)-\(worker)"
+                return own
+            }
         }
+        let ownProducers = producerConfigurations.count == inboxes.count
         do {
-            let producer = try KafkaProducer(
-                configuration: producerConfiguration, logger: Logger(label: "encore.producer"),
-                onDeliveries: { deliveries in
-                    // Each worker's outputs carry its number in the token (see WorkerProducer).
-                    for (worker, part) in WorkerProducer.split(deliveries, workers: inboxes.count) {
-                        inboxes[worker].post(.delivered(part))
-                    }
-                })
+            let producers = try producerConfigurations.enumerated().map { index, own throws(KafkaError) in
+                try KafkaProducer(
+                    configuration: own, logger: Logger(label: "encore.producer"),
+                    onDeliveries: { deliveries in
+                        if ownProducers {
+                            inboxes[index].post(.delivered(deliveries))
+                        } else {
+                            // Each worker's outputs carry its number in the token (see WorkerProducer).
+                            for (worker, part) in WorkerProducer.split(deliveries, workers: inboxes.count) {
+                                inboxes[worker].post(.delivered(part))
+                            }
+                        }
+                    })
+            }
             let consumer = try KafkaConsumer(
                 configuration: consumerConfiguration, revocationReportInterval: configuration.drainTimeout,
                 admission: admission, logger: Logger(label: "encore.consumer"))
-            return (consumer, producer)
+            return Clients(consumer: consumer, producers: producers, workers: inboxes.count)
         } catch {
             throw ProcessorError(.invalidConfiguration, "-X: \(error.message)")
         }

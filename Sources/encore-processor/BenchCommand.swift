@@ -34,7 +34,7 @@ enum BenchCommand {
                 "Run without the entitlement ledger (for brokers that cannot create the co-partitioned changelog)."),
             .option(
                 "guarantee", value: "MODE", default: "at-least-once",
-                "at-least-once or exactly-once (Kafka transactions; needs --workers 1)."),
+                "at-least-once or exactly-once (Kafka transactions, one producer per worker)."),
             .flag(
                 "no-kafka",
                 "Run one dispatch loop alone, without a broker (0 ms controller, ledger on): what the loop costs, with less noise. Takes --count, --users, --max-in-flight, --dedupe-per-user, --timeout-s."
@@ -73,7 +73,7 @@ enum BenchCommand {
         benchmark.workers =
             options.isSet("workers")
             ? try options.integer("workers", range: 1...64)
-            : RunCommand.defaultWorkers(guarantee: benchmark.guarantee, maxInFlight: benchmark.maxInFlight)
+            : RunCommand.defaultWorkers(maxInFlight: benchmark.maxInFlight)
         if benchmark.prefilledTopic != nil && benchmark.rate > 0 {
             throw UsageError("--prefilled-topic and --rate exclude each other")
         }

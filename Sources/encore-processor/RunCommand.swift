@@ -101,7 +101,7 @@ enum RunCommand {
         .option("max-in-flight", value: "N", default: "256", "Controller calls running at once, across users."),
         .option(
             "workers", value: "N",
-            "Dispatch loops in this process; the consumer's partitions are split among them (a user stays on one). Default: the cores available, at most --max-in-flight (1 with --guarantee exactly-once)."
+            "Dispatch loops in this process; the consumer's partitions are split among them (a user stays on one). Default: the cores available, at most --max-in-flight."
         ),
         .option(
             "buffer-size", value: "N", default: "10000",
@@ -159,7 +159,7 @@ enum RunCommand {
         configuration.workers =
             options.isSet("workers")
             ? try options.integer("workers", range: 1...64)
-            : defaultWorkers(guarantee: configuration.guarantee, maxInFlight: configuration.maxInFlight)
+            : defaultWorkers(maxInFlight: configuration.maxInFlight)
         do {
             try configuration.validate()
         } catch {
@@ -175,11 +175,9 @@ enum RunCommand {
         return (configuration, router)
     }
 
-    /// One dispatch loop per core available (exactly-once: one, a transaction at a time per member),
-    /// never more than the calls allowed at once.
-    static func defaultWorkers(guarantee: DeliveryGuarantee, maxInFlight: Int) -> Int {
-        guard guarantee == .atLeastOnce else { return 1 }
-        return max(1, min(ProcessInfo.processInfo.activeProcessorCount, 64, maxInFlight))
+    /// One dispatch loop per core available, never more than the calls allowed at once.
+    static func defaultWorkers(maxInFlight: Int) -> Int {
+        max(1, min(ProcessInfo.processInfo.activeProcessorCount, 64, maxInFlight))
     }
 
     static func makeRouter(

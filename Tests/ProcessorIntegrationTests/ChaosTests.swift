@@ -40,19 +40,20 @@ struct ChaosTests {
         #expect((report?["resent"] as? Int ?? 0) > 0)
     }
 
-    @Test("exactly-once with SIGKILLs: the billing side holds as in at-least-once")
+    /// Two workers per member: each worker's transactions are its own (a producer each).
+    @Test("exactly-once with SIGKILLs, two workers per member: the billing side holds as in at-least-once")
     func exactlyOnceKills() async throws {
-        let report = try await chaos(["--guarantee", "exactly-once"])
+        let report = try await chaos(["--guarantee", "exactly-once", "--workers", "2"])
         #expect((report?["sigkills"] as? Int ?? 0) >= 4)
         #expect((report?["recovery_calls"] as? Int ?? 0) > 0)
         #expect((report?["resent"] as? Int ?? 0) > 0)
     }
 
     @Test(
-        "exactly-once without SIGKILLs: a read_committed reader sees one outcome per request and one change per sequence"
+        "exactly-once without SIGKILLs, two workers per member: a read_committed reader sees one outcome per request and one change per sequence"
     )
     func exactlyOnceGraceful() async throws {
-        let report = try await chaos(["--guarantee", "exactly-once", "--no-kill"])
+        let report = try await chaos(["--guarantee", "exactly-once", "--no-kill", "--workers", "2"])
         #expect(report?["exactly_once_checked"] as? Bool == true)
         #expect((report?["resent"] as? Int ?? 0) > 0)
     }

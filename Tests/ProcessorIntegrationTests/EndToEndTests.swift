@@ -96,6 +96,53 @@ struct EndToEndTests {
     }
 }
 
+extension EndToEndTests {
+    @Test(
+        "exactly-once with two workers: each commits its own transactions; a read_committed reader sees one outcome per request, in per-user order"
+    )
+    func exactlyOnceTwoWorkers() async throws {
+        let cluster = try embeddedClusterWithTopics(partitions: 4)
+        let bootstrap = cluster.bootstrapServers
+        var options = RequestGenerator.Options()
+        options.users = 200
+        options.seed = 7
+        let produced = try await produceRequests(bootstrap: bootstrap, count: 3000, options: options)
+
+        let processor = try simulatedProcessor(
+            bootstrap: bootstrap, group: "e2e-eos", latency: .milliseconds(1), maxInFlight: 64
+        ) {
+            $0.workers = 2
+            $0.guarantee = .exactlyOnce
+        }
+        async let running: Void = processor.run()
+        let done = await eventually(timeout: .seconds(120)) { processor.statistics.finished >= 3000 }
+        processor.shutdown()
+        try await running
+        #expect(done, "finished \(processor.statistics.finished) of 3000")
+        #expect(processor.statistics.transactions >= 2)
+
+        // Outputs of a transaction that did not commit are invisible here: a worker whose
+        // transactions never committed would leave its partitions' users without outcomes.
+        let outcomes = try await readCommitted(bootstrap: bootstrap, topic: Topics.outcomes, partitions: 4, count: 3000)
+        let decoded = try outcomes.map { try PurchaseOutcomeEvent(jsonBytes: $0.value) }
+        #expect(decoded.count == 3000)
+        #expect(Set(decoded.map(\.requestID)) == Set(produced.compactMap(\.requestID)))
+        var outcomeOrder: [String: [String]] = [:]
+        for outcome in decoded { outcomeOrder[outcome.key, default: []].append(outcome.requestID) }
+        var requestOrder: [String: [String]] = [:]
+        for record in produced {
+            guard let event = try? PurchaseRequestEvent(jsonBytes: record.value) else { continue }
+            requestOrder[event.key, default: []].append(event.requestID)
+        }
+        #expect(outcomeOrder == requestOrder)
+        // Nothing is left for a read_committed reader beyond the outcomes read (no second copy).
+        let again = try await readCommitted(
+            bootstrap: bootstrap, topic: Topics.outcomes, partitions: 4, count: 3001, timeout: .seconds(3))
+        #expect(again.count == 3000)
+        withExtendedLifetime(cluster) {}
+    }
+}
+
 @Suite("Topic checks at start")
 struct TopicCheckTests {
     static func failure(of processor: PurchaseProcessor) async -> ProcessorError? {

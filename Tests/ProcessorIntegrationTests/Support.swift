@@ -152,6 +152,31 @@ func readTopic(bootstrap: String, topic: String, partitions: Int32 = 8) async th
     return messages.sorted { ($0.partition, $0.offset) < ($1.partition, $1.offset) }
 }
 
+/// Reads `topic` as a `read_committed` consumer until `count` records came (or `timeout`
+/// passed): what committed transactions hold. (Control records take offsets without being
+/// delivered, so the watermarks cannot tell where to stop.)
+func readCommitted(
+    bootstrap: String, topic: String, partitions: Int32, count: Int, timeout: Duration = .seconds(60)
+) async throws -> [KafkaMessage] {
+    let configuration = KafkaConfiguration([
+        "bootstrap.servers": bootstrap, "group.id": "reader-\(UUID())", "isolation.level": "read_committed",
+    ])
+    let consumer = try KafkaConsumer(configuration: configuration)
+    try consumer.assign((0..<partitions).map { KafkaTopicPartitionOffset(topic: topic, partition: $0, offset: -2) })
+    let read = Mutex<[KafkaMessage]>([])
+    let reading = Task {
+        for await event in consumer.events {
+            guard case .messages(let batch) = event else { continue }
+            read.withLock { $0 += batch }
+        }
+    }
+    _ = await eventually(timeout: timeout) { read.withLock { $0.count } >= count }
+    await consumer.close()
+    reading.cancel()
+    await reading.value
+    return read.withLock { $0 }.sorted { ($0.partition, $0.offset) < ($1.partition, $1.offset) }
+}
+
 /// The total number of records in `topic` (sum of high watermarks).
 func recordCount(bootstrap: String, topic: String, partitions: Int32 = 8) async throws -> Int64 {
     let admin = try KafkaAdmin(configuration: KafkaConfiguration(["bootstrap.servers": bootstrap]))
