@@ -1,3 +1,5 @@
+import Synchronization
+
 /// One user's whole entitlement-ledger state: the value of the compacted changelog topic
 /// (`schemas/entitlement-state.schema.json`). The latest record per key is the user's state.
 public struct EntitlementStateRecord: EncoreEvent, Hashable {
@@ -108,7 +110,12 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
     /// The sequence of the user's last published change (0: none yet).
     public var sequence: Int64
     public var updatedAtMs: Int64
-    public var grants: [Grant]
+    public var grants: [Grant] {
+        get { grantList.items }
+        set { grantList = GrantList(newValue) }
+    }
+    /// ``grants`` with their JSON, encoded once per list however often the record is written.
+    var grantList: GrantList
     public var sources: [Source]
     /// The last published answer of each access rule, by rule name.
     public var access: [String: Bool]
@@ -128,7 +135,7 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
         self.appUserID = appUserID
         self.sequence = sequence
         self.updatedAtMs = updatedAtMs
-        self.grants = grants
+        self.grantList = GrantList(grants)
         self.sources = sources
         self.access = access
         self.journal = RequestJournal(requests)
@@ -180,7 +187,7 @@ extension EntitlementStateRecord: FieldTabled {
             .field("app_user_id", \.appUserID),
             .field("sequence", \.sequence),
             .field("updated_at_ms", \.updatedAtMs),
-            .field("grants", \.grants, 1000),
+            .field("grants", \.grantList, 1000),
             .field("sources", \.sources, 1000),
             .field("access", \.accessAnswers, 64),
             // Absent (and omitted while empty) in records written before the journal existed.
@@ -188,6 +195,63 @@ extension EntitlementStateRecord: FieldTabled {
                 "requests", \.journal, RequestEntry.maximumCount, whenAbsent: RequestJournal(),
                 omittedWhen: RequestJournal()),
         ])
+}
+
+/// A record's grants and their JSON, encoded the first time a record holding them is written: a
+/// user's grants change far less often than the user's record is written (twice per request, the
+/// intent and the result). The list is immutable; a change makes a new one (``grants``' setter).
+struct GrantList: Sendable, Hashable {
+    let items: [EntitlementStateRecord.Grant]
+    private let encoded = EncodedOnce()
+
+    init(_ items: [EntitlementStateRecord.Grant]) { self.items = items }
+
+    /// The JSON is the items' and not part of the value.
+    static func == (lhs: GrantList, rhs: GrantList) -> Bool { lhs.items == rhs.items }
+    func hash(into hasher: inout Hasher) { hasher.combine(items) }
+}
+
+/// JSON computed at most once, by whichever thread writes it first (records are encoded on the
+/// producer's queue while the loop keeps its copy).
+final class EncodedOnce: Sendable {
+    private let bytes = Mutex<[UInt8]?>(nil)
+
+    func get(_ encode: () -> [UInt8]) -> [UInt8] {
+        bytes.withLock { bytes in
+            if let bytes { return bytes }
+            let made = encode()
+            bytes = made
+            return made
+        }
+    }
+}
+
+extension GrantList: FieldValue {
+    static var defaultRule: Int { 1000 }
+
+    static func read(_ key: String, from reader: JSONFieldReader, _ maxItems: Int) throws(EventValidationError)
+        -> Self?
+    {
+        try [EntitlementStateRecord.Grant].read(key, from: reader, maxItems).map(Self.init)
+    }
+
+    static func scan(_ scanner: inout JSONScanner, _ maxItems: Int) -> Self? {
+        [EntitlementStateRecord.Grant].scan(&scanner, maxItems).map(Self.init)
+    }
+
+    func write(to writer: inout JSONWriter, _ maxItems: Int) {
+        writer.beginArray()
+        writer.encodedValues(
+            encoded.get {
+                // The items, comma-separated: an array's contents without its brackets.
+                var items = JSONWriter(capacity: 200 * self.items.count)
+                for grant in self.items { EntitlementStateRecord.Grant.table.write(grant, to: &items) }
+                return items.bytes
+            })
+        writer.endArray()
+    }
+
+    static func shape(_ maxItems: Int) -> FieldShape { [EntitlementStateRecord.Grant].shape(maxItems) }
 }
 
 extension EntitlementStateRecord.Grant: FieldTabled {
