@@ -12,7 +12,9 @@ it stops the members and checks, for every request id:
     declared attempts its process made once it had given up on it; see classify_calls)
   - overlaps: two calls of one user in billing at once, both from live processes      (must be 0)
     (overlaps_after_hang_up, apart: the processor had hung up on the earlier call, which billing
-    saw connected last before the later call started, and noticed gone only after)
+    saw connected last before the later call started, and noticed gone only after;
+    overlaps_after_given_up, apart: the same request's next attempt, declared, from the same
+    process, over the attempt it gave up on, whose socket its HTTP client had not closed yet)
   - lost: valid requests without an outcome                                            (must be 0)
   - conflicting: outcomes of one request that disagree, or disagree with billing       (must be 0)
   - resent_called / resent_answered: re-sent answered requests called or answered again (must be 0)
@@ -179,11 +181,17 @@ def classify_overlaps(all_calls, killed_at, late_first):
     loaded machine). A next call that started after billing last saw the earlier caller connected
     falls within that detection gap: declared, counted apart. One that started while the earlier
     caller was still seen connected is an overlap. A late first call (above) overlaps the attempts
-    of its request made after it only in billing.
+    of its request made after it only in billing. The next attempt of the same request from the
+    same process, declared (a recovery call), follows an attempt the processor gave up on (its call
+    timeout, or a connection error): the HTTP client reports a cancelled transfer over before it
+    closes the socket, so billing may still see the earlier caller for a moment. The processor's
+    own call table never runs two attempts of a request at once (the loop tests count that with
+    the calls in the process); counted apart.
 
-    Returns (overlapping pairs, overlaps after a hang-up)."""
+    Returns (overlapping pairs, overlaps after a hang-up, next attempts over a given-up one)."""
     overlapping = []
     after_hang_up = 0
+    after_given_up = 0
     by_user = {}
     for call in all_calls:
         by_user.setdefault(call[1], []).append(call)
@@ -197,8 +205,12 @@ def classify_overlaps(all_calls, killed_at, late_first):
                 if earlier[7] and later[5] >= earlier[8]:
                     after_hang_up += 1
                     continue
+                if (later[0] == earlier[0] and later[2] == earlier[2] and later[4]
+                        and later[3] == earlier[3] + 1):
+                    after_given_up += 1
+                    continue
                 overlapping.append((earlier, later))
-    return overlapping, after_hang_up
+    return overlapping, after_hang_up, after_given_up
 
 
 def self_test():
@@ -236,6 +248,15 @@ def self_test():
         ("at once, the earlier's process killed", [call(0, 1, False, instance="i2"),
                                                    call(1, 1, False, request="s", start=0.005)], {"i2": 0.001}, 0),
         ("a late first call over its own recovery", [call(0, 2, True), call(1, 1, False, start=0.005, **late)], {}, 0),
+        ("the next attempt, declared, over the one given up", [call(0, 2, True), call(1, 3, True, start=0.005)],
+         {}, 0),
+        ("the next attempt undeclared", [call(0, 1, False), call(1, 2, False, start=0.005)], {}, 1),
+        ("the next attempt from another process", [call(0, 2, True), call(1, 3, True, instance="i2", start=0.005)],
+         {}, 1),
+        ("an attempt skipped", [call(0, 2, True), call(1, 4, True, start=0.005)], {}, 1),
+        ("the same attempt again", [call(0, 2, True), call(1, 2, True, start=0.005)], {}, 1),
+        ("the next attempt of another request", [call(0, 2, True), call(1, 3, True, request="s", start=0.005)],
+         {}, 1),
         ("a late first call over another request's call",
          [call(0, 2, True), call(1, 1, False, request="s", start=0.011),
           call(2, 1, False, start=0.012, **late)], {}, 1),
@@ -245,7 +266,7 @@ def self_test():
         for c in calls:
             by_id.setdefault(c[0], []).append(c)
         _, late_first = classify_calls(by_id, killed_at)
-        overlapping, _ = classify_overlaps(calls, killed_at, late_first)
+        overlapping, _, _ = classify_overlaps(calls, killed_at, late_first)
         if len(overlapping) != expected:
             failures.append(f"{name}: {len(overlapping)} overlaps; expected {expected}")
     print("\n".join(failures) or f"self-test: {len(calls_cases) + len(overlap_cases)} cases pass")
@@ -527,7 +548,8 @@ def main():
     for call in billing.calls:
         calls_by_id.setdefault(call[0], []).append(call)
     undeclared, late_first = classify_calls(calls_by_id, {**members.stopping_at, **members.killed_at})
-    overlapping, overlaps_after_hang_up = classify_overlaps(billing.calls, members.killed_at, late_first)
+    overlapping, overlaps_after_hang_up, overlaps_after_given_up = classify_overlaps(
+        billing.calls, members.killed_at, late_first)
     overlaps = len(overlapping)
     overlap_examples = [[[c[0], c[2], c[3], c[4], round(c[5] - started, 3), round(c[6] - started, 3), c[7]]
                          for c in pair] for pair in overlapping]
@@ -576,6 +598,7 @@ def main():
         "overlaps": overlaps,
         "overlap_examples": overlap_examples[:10],
         "overlaps_after_hang_up": overlaps_after_hang_up,
+        "overlaps_after_given_up": overlaps_after_given_up,
         "conflicting": conflicting,
         "conflicting_examples": conflicting_examples[:10],
         "repeated_outcomes": repeated_outcomes,

@@ -58,7 +58,8 @@ public enum LoopBenchmark {
         let topic = configuration.requestsTopic
         inbox.post(
             .assigned(
-                (0..<partitions).map { KafkaTopicPartition(topic: topic, partition: $0) }, finished: [:], restored: [:])
+                (0..<partitions).map { KafkaTopicPartition(topic: topic, partition: $0) }, finished: [:], restored: [:],
+                committed: [:])
         )
         // Encoded before the clock starts, as a broker would hold them; a user's on one partition.
         var nextOffsets = [Int64](repeating: 0, count: Int(partitions))

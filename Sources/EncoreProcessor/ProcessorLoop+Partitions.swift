@@ -156,6 +156,7 @@ extension ProcessorLoop {
             tracker.remove(partition)
             skipFinished[partition] = nil
             assignedCommit[partition] = nil
+            assignedWith[partition] = nil
             landed[partition] = nil
         }
         logger.debug(

@@ -56,9 +56,11 @@ extension ProcessorLoop {
         else { return }
         nextCommit = clock.now.advanced(by: configuration.commitInterval)
         // Every owned partition's offset, changed or not (revoked ones too until handed over): the
-        // broker checks the group generation with them, so a zombie member cannot commit.
+        // broker checks the group generation with them, so a zombie member cannot commit. A
+        // partition with nothing read yet sends the commit it was assigned with (the same again),
+        // so that a worker whose partitions are idle still commits its expiries fenced.
         let changed = ownership.generations.keys.sorted().compactMap { partition in
-            commitOffsets(for: [partition]).first.map { (partition, $0) }
+            (commitOffsets(for: [partition]).first ?? assignedWith[partition]).map { (partition, $0) }
         }
         state.handingOver = state.handOvers
         state.handOvers = []

@@ -47,6 +47,10 @@ final class ProcessorLoop {
     var assignedCommit: [InputPartition: Set<Int64>] = [:]
     /// The last commit the broker accepted per partition: what the next owner would start from.
     var landed: [InputPartition: KafkaTopicPartitionOffset] = [:]
+    /// The commit each owned partition was assigned with: exactly-once, what a transaction sends for
+    /// a partition with no record read yet, so that every transaction carries the group's
+    /// generation for the broker to check (a transaction without offsets would fence no zombie).
+    var assignedWith: [InputPartition: KafkaTopicPartitionOffset] = [:]
     var nextCommit: ContinuousClock.Instant
     /// The commit in flight, if any; one at a time.
     var commitTask: Task<Void, Never>? = nil
@@ -122,13 +126,14 @@ final class ProcessorLoop {
         case .records(let records):
             // Admitted by the reader of the consumer already.
             for record in records { receive(record.message, record.payload) }
-        case .assigned(let partitions, let finished, let restored):
+        case .assigned(let partitions, let finished, let restored, let committed):
             // The ledger knows the partitions' users before any of their records is handled. A
             // partition still owned keeps what the loop knows: newer than what was read.
             for (partition, states) in restored where ownership.generations[.requests(partition)] == nil {
                 for state in states.values { ledger.restore(state, partition: partition) }
             }
             assign(partitions)
+            assignedWith.merge(committed) { _, new in new }
             for (partition, offsets) in finished where !offsets.isEmpty {
                 skipFinished[partition] = offsets
                 assignedCommit[partition] = offsets

@@ -23,7 +23,7 @@ extension PurchaseProcessor {
             case .partitionsAssigned(let partitions):
                 // Read before any record of these partitions: what the previous owner finished,
                 // and the ledger state of their users.
-                let finished = await Self.finishedOffsets(
+                let (finished, committed) = await Self.finishedOffsets(
                     of: partitions, configuration: configuration, consumer: consumer, logger: logger)
                 var restored: [Int32: [String: EntitlementStateRecord]] = [:]
                 // The users' state and request journals, before any of their records is handled.
@@ -52,7 +52,8 @@ extension PurchaseProcessor {
                     inboxes[worker].post(
                         .assigned(
                             part, finished: finished.filter { numbers.contains($0.key.number) },
-                            restored: restored.filter { numbers.contains($0.key) }))
+                            restored: restored.filter { numbers.contains($0.key) },
+                            committed: committed.filter { numbers.contains($0.key.number) }))
                 }
             case .partitionsRevoked(let partitions, let revocation):
                 // Each worker hands over its share; the partitions go once all have.

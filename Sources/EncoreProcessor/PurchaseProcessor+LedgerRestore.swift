@@ -5,25 +5,27 @@ extension PurchaseProcessor {
     static func finishedOffsets(
         of partitions: [KafkaTopicPartition], configuration: ProcessorConfiguration, consumer: KafkaConsumer,
         logger: Logger
-    ) async -> [InputPartition: Set<Int64>] {
+    ) async -> (finished: [InputPartition: Set<Int64>], committed: [InputPartition: KafkaTopicPartitionOffset]) {
         do {
             let committed = try await consumer.committed(partitions)
             logger.debug(
                 "assigned \(partitions.count) partitions; committed: \(committed.map { "\($0.partition)@\($0.offset)+\(FinishedOffsets.decode($0.metadata, committed: $0.offset).count)" })"
             )
-            return Dictionary(
-                committed.map { offset in
-                    let topic: InputPartition.Topic = offset.topic == configuration.requestsTopic ? .requests : .sources
-                    return (
-                        InputPartition(topic: topic, number: offset.partition),
-                        FinishedOffsets.decode(offset.metadata, committed: offset.offset)
-                    )
-                },
-                uniquingKeysWith: { first, _ in first })
+            let byPartition = committed.map { offset in
+                let topic: InputPartition.Topic = offset.topic == configuration.requestsTopic ? .requests : .sources
+                return (InputPartition(topic: topic, number: offset.partition), offset)
+            }
+            return (
+                Dictionary(
+                    byPartition.map { ($0.0, FinishedOffsets.decode($0.1.metadata, committed: $0.1.offset)) },
+                    uniquingKeysWith: { first, _ in first }),
+                // A partition without a commit reports a negative offset: nothing to carry.
+                Dictionary(byPartition.filter { $0.1.offset >= 0 }, uniquingKeysWith: { first, _ in first })
+            )
         } catch {
             logger.warning(
                 "cannot read committed offsets of the new assignment (\(error)); finished records will be redone")
-            return [:]
+            return ([:], [:])
         }
     }
 

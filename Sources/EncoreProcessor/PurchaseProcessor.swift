@@ -210,13 +210,14 @@ public final class PurchaseProcessor: Sendable {
     /// offsets, committed without waiting for the other workers).
     struct Clients {
         let consumer: KafkaConsumer
+        /// One per worker (``ownProducers``), or one for all.
         let producers: [KafkaProducer]
+        let ownProducers: Bool
         let workers: Int
 
         /// Worker `index`'s producer; a shared one marks its tokens with the worker's number.
         func producer(of index: Int) -> any OutputProducer {
-            producers.count == workers
-                ? producers[index] : WorkerProducer(producer: producers[0], worker: index, workers: workers)
+            ownProducers ? producers[index] : WorkerProducer(producer: producers[0], worker: index, workers: workers)
         }
     }
 
@@ -292,7 +293,8 @@ public final class PurchaseProcessor: Sendable {
             let consumer = try KafkaConsumer(
                 configuration: consumerConfiguration, revocationReportInterval: configuration.drainTimeout,
                 admission: admission, logger: Logger(label: "encore.consumer"))
-            return Clients(consumer: consumer, producers: producers, workers: inboxes.count)
+            return Clients(
+                consumer: consumer, producers: producers, ownProducers: ownProducers, workers: inboxes.count)
         } catch {
             throw ProcessorError(.invalidConfiguration, "-X: \(error.message)")
         }

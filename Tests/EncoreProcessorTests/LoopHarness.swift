@@ -167,7 +167,7 @@ final class LoopHarness: Sendable {
     /// Assigns partitions as a new owner would, with what a previous owner finished beyond its commit.
     func assign(
         partitions: Int32, finished: [Int32: Set<Int64>], restored: [Int32: [EntitlementStateRecord]] = [:],
-        alsoOf topics: [String] = []
+        committed: [Int32: KafkaTopicPartitionOffset] = [:], alsoOf topics: [String] = []
     ) {
         inbox.post(
             .assigned(
@@ -178,7 +178,9 @@ final class LoopHarness: Sendable {
                     uniqueKeysWithValues: finished.map { (InputPartition.requests($0.key), $0.value) }),
                 restored: restored.mapValues { states in
                     Dictionary(states.map { ($0.key, $0) }, uniquingKeysWith: { $1 })
-                }))
+                },
+                committed: Dictionary(
+                    uniqueKeysWithValues: committed.map { (InputPartition.requests($0.key), $0.value) })))
     }
 
     func assign(partitions: Int32) {

@@ -100,6 +100,35 @@ struct TransactionEndingTests {
         #expect(controller.snapshot.calls == 0, "called though the intent's transaction failed")
     }
 
+    /// A worker whose partitions have no record read yet still fences a zombie: its transactions
+    /// (here, an expiry's outputs) carry the offsets its partitions were assigned with, so the
+    /// broker checks the group generation with them.
+    @Test("a transaction of a partition with nothing read carries the offset it was assigned with")
+    func fencedWithoutRecords() async throws {
+        let committer = RecordingCommitter()
+        var catalog = EntitlementCatalog()
+        catalog.add(try AccessRule.parse("pro = encore:freeTrial"))
+        let harness = LoopHarness(configure: { $0.catalog = catalog }, router: router(RecordingController())) { _ in
+            committer
+        }
+        let past = currentTimeMs() - 60_000
+        let grant = EntitlementStateRecord.Grant(
+            productID: "trial_week", entitlement: Entitlement(type: .freeTrial, value: 7, unit: .days),
+            status: .verified, isActive: true, grantedAtMs: past - 1000, expiresAtMs: past, requestID: "r")
+        let assignedWith = KafkaTopicPartitionOffset(
+            topic: LoopHarness.topic, partition: 0, offset: 42,
+            metadata: FinishedOffsets.encode(committed: 42, finished: [44]))
+        harness.assign(
+            partitions: 1, finished: [:],
+            restored: [0: [EntitlementStateRecord(appID: "app", appUserID: "u9", sequence: 2, grants: [grant])]],
+            committed: [0: assignedWith])
+        // The expiry's change events and changelog record commit in a transaction with the offset.
+        #expect(await eventually { committer.commits.withLock { !$0.isEmpty } })
+        #expect(harness.producer.produced.contains { $0.topic == "encore.entitlement-changes" })
+        #expect(committer.commits.withLock { $0.first } == [assignedWith])
+        await harness.stop()
+    }
+
     @Test("a revocation and the shutdown complete; offsets go only into transactions, every owned partition's")
     func revokeAndShutdown() async throws {
         let controller = RecordingController(latency: { _ in .milliseconds(20) })

@@ -121,8 +121,9 @@ extension EndToEndTests {
         #expect(done, "finished \(processor.statistics.finished) of 3000")
         #expect(processor.statistics.transactions >= 2)
 
-        // Outputs of a transaction that did not commit are invisible here: a worker whose
-        // transactions never committed would leave its partitions' users without outcomes.
+        // Read as a read_committed consumer of the outcomes would. (The mock cluster also shows
+        // aborted records to such readers: what this checks is one outcome per request, in order,
+        // with each worker's deliveries routed back to it, or its requests would never finish.)
         let outcomes = try await readCommitted(bootstrap: bootstrap, topic: Topics.outcomes, partitions: 4, count: 3000)
         let decoded = try outcomes.map { try PurchaseOutcomeEvent(jsonBytes: $0.value) }
         #expect(decoded.count == 3000)
