@@ -149,10 +149,14 @@ def classify_calls(calls_by_id, left_at):
     call (billing charges on arrival). One exception, counted apart as late first calls: the
     request's first call reaching billing only after later, declared attempts of it that its own
     process made, or that came after its process was killed or told to stop (`left_at`: a stopping
-    member hands its partitions over once its calls returned). Its caller had hung up before billing
-    read it (never seen connected), and every call billing read before it is a recovery call with a
-    higher attempt number: its process gave up on it (at its timeout, or by dying) before the later
-    attempts; billing was behind (a stalled, loaded machine), not the processor early. Billing's
+    member hands its partitions over once its calls returned). Every call billing read before it is
+    a recovery call with a higher attempt number: its process gave up on it (at its timeout, or by
+    dying) before the later attempts; billing was behind (a stalled, loaded machine), not the
+    processor early. When those attempts came from other processes, its caller must also have hung
+    up before billing read it (never seen connected). When they all came from its own process, its
+    attempt numbers already say which call came first (a process numbers a request's attempts
+    upwards and makes attempt 2 only once attempt 1 returned), and the hang-up may not show yet:
+    the HTTP client reports a cancelled transfer over before it closes the socket. Billing's
     idempotency key keeps it from charging again.
 
     Returns (request ids of undeclared calls, one per call; arrival numbers of late first calls);
@@ -167,7 +171,9 @@ def classify_calls(calls_by_id, left_at):
             before = calls[:index]
             left = left_at.get(call[2])
             given_up = any(b[2] == call[2] for b in before) or (left is not None and left <= min(b[5] for b in before))
-            if call[7] and not call[10] and given_up and all(b[4] and b[3] > call[3] for b in before):
+            hung_up_on = call[7] and not call[10] and given_up
+            own_only = all(b[2] == call[2] for b in before)
+            if (hung_up_on or own_only) and all(b[4] and b[3] > call[3] for b in before):
                 late_first.add(call[9])
             else:
                 undeclared.append(request_id)
@@ -226,9 +232,15 @@ def self_test():
         ("a retry without recovery", [call(0, 1, False), call(1, 2, False)], {}, 1, 0),
         ("the first call late, hung up on", [call(0, 2, True), call(1, 1, False, **late)], {}, 0, 1),
         ("the same, listed out of order", [call(1, 1, False, **late), call(0, 2, True)], {}, 0, 1),
-        ("late but seen connected", [call(0, 2, True), call(1, 1, False, hung_up=True)], {}, 1, 0),
-        ("late but not hung up", [call(0, 2, True), call(1, 1, False, seen=False)], {}, 1, 0),
+        ("late, still connected, after its own process's recovery", [call(0, 2, True), call(1, 1, False)], {}, 0, 1),
+        ("late but seen connected, after another process's recovery",
+         [call(0, 2, True, instance="i2"), call(1, 1, False, hung_up=True)], {"i1": -1}, 1, 0),
+        ("late but not hung up, after another process's recovery",
+         [call(0, 2, True, instance="i2"), call(1, 1, False, seen=False)], {"i1": -1}, 1, 0),
+        ("late after its own recovery and another process's, not hung up",
+         [call(0, 2, True), call(1, 3, True, instance="i2"), call(2, 1, False)], {}, 1, 0),
         ("late with no higher attempt before it", [call(0, 1, True), call(1, 1, False, **late)], {}, 1, 0),
+        ("the same, still connected", [call(0, 1, True), call(1, 1, False)], {}, 1, 0),
         ("two without recovery, one late", [call(0, 1, False), call(1, 3, True), call(2, 2, False, **late)], {}, 1, 0),
         ("late, the recovery from another process that lives",
          [call(0, 2, True, instance="i2"), call(1, 1, False, instance="i1", **late)], {}, 1, 0),

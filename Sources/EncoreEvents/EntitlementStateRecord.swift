@@ -202,9 +202,13 @@ extension EntitlementStateRecord: FieldTabled {
 /// intent and the result). The list is immutable; a change makes a new one (``grants``' setter).
 struct GrantList: Sendable, Hashable {
     let items: [EntitlementStateRecord.Grant]
-    private let encoded = EncodedOnce()
+    /// `nil` for no grants (most users' records: nothing to keep, nothing to retain per copy).
+    private let encoded: EncodedOnce?
 
-    init(_ items: [EntitlementStateRecord.Grant]) { self.items = items }
+    init(_ items: [EntitlementStateRecord.Grant]) {
+        self.items = items
+        encoded = items.isEmpty ? nil : EncodedOnce()
+    }
 
     /// The JSON is the items' and not part of the value.
     static func == (lhs: GrantList, rhs: GrantList) -> Bool { lhs.items == rhs.items }
@@ -241,13 +245,15 @@ extension GrantList: FieldValue {
 
     func write(to writer: inout JSONWriter, _ maxItems: Int) {
         writer.beginArray()
-        writer.encodedValues(
-            encoded.get {
-                // The items, comma-separated: an array's contents without its brackets.
-                var items = JSONWriter(capacity: 200 * self.items.count)
-                for grant in self.items { EntitlementStateRecord.Grant.table.write(grant, to: &items) }
-                return items.bytes
-            })
+        if let encoded {
+            writer.encodedValues(
+                encoded.get {
+                    // The items, comma-separated: an array's contents without its brackets.
+                    var items = JSONWriter(capacity: 200 * self.items.count)
+                    for grant in self.items { EntitlementStateRecord.Grant.table.write(grant, to: &items) }
+                    return items.bytes
+                })
+        }
         writer.endArray()
     }
 

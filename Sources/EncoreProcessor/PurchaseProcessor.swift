@@ -157,11 +157,16 @@ public final class PurchaseProcessor: Sendable {
             return (first, offsets)
         }
         ticker.cancel()
-        for producer in clients.producers {
-            do {
-                try await producer.flush(timeout: configuration.drainTimeout)
-            } catch {
-                logger.error("outputs still undelivered at shutdown: \(error)")
+        // All at once: each may take the drain timeout when the brokers are gone.
+        await withTaskGroup(of: Void.self) { group in
+            for producer in clients.producers {
+                group.addTask {
+                    do {
+                        try await producer.flush(timeout: configuration.drainTimeout)
+                    } catch {
+                        logger.error("outputs still undelivered at shutdown: \(error)")
+                    }
+                }
             }
         }
         do {
@@ -180,7 +185,9 @@ public final class PurchaseProcessor: Sendable {
         forwarder.cancel()
         await forwarder.value
         await ticker.value
-        for producer in clients.producers { await producer.close(timeout: .seconds(5)) }
+        await withTaskGroup(of: Void.self) { group in
+            for producer in clients.producers { group.addTask { await producer.close(timeout: .seconds(5)) } }
+        }
         let statistics = self.statistics
         logger.info(
             "stopped: \(statistics.received) received, \(statistics.outcomeCount) outcomes, \(statistics.deadLetters) dead letters, \(statistics.duplicates) duplicates"
