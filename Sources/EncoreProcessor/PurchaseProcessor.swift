@@ -90,12 +90,18 @@ public final class PurchaseProcessor: Sendable {
         }
         let committers = try await transactionCommitters(clients)
         // The first outputs would otherwise wait for their topics' metadata (a start-up stall).
-        for producer in clients.producers {
-            for topic in outputTopics {
-                do {
-                    try await producer.prepare(topic: topic, timeout: .seconds(5))
-                } catch {
-                    logger.warning("cannot read the metadata of '\(topic)' yet: \(error)")
+        // Every producer at once: each topic may take its 5 s when the cluster is slow.
+        let (logger, vitals, outputTopics) = (self.logger, self.vitals, self.outputTopics)
+        await withTaskGroup(of: Void.self) { group in
+            for producer in clients.producers {
+                group.addTask {
+                    for topic in outputTopics {
+                        do {
+                            try await producer.prepare(topic: topic, timeout: .seconds(5))
+                        } catch {
+                            logger.warning("cannot read the metadata of '\(topic)' yet: \(error)")
+                        }
+                    }
                 }
             }
         }
@@ -109,7 +115,6 @@ public final class PurchaseProcessor: Sendable {
         logger.info(
             "processing \(configuration.requestsTopic) as group '\(configuration.groupID)' (\(workers.count) workers, max in flight \(configuration.maxInFlight))"
         )
-        let (logger, vitals) = (self.logger, self.vitals)
         let forwarder = Task {
             await Self.forward(
                 from: clients.consumer, to: inboxes, configuration: configuration, vitals: vitals, logger: logger)
