@@ -5,6 +5,8 @@ import Kafka
 struct KafkaTransactionCommitter: TransactionCommitter {
     let producer: KafkaProducer
     let consumer: KafkaConsumer
+    /// How long an abort may take (the drain timeout: it runs at shutdown).
+    let abortTimeout: Duration
 
     func commit(offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError) {
         if !offsets.isEmpty {
@@ -15,5 +17,9 @@ struct KafkaTransactionCommitter: TransactionCommitter {
         }
         try await producer.commitTransaction()
         try producer.beginTransaction()
+    }
+
+    func abort() async throws(KafkaError) {
+        try await producer.abortTransaction(timeout: abortTimeout)
     }
 }

@@ -4,6 +4,8 @@ import Kafka
 /// ``PurchaseProcessor`` provides it over its transactional producer and its consumer.
 protocol TransactionCommitter: Sendable {
     func commit(offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError)
+    /// Aborts the transaction in progress (a failed commit's too), discarding what it holds.
+    func abort() async throws(KafkaError)
 }
 
 /// Exactly-once mode: what the loop produces goes into one Kafka transaction at a time, committed
@@ -105,5 +107,24 @@ extension ProcessorLoop {
         for (revocation, _) in handingOver { revocation.handOver([]) { _ in } }
         // The shutdown's last transaction: nothing is left to produce.
         if ownership.isDraining && calls.isEmpty && outputs.isIdle { transactions?.isClosed = true }
+    }
+
+    /// Called once the loop ended and its commit task returned: a transaction the loop did not
+    /// close (after a failure, a failed commit or a drain that timed out) is aborted, so that
+    /// `read_committed` readers of its partitions do not wait `transaction.timeout.ms` for it.
+    /// What it held is redone by the next owner: none of its offsets committed.
+    func abortOpenTransaction() async {
+        guard let committer, let state = transactions, !state.isClosed else { return }
+        transactions?.isClosed = true
+        do {
+            try await committer.abort()
+            statistics.abortedTransactions += 1
+            logger.warning("aborted the open transaction: its records are processed again by their next owner")
+        } catch {
+            logger.error(
+                "cannot abort the open transaction (\(error)): read_committed readers wait for it up to transaction.timeout.ms"
+            )
+        }
+        recorder.publish(statistics)
     }
 }

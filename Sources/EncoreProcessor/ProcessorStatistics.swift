@@ -24,6 +24,9 @@ public struct ProcessorStatistics: Sendable {
     public var recoveryCalls = 0
     /// Exactly-once: transactions committed (or attempted).
     public var transactions = 0
+    /// Exactly-once: transactions left open when a worker stopped (a failure, a drain that timed
+    /// out) and aborted then.
+    public var abortedTransactions = 0
     /// Records read again after a restart whose failure was journaled before its outcome: the
     /// outcome was published again, identical.
     public var republished = 0
@@ -102,6 +105,7 @@ public struct ProcessorStatistics: Sendable {
             total.recovered += part.recovered
             total.recoveryCalls += part.recoveryCalls
             total.transactions += part.transactions
+            total.abortedTransactions += part.abortedTransactions
             total.republished += part.republished
             total.alreadyFinished += part.alreadyFinished
             total.redoneAfterHandOver += part.redoneAfterHandOver

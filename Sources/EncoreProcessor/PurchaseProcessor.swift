@@ -145,6 +145,7 @@ public final class PurchaseProcessor: Sendable {
                     loop.cancelRemainingCalls()
                     await loop.waitForOutputs()
                     await loop.commitTask?.value
+                    await loop.abortOpenTransaction()
                     return (failure, loop.finalCommitOffsets)
                 }
             }
@@ -212,7 +213,9 @@ public final class PurchaseProcessor: Sendable {
             } catch {
                 throw ProcessorError(.kafka, "cannot start transactions (--guarantee exactly-once): \(error)")
             }
-            committers.append(KafkaTransactionCommitter(producer: producer, consumer: clients.consumer))
+            committers.append(
+                KafkaTransactionCommitter(
+                    producer: producer, consumer: clients.consumer, abortTimeout: configuration.drainTimeout))
         }
         return committers
     }

@@ -151,6 +151,9 @@ final class LoopHarness: Sendable {
                 committer: committer)
             while !loop.isFinished { loop.handle(await inbox.next()) }
             loop.cancelRemainingCalls()
+            // As a processor's worker ends: the commit in flight returns, an open transaction aborts.
+            await loop.commitTask?.value
+            await loop.abortOpenTransaction()
             endedFlag.set()
             return loop.failure
         }

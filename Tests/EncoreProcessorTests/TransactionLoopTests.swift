@@ -32,6 +32,8 @@ struct TransactionLoopTests {
             }
         }
 
+        func abort() async throws(KafkaError) {}
+
         func release() { state.withLock { $0.held = false } }
         var snapshot: State { state.withLock { $0 } }
     }
@@ -73,18 +75,22 @@ struct TransactionLoopTests {
 struct TransactionEndingTests {
     final class FailingCommitter: TransactionCommitter {
         let attempts = Mutex(0)
+        let aborts = Mutex(0)
         func commit(offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError) {
             attempts.withLock { $0 += 1 }
             throw KafkaError(code: .invalidConfiguration, message: "the transaction must be aborted")
         }
+        func abort() async throws(KafkaError) { aborts.withLock { $0 += 1 } }
     }
 
     final class RecordingCommitter: TransactionCommitter {
         let commits = Mutex<[[KafkaTopicPartitionOffset]]>([])
+        let aborts = Mutex(0)
         func commit(offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError) {
             try? await Task.sleep(for: .milliseconds(10))
             commits.withLock { $0.append(offsets) }
         }
+        func abort() async throws(KafkaError) { aborts.withLock { $0 += 1 } }
     }
 
     @Test("a failed commit stops the loop once: no call, no second commit")
@@ -98,6 +104,9 @@ struct TransactionEndingTests {
         #expect(failure?.code == .outputLost)
         #expect(committer.attempts.withLock { $0 } == 1, "committed again after a failed transaction")
         #expect(controller.snapshot.calls == 0, "called though the intent's transaction failed")
+        // The failed commit left the intent's transaction open: aborted once, when the loop ended.
+        #expect(committer.aborts.withLock { $0 } == 1)
+        #expect(harness.statistics.abortedTransactions == 1)
     }
 
     /// A worker whose partitions have no record read yet still fences a zombie: its transactions
@@ -146,5 +155,8 @@ struct TransactionEndingTests {
         #expect(commits.last.map { $0.map(\.partition) } == [1])
         #expect((commits.last?.first?.offset ?? 0) >= 1)
         #expect(controller.snapshot.undeclaredRepeats == [] && controller.snapshot.overlaps == [])
+        // The last transaction committed and closed the loop's transactions: nothing to abort.
+        #expect(committer.aborts.withLock { $0 } == 0)
+        #expect(harness.statistics.abortedTransactions == 0)
     }
 }

@@ -140,6 +140,35 @@ extension EndToEndTests {
         let again = try await readCommitted(
             bootstrap: bootstrap, topic: Topics.outcomes, partitions: 4, count: 3001, timeout: .seconds(3))
         #expect(again.count == 3000)
+        // Both workers' last transactions committed: none was left open to abort.
+        #expect(processor.statistics.abortedTransactions == 0)
+        withExtendedLifetime(cluster) {}
+    }
+
+    /// A transaction left open holds back every `read_committed` reader of its partitions until
+    /// `transaction.timeout.ms`, unless its producer aborts it (or a producer with the same
+    /// `transactional.id` starts). (The mock cluster keeps no abort markers: what this checks is
+    /// that the broker accepted the worker's abort.)
+    @Test("exactly-once: a worker that fails with its transaction open aborts it as it stops")
+    func exactlyOnceFailureAborts() async throws {
+        let cluster = try embeddedClusterWithTopics(partitions: 1)
+        var options = RequestGenerator.Options()
+        options.users = 3
+        options.seed = 3
+        _ = try await produceRequests(bootstrap: cluster.bootstrapServers, count: 3, options: options)
+        // From now on every produce is refused for good (TOPIC_AUTHORIZATION_FAILED): the first
+        // intent fails in the worker's open transaction.
+        cluster.pushRequestErrors(apiKey: 0, Array(repeating: KafkaError.Code(rawValue: 29), count: 1000))
+        let processor = try simulatedProcessor(
+            bootstrap: cluster.bootstrapServers, group: "e2e-eos-abort", latency: .zero, maxInFlight: 4
+        ) {
+            $0.workers = 1
+            $0.guarantee = .exactlyOnce
+        }
+        let error = await TopicCheckTests.failure(of: processor)
+        #expect(error?.code == .outputLost, "\(String(describing: error))")
+        #expect(processor.statistics.controllerCalls == 0, "called though its intent was never written")
+        #expect(processor.statistics.abortedTransactions == 1)
         withExtendedLifetime(cluster) {}
     }
 }
