@@ -251,11 +251,18 @@ public final class KafkaConsumer: Sendable {
                 timestampMs: timestampType == RD_KAFKA_TIMESTAMP_NOT_AVAILABLE ? nil : timestamp))
     }
 
+    /// Whether a rebalance is cooperative (incremental), from `rd_kafka_rebalance_protocol`'s name,
+    /// which is NULL when the consumer is not in a group: while it closes, for one. That
+    /// revocation is then an eager one (the whole assignment goes), as librdkafka does on close.
+    static func isCooperative(rebalanceProtocol name: UnsafePointer<CChar>?) -> Bool {
+        name.map { String(cString: $0) == "COOPERATIVE" } ?? false
+    }
+
     private static func rebalance(
         handle: OpaquePointer, code: rd_kafka_resp_err_t, list: UnsafeMutablePointer<rd_kafka_topic_partition_list_t>,
         sink: EventSink, closing: ClosingFlag, reportInterval: Duration, logger: Logger
     ) {
-        let cooperative = String(cString: rd_kafka_rebalance_protocol(handle)) == "COOPERATIVE"
+        let cooperative = isCooperative(rebalanceProtocol: rd_kafka_rebalance_protocol(handle))
         let partitions = RDKafkaTopicPartitionList.entries(list).map(\.topicPartition)
         switch code {
         case RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS:

@@ -1,5 +1,5 @@
 import Foundation
-import Kafka
+@testable import Kafka
 import Synchronization
 import TestSupport
 import Testing
@@ -338,6 +338,18 @@ struct KafkaErrorTests {
         }
         #expect(error?.name == "INVALID_RECORD")
         await producer.close(timeout: .seconds(1))
+    }
+}
+
+@Suite("Rebalance protocol")
+struct RebalanceProtocolTests {
+    /// librdkafka names no protocol once the consumer left its group (a rebalance callback during
+    /// close): read as an implicitly unwrapped pointer, that crashed the process.
+    @Test("no protocol name (the consumer left its group) is an eager rebalance, not a crash")
+    func unnamedProtocol() {
+        #expect(KafkaConsumer.isCooperative(rebalanceProtocol: nil) == false)
+        #expect("COOPERATIVE".withCString { KafkaConsumer.isCooperative(rebalanceProtocol: $0) })
+        #expect("EAGER".withCString { KafkaConsumer.isCooperative(rebalanceProtocol: $0) } == false)
     }
 }
 
