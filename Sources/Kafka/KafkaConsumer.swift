@@ -252,8 +252,9 @@ public final class KafkaConsumer: Sendable {
     }
 
     /// Whether a rebalance is cooperative (incremental), from `rd_kafka_rebalance_protocol`'s name,
-    /// which is NULL when the consumer is not in a group: while it closes, for one. That
-    /// revocation is then an eager one (the whole assignment goes), as librdkafka does on close.
+    /// which is NULL once the consumer is no longer in a group (a revocation while it closes). That
+    /// revocation unassigns everything with `rd_kafka_assign(NULL)`: the consumer is leaving, and
+    /// librdkafka answers with an error at worst.
     static func isCooperative(rebalanceProtocol name: UnsafePointer<CChar>?) -> Bool {
         name.map { String(cString: $0) == "COOPERATIVE" } ?? false
     }
