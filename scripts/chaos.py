@@ -81,8 +81,10 @@ class Billing:
         request_id = headers.get("Idempotency-Key")
         recovery = headers.get("Encore-Recovery") == "true"
         attempt = int(headers.get("Encore-Attempt", "1"))
-        start = time.monotonic()
         with self.lock:
+            # Read under the lock, with the arrival number: a thread descheduled between the two
+            # made a call start before another that arrived ahead of it (seen as an overlap).
+            start = time.monotonic()
             arrival = self.arrivals
             self.arrivals += 1
             if request_id in self.charged:

@@ -1,7 +1,7 @@
 import Kafka
 
-/// Commits the transaction in progress with the group's offsets and begins the next one.
-/// ``PurchaseProcessor`` provides it over its transactional producer and its consumer.
+/// Commits the transaction in progress with the group's offsets and begins the next one, or aborts
+/// it. ``PurchaseProcessor`` provides it over its transactional producer and its consumer.
 protocol TransactionCommitter: Sendable {
     func commit(offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError)
     /// Aborts the transaction in progress (a failed commit's too), discarding what it holds.
@@ -30,8 +30,11 @@ struct TransactionState {
     /// Revocations whose offsets go into the next commit; handed over once it committed.
     var handOvers: [(PartitionOwnership<PartitionHandOver>.Revocation, [KafkaTopicPartitionOffset])] = []
     var handingOver: [(PartitionOwnership<PartitionHandOver>.Revocation, [KafkaTopicPartitionOffset])] = []
-    /// The final transaction (shutdown) committed: nothing more is produced.
+    /// The final transaction (shutdown) committed, or the loop ended and its transaction was
+    /// aborted (or found committed): nothing more is produced.
     var isClosed = false
+    /// The commit in flight, with its error: read when the loop ends before handling its end.
+    var commit: Task<KafkaError?, Never>? = nil
 }
 
 extension ProcessorLoop {
@@ -68,17 +71,21 @@ extension ProcessorLoop {
         state.handOvers = []
         state.committing = state.intents
         state.intents = []
-        transactions = state
         let offsets = changed.map(\.1) + state.handingOver.flatMap(\.1)
         let inbox = self.inbox
-        commitTask = Task {
+        let commit = Task { () -> KafkaError? in
             do throws(KafkaError) {
                 try await committer.commit(offsets: offsets)
                 inbox.post(.transactionFinished(landed: Dictionary(changed, uniquingKeysWith: { $1 }), error: nil))
+                return nil
             } catch {
                 inbox.post(.transactionFinished(landed: [:], error: error))
+                return error
             }
         }
+        state.commit = commit
+        transactions = state
+        commitTask = Task { _ = await commit.value }
         statistics.transactions += 1
     }
 
@@ -87,6 +94,7 @@ extension ProcessorLoop {
     func transactionFinished(landed accepted: [InputPartition: KafkaTopicPartitionOffset], error: KafkaError?) {
         commitTask = nil
         guard var state = transactions else { return }
+        state.commit = nil
         let (items, handingOver) = (state.committing, state.handingOver)
         state.committing = []
         state.handingOver = []
@@ -109,13 +117,25 @@ extension ProcessorLoop {
         if ownership.isDraining && calls.isEmpty && outputs.isIdle { transactions?.isClosed = true }
     }
 
-    /// Called once the loop ended and its commit task returned: a transaction the loop did not
-    /// close (after a failure, a failed commit or a drain that timed out) is aborted, so that
-    /// `read_committed` readers of its partitions do not wait `transaction.timeout.ms` for it.
-    /// What it held is redone by the next owner: none of its offsets committed.
+    /// Called once the loop ended: a transaction the loop did not close (after a failure, a failed
+    /// commit or a drain that timed out) is aborted, so that `read_committed` readers of its
+    /// partitions do not wait `transaction.timeout.ms` for it. What it held is redone by the next
+    /// owner: none of its offsets committed.
     func abortOpenTransaction() async {
         guard let committer, let state = transactions, !state.isClosed else { return }
         transactions?.isClosed = true
+        // A commit still in flight when the loop ended reports to an inbox no one reads any more.
+        if let commit = state.commit {
+            if let error = await commit.value {
+                fail(ProcessorError(.outputLost, "the transaction cannot commit: \(error)"))
+            } else {
+                // Committed, and the next transaction begun: empty, since outputs wait while a
+                // transaction commits.
+                return
+            }
+        }
+        // The process must exit at once (the call runs on): the transaction is left to the timeout.
+        guard failure?.code != .callStuck else { return }
         do {
             try await committer.abort()
             statistics.abortedTransactions += 1

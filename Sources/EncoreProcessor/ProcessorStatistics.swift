@@ -24,8 +24,8 @@ public struct ProcessorStatistics: Sendable {
     public var recoveryCalls = 0
     /// Exactly-once: transactions committed (or attempted).
     public var transactions = 0
-    /// Exactly-once: transactions left open when a worker stopped (a failure, a drain that timed
-    /// out) and aborted then.
+    /// Exactly-once: transactions left open when a worker stopped (a failure, a failed commit, a
+    /// drain that timed out) and aborted then.
     public var abortedTransactions = 0
     /// Records read again after a restart whose failure was journaled before its outcome: the
     /// outcome was published again, identical.

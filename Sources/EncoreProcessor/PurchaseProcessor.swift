@@ -136,17 +136,18 @@ public final class PurchaseProcessor: Sendable {
                         configuration: share, router: router, recorder: worker.recorder, consumer: clients.consumer,
                         producer: clients.producer(of: index), inbox: worker.inbox, admission: admission,
                         logger: logger, committer: committers?[index])
-                    let failure = await withTaskCancellationHandler {
+                    await withTaskCancellationHandler {
                         while !loop.isFinished { loop.handle(await worker.inbox.next()) }
-                        return loop.failure
                     } onCancel: {
                         worker.inbox.post(.shutdown)
                     }
                     loop.cancelRemainingCalls()
                     await loop.waitForOutputs()
                     await loop.commitTask?.value
+                    // The others stop now, not after this worker's abort (it may wait on the broker).
+                    if loop.failure != nil { for inbox in inboxes { inbox.post(.shutdown) } }
                     await loop.abortOpenTransaction()
-                    return (failure, loop.finalCommitOffsets)
+                    return (loop.failure, loop.finalCommitOffsets)
                 }
             }
             // A worker that cannot go on stops the others: they drain and commit what they did.

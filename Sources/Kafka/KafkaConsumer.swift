@@ -252,9 +252,9 @@ public final class KafkaConsumer: Sendable {
     }
 
     /// Whether a rebalance is cooperative (incremental), from `rd_kafka_rebalance_protocol`'s name,
-    /// which is NULL once the consumer is no longer in a group (a revocation while it closes). That
-    /// revocation unassigns everything with `rd_kafka_assign(NULL)`: the consumer is leaving, and
-    /// librdkafka answers with an error at worst.
+    /// which is NULL on an error (its group handler cannot answer, as while the consumer closes).
+    /// The rebalance is then done eagerly (`rd_kafka_assign`); should librdkafka refuse that, the
+    /// refusal is logged.
     static func isCooperative(rebalanceProtocol name: UnsafePointer<CChar>?) -> Bool {
         name.map { String(cString: $0) == "COOPERATIVE" } ?? false
     }
@@ -274,7 +274,8 @@ public final class KafkaConsumer: Sendable {
                     logger.error("\(KafkaError(consuming: error, context: "incremental assign"))")
                 }
             } else {
-                rd_kafka_assign(handle, list)
+                let err = rd_kafka_assign(handle, list)
+                if err != RD_KAFKA_RESP_ERR_NO_ERROR { logger.error("\(KafkaError(err, context: "assign"))") }
             }
             sink.yield(.partitionsAssigned(partitions))
         default:
@@ -313,7 +314,8 @@ public final class KafkaConsumer: Sendable {
                     logger.error("\(KafkaError(consuming: error, context: "incremental unassign"))")
                 }
             } else {
-                rd_kafka_assign(handle, nil)
+                let err = rd_kafka_assign(handle, nil)
+                if err != RD_KAFKA_RESP_ERR_NO_ERROR { logger.error("\(KafkaError(err, context: "unassign"))") }
             }
         }
     }

@@ -124,8 +124,11 @@ final class LoopHarness: Sendable {
     let inbox = Inbox<ProcessorInput>()
     private let pump: Task<ProcessorError?, Never>
     private let endedFlag = EndedFlag()
-    /// Whether the loop has ended.
+    private let finishedFlag = EndedFlag()
+    /// Whether the loop has ended (and its transaction, if any, was seen to).
     var hasEnded: Bool { endedFlag.isSet }
+    /// Whether the loop stopped handling its inbox: what it started may still be in flight.
+    var hasStoppedHandling: Bool { finishedFlag.isSet }
     private let offsets = Mutex<[Int32: Int64]>([:])
     /// Counts what the harness feeds as the consumer would; the loop releases it.
     let admission: KafkaAdmission
@@ -140,7 +143,9 @@ final class LoopHarness: Sendable {
         configure(&configuration)
         let inbox = self.inbox
         producer = FakeProducer { inbox.post(.delivered($0)) }
-        let (consumer, producer, recorder, endedFlag) = (self.consumer, self.producer, self.recorder, self.endedFlag)
+        let (consumer, producer, recorder, endedFlag, finishedFlag) = (
+            self.consumer, self.producer, self.recorder, self.endedFlag, self.finishedFlag
+        )
         let committer = makeCommitter?(producer)
         let admission = KafkaAdmission(capacity: configuration.bufferCapacity)
         self.admission = admission
@@ -150,6 +155,7 @@ final class LoopHarness: Sendable {
                 producer: producer, inbox: inbox, admission: admission, logger: Logger(label: "test.loop"),
                 committer: committer)
             while !loop.isFinished { loop.handle(await inbox.next()) }
+            finishedFlag.set()
             loop.cancelRemainingCalls()
             // As a processor's worker ends: the commit in flight returns, an open transaction aborts.
             await loop.commitTask?.value

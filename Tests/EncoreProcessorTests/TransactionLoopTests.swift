@@ -93,6 +93,44 @@ struct TransactionEndingTests {
         func abort() async throws(KafkaError) { aborts.withLock { $0 += 1 } }
     }
 
+    /// Holds each commit until released, then commits or refuses it; counts aborts.
+    final class GatedCommitter: TransactionCommitter {
+        let refuses: Bool
+        let released = Mutex(false)
+        let started = Mutex(0)
+        let aborts = Mutex(0)
+        init(refuses: Bool) { self.refuses = refuses }
+        func commit(offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError) {
+            started.withLock { $0 += 1 }
+            while !released.withLock({ $0 }) { try? await Task.sleep(for: .milliseconds(2)) }
+            if refuses { throw KafkaError(code: .invalidConfiguration, message: "the transaction must be aborted") }
+        }
+        func abort() async throws(KafkaError) { aborts.withLock { $0 += 1 } }
+    }
+
+    /// The loop ends (the consumer failed) while its intent's transaction commits; the commit's
+    /// end reaches an inbox no one reads any more, so the ending worker awaits it to decide.
+    @Test(
+        "a commit still in flight when the loop ends decides: committed, nothing to abort; refused, aborted",
+        arguments: [false, true])
+    func commitInFlightAtEnd(refused: Bool) async throws {
+        let controller = RecordingController()
+        let committer = GatedCommitter(refuses: refused)
+        let harness = LoopHarness(router: router(controller)) { _ in committer }
+        harness.assign(partitions: 1)
+        harness.feed(request(0, user: "u"))
+        #expect(await eventually { committer.started.withLock { $0 } == 1 })
+        harness.inbox.post(.consumerFailed(KafkaError(code: .invalidConfiguration, message: "gone")))
+        #expect(await eventually { harness.hasStoppedHandling })
+        #expect(!harness.hasEnded, "ended before the commit in flight returned")
+        committer.released.withLock { $0 = true }
+        let failure = await harness.ended()
+        #expect(failure?.code == .kafka)
+        #expect(committer.aborts.withLock { $0 } == (refused ? 1 : 0))
+        #expect(harness.statistics.abortedTransactions == (refused ? 1 : 0))
+        #expect(controller.snapshot.calls == 0, "called after the loop ended")
+    }
+
     @Test("a failed commit stops the loop once: no call, no second commit")
     func failedCommitStops() async throws {
         let controller = RecordingController()

@@ -138,20 +138,21 @@ struct OperationsTests {
         #expect(try await eventually(timeout: .seconds(60)) { try await status(["\(base)/readyz"]) == "200" })
         let event = PurchaseRequestEvent(
             requestID: "r-stall", appID: "app", appUserID: "u", productID: "p", store: .appStore,
-            environment: .sandbox, requestedAtMs: wallClockMs(), attributes: ["simulated_stall_ms": "9000"])
+            environment: .sandbox, requestedAtMs: wallClockMs(), attributes: ["simulated_stall_ms": "20000"])
         let producer = try KafkaProducer(configuration: KafkaConfiguration(["bootstrap.servers": bootstrap]))
         try await producer.send(
             KafkaProducerRecord(topic: Topics.requests, key: Array(event.key.utf8), value: event.jsonBytes()))
         await producer.close()
-        // The loop is blocked for 9 s; its silence passes the 5 s window. Both endpoints are read in
-        // one probe: a second, later read could land after the stall under a loaded suite.
+        // The loop is blocked for 20 s; its silence passes the 5 s window, so 503 shows for 15 s (a
+        // 4 s window was missed under a loaded suite: the record arrived late and each probe runs
+        // curl twice). Both endpoints are read in one probe: a later read could land after the stall.
         #expect(
-            try await eventually(timeout: .seconds(20)) {
+            try await eventually(timeout: .seconds(45)) {
                 let health = try await status(["\(base)/healthz"])
                 let readiness = try await status(["\(base)/readyz"])
                 return health == "503" && readiness == "503"
             })
-        #expect(try await eventually(timeout: .seconds(30)) { try await status(["\(base)/healthz"]) == "200" })
+        #expect(try await eventually(timeout: .seconds(45)) { try await status(["\(base)/healthz"]) == "200" })
         processor.signal(SIGTERM)
         #expect(await processor.waitForExit() == 0)
     }
