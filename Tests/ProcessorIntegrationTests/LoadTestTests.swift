@@ -234,12 +234,14 @@ struct LoadTestFailureTests {
 
     @Test("a ramp past what the deployment answers (10 to 300/s against about 100/s) reports its knee inside the ramp")
     func rampKnee() async throws {
-        // About 100 calls a second at most: 2 in flight, 20 ms each.
+        // About 100 calls a second at most: 2 in flight, 20 ms each. Past it the queue grows by the
+        // second (p99 3 s at 130/s offered, 6 s at 180/s); within it a loaded suite still gave 808 ms
+        // in the first window once, which an 800 ms bound counted as the knee already passed.
         let deployment = try await Deployment.start(
             group: "ramped", processorArguments: ["--simulated-latency-ms", "20", "--max-in-flight", "2"])
         let (status, output, errors) = try await deployment.loadTest([
             "--ramp", "10:300", "--duration", "12", "--window-s", "2", "--grace", "120", "--run-id", "ramp",
-            "--slo", "p99=800", "--json",
+            "--slo", "p99=2000", "--json",
         ])
         let fields = try loadTestFields(output)
         #expect(status == 0, "everything is answered after the grace: \(output)\n\(errors)")
@@ -254,7 +256,7 @@ struct LoadTestFailureTests {
         #expect(knee >= 10 && knee < 300, "\(output)")
         #expect(fields["knee_reached_end"] == .bool(false))
         // The knee is where the windows' own figures say: every window of production up to it had
-        // its requests answered with p99 within 800 ms, the next one did not.
+        // its requests answered with p99 within 2,000 ms, the next one did not.
         guard case .array(let windows)? = fields["windows"] else {
             Issue.record("no windows: \(output)")
             return
@@ -274,7 +276,7 @@ struct LoadTestFailureTests {
             default: return nil
             }
             let answered = integer(window, "answered_of_sent") ?? 0
-            return (rate, p99 <= 800 && answered >= (integer(window, "valid_sent") ?? .max))
+            return (rate, p99 <= 2000 && answered >= (integer(window, "valid_sent") ?? .max))
         }
         let kneeIndex = try #require(production.firstIndex { $0.rate == knee }, "\(output)")
         let heldUpToKnee = production[...kneeIndex].allSatisfy { $0.holds }
