@@ -343,9 +343,9 @@ struct KafkaErrorTests {
 
 @Suite("Rebalance protocol")
 struct RebalanceProtocolTests {
-    /// librdkafka names no protocol once the consumer left its group (a rebalance callback during
-    /// close): read as an implicitly unwrapped pointer, that crashed the process.
-    @Test("no protocol name (the consumer left its group) is an eager rebalance, not a crash")
+    /// librdkafka names no protocol on an error (its group handler cannot answer, as while the
+    /// consumer closes): read as an implicitly unwrapped pointer, that crashed the process.
+    @Test("no protocol name (an error, as while the consumer closes) is an eager rebalance, not a crash")
     func unnamedProtocol() {
         #expect(KafkaConsumer.isCooperative(rebalanceProtocol: nil) == false)
         #expect("COOPERATIVE".withCString { KafkaConsumer.isCooperative(rebalanceProtocol: $0) })
