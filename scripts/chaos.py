@@ -14,7 +14,8 @@ it stops the members and checks, for every request id:
     (overlaps_after_hang_up, apart: the processor had hung up on the earlier call, which billing
     saw connected last before the later call started, and noticed gone only after;
     overlaps_after_given_up, apart: the same request's next attempt, declared, from the same
-    process, over the attempt it gave up on, whose socket its HTTP client had not closed yet)
+    process, over the attempt it gave up on, whose socket its HTTP client had not closed yet, or
+    that earlier attempt read by billing only after the next one, its caller already gone)
   - lost: valid requests without an outcome                                            (must be 0)
   - conflicting: outcomes of one request that disagree, or disagree with billing       (must be 0)
   - resent_called / resent_answered: re-sent answered requests called or answered again (must be 0)
@@ -217,6 +218,12 @@ def classify_overlaps(all_calls, killed_at, late_first):
                         and later[3] == earlier[3] + 1):
                     after_given_up += 1
                     continue
+                # An earlier attempt of the request that billing read only after its process's next
+                # one, its caller already gone (never seen connected): given up before the next began.
+                if (later[0] == earlier[0] and later[2] == earlier[2] and earlier[4]
+                        and later[3] < earlier[3] and later[7] and not later[10]):
+                    after_given_up += 1
+                    continue
                 overlapping.append((earlier, later))
     return overlapping, after_hang_up, after_given_up
 
@@ -269,6 +276,10 @@ def self_test():
          {}, 1),
         ("an attempt skipped", [call(0, 2, True), call(1, 4, True, start=0.005)], {}, 1),
         ("the same attempt again", [call(0, 2, True), call(1, 2, True, start=0.005)], {}, 1),
+        ("an earlier recovery read late, hung up on", [call(0, 4, True), call(1, 3, True, start=0.005, **late)], {}, 0),
+        ("an earlier recovery read late, still connected", [call(0, 4, True), call(1, 3, True, start=0.005)], {}, 1),
+        ("an earlier recovery read late, from another process",
+         [call(0, 4, True), call(1, 3, True, instance="i2", start=0.005, **late)], {}, 1),
         ("the next attempt of another request", [call(0, 2, True), call(1, 3, True, request="s", start=0.005)],
          {}, 1),
         ("a late first call over another request's call",
