@@ -26,7 +26,6 @@ final class OperationsServer: Sendable {
     private let stopping = Atomic<Bool>(false)
     private let connections = Atomic<Int>(0)
     private let handler: @Sendable (String) -> Response
-    private let queue = DispatchQueue(label: "encore.operations", attributes: .concurrent)
 
     /// Listens on `address` (`HOST:PORT`, `:PORT` for every interface).
     init(address: String, handler: @escaping @Sendable (String) -> Response) throws(UsageError) {
@@ -92,7 +91,10 @@ final class OperationsServer: Sendable {
                 close(connection)
                 continue
             }
-            queue.async { [self] in
+            // A serial queue per connection gets a thread at once (libdispatch's overcommitting
+            // pool): a shared concurrent queue served as many as there are cores, and clients
+            // that send nothing held up health checks until their read timeout.
+            DispatchQueue(label: "encore.operations.connection").async { [self] in
                 serve(connection)
                 close(connection)
                 connections.subtract(1, ordering: .relaxed)

@@ -2,6 +2,7 @@ import EncoreEvents
 import EncoreProcessor
 import EncoreTools
 import Foundation
+import Glibc
 import Kafka
 import TestSupport
 import Testing
@@ -111,6 +112,16 @@ struct OperationsTests {
         #expect(
             try await status(["-H", "X-Big: \(String(repeating: "x", count: 10_000))", "\(base)/metrics"]) == "431")
 
+        // Clients that connect and send nothing hold their connection until the read timeout
+        // (2 s). One slot short of the cap, they must not delay a health check: it is answered
+        // while every one of them is still open (on a queue as wide as the cores, it waited for
+        // them to time out).
+        let port = Int(base.split(separator: ":").last!)!
+        let idle = try (0..<OperationsServerLimits.maximumConnections - 1).map { _ in try IdleClient(port: port) }
+        #expect(try await status(["\(base)/healthz"]) == "200")
+        #expect(idle.filter(\.isClosedByServer).isEmpty, "idle clients the server had already timed out")
+        idle.forEach { $0.close() }
+
         processor.signal(SIGTERM)
         #expect(await processor.waitForExit() == 0)
         // Every line of the log is one JSON object with ts, level, logger and msg.
@@ -156,4 +167,38 @@ struct OperationsTests {
         processor.signal(SIGTERM)
         #expect(await processor.waitForExit() == 0)
     }
+}
+
+/// The operations server's limits, as `OperationsServer` (in the executable) sets them.
+enum OperationsServerLimits {
+    static let maximumConnections = 8
+}
+
+/// A TCP client on 127.0.0.1 that connects and sends nothing.
+final class IdleClient {
+    private let socket: Int32
+
+    init(port: Int) throws {
+        socket = Glibc.socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(socket, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
+        }
+        guard socket >= 0, connected == 0 else { throw TestFailure("cannot connect to port \(port)") }
+    }
+
+    /// Whether the server has closed the connection (end of stream readable now).
+    var isClosedByServer: Bool {
+        var poller = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
+        guard poll(&poller, 1, 0) == 1 else { return false }
+        var byte: UInt8 = 0
+        return recv(socket, &byte, 1, Int32(MSG_PEEK)) <= 0
+    }
+
+    func close() { _ = Glibc.close(socket) }
 }
