@@ -6,6 +6,7 @@
 # processor's to the peer, and CPU µs per request (process CPU over the processing window).
 #
 #   scripts/bench.sh              # N_MOCK=60000 (4 partitions: the mock keeps ~5 MiB each) N_TANSU=300000 PARTS=8
+#                                 # N_BACKLOG=1000000 (memory with a long backlog on Tansu; 0 leaves it out)
 #   LIMIT_C=path/to/limit.c N_TANSU=200000 scripts/bench.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -74,7 +75,7 @@ fresh_mock() { # name count
   PARTS=$PARTS_MOCK IN_TOPIC=bench.requests OUT_TOPIC=bench.limit-outcomes .build/limit mockserver - "$2" \
     >"$work/$1.out" 2>"$work/$1.err" &
   pids+=($!)
-  for _ in $(seq 600); do grep -q BOOTSTRAP "$work/$1.out" && break; sleep 0.1; done
+  for _ in $(seq 600); do grep -qs BOOTSTRAP "$work/$1.out" && break; sleep 0.1; done
   bs=$(awk '/BOOTSTRAP/ {print $2}' "$work/$1.out")
 }
 stop_mock() { kill "${pids[-1]}" 2>/dev/null || true; }
@@ -157,6 +158,22 @@ steady=$($B bench --bootstrap-servers "127.0.0.1:$PORT" --count $((half * 10)) -
   --json)
 steady_row tansu "processor at $half/s offered, at-least-once" "$steady"
 # Exactly-once is not measured on Tansu: its read_committed consumers stall (see README).
+
+# Memory with a long backlog, default settings: about 100 requests per user (limit.c's 10,000
+# users), up to the journal's cap. N_BACKLOG=0 leaves it out; no ratio (other requests than limit.c's).
+N_BACKLOG=${N_BACKLOG:-1000000}
+if [ "$N_BACKLOG" -gt 0 ]; then
+  $B topics create --bootstrap-servers "127.0.0.1:$PORT" --partitions "$PARTS" --requests-topic bench.backlog \
+    --outcomes-topic bench.limit-outcomes --entitlements-topic bench.unused --dead-letter-topic bench.unused-dl >/dev/null
+  IN_TOPIC=bench.backlog PARTS=$PARTS .build/limit fill "127.0.0.1:$PORT" "$N_BACKLOG" 2>/dev/null
+  # A run that fails or times out prints its row as "?" rather than losing the table.
+  long=$($B bench --bootstrap-servers "127.0.0.1:$PORT" --prefilled-topic bench.backlog --count "$N_BACKLOG" \
+    --partitions "$PARTS" $W --timeout-s 1800 --json || true)
+  [ -n "$long" ] || long='{"throughput": 0, "cpu_s": "?", "cpu_us_per_request": "?", "peak_rss_mb": "?"}'
+  row tansu "processor, 0 ms, at-least-once ($N_BACKLOG backlog)" \
+    "$(printf %.0f "$(echo "$long" | field 'd["throughput"]')")/s" "-" "-" "-" "$(echo "$long" | field 'd["cpu_s"]')" \
+    "$(echo "$long" | field 'd["cpu_us_per_request"]')" "$(echo "$long" | field 'd["peak_rss_mb"]')"
+fi
 
 echo "(p50/p99: end-to-end latency under a steady offered load, the processor to its outcome acknowledged, the peer to its outcome read; backlog runs have none to report)"
 printf '%-8s %-52s %14s %22s %9s %9s %9s %9s %9s\n' broker scenario throughput ratio "p50 ms" "p99 ms" "CPU s" \

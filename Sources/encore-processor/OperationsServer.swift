@@ -96,8 +96,10 @@ final class OperationsServer: Sendable {
             // that send nothing held up health checks until their read timeout.
             DispatchQueue(label: "encore.operations.connection").async { [self] in
                 serve(connection)
-                close(connection)
+                // Its slot is free before its client sees the end: a client that connects again at
+                // once is not refused as one too many.
                 connections.subtract(1, ordering: .relaxed)
+                close(connection)
             }
         }
     }

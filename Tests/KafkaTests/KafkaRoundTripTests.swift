@@ -353,40 +353,6 @@ struct RebalanceProtocolTests {
     }
 }
 
-@Suite("Blocking librdkafka calls")
-struct BlockingCallTests {
-    /// A blocking call (a commit, a flush, a metadata query) can wait seconds on a slow broker.
-    /// On a width-limited queue, Linux's libdispatch ran two at once on two cores and added a
-    /// thread a second: one slow call held up every other client's calls in the process.
-    @Test("blocking calls each get a thread at once: 32 calls that wait for one another all start")
-    func callsDoNotWaitForOneAnother() async {
-        let calls = 32
-        let started = StartedCalls()
-        let metAll = await withTaskGroup(of: Bool.self) { group in
-            for _ in 0..<calls {
-                group.addTask {
-                    (try? await RDKafkaBlocking.run { () throws(KafkaError) -> Bool in
-                        started.count.add(1, ordering: .sequentiallyConsistent)
-                        // Blocks its thread, as a librdkafka call does, until every call has started.
-                        let deadline = ContinuousClock.now.advanced(by: .seconds(20))
-                        while ContinuousClock.now < deadline {
-                            if started.count.load(ordering: .sequentiallyConsistent) == calls { return true }
-                            usleep(1000)
-                        }
-                        return false
-                    }) ?? false
-                }
-            }
-            return await group.reduce(0) { $0 + ($1 ? 1 : 0) }
-        }
-        #expect(metAll == calls, "calls that saw all \(calls) start within 20 s")
-    }
-
-    private final class StartedCalls: Sendable {
-        let count = Atomic(0)
-    }
-}
-
 @Suite("Partitioner")
 struct PartitionerTests {
     @Test("murmur2 places keys where librdkafka's murmur2 partitioner does")

@@ -2,10 +2,14 @@ import EncoreEvents
 import EncoreProcessor
 import EncoreTools
 import Foundation
-import Glibc
 import Kafka
 import TestSupport
 import Testing
+@testable import encore_processor
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// `/metrics`, `/healthz`, `/readyz` and JSON logs: the real binary read by curl and Python, and
 /// a stuck loop seen by the health check.
@@ -112,15 +116,14 @@ struct OperationsTests {
         #expect(
             try await status(["-H", "X-Big: \(String(repeating: "x", count: 10_000))", "\(base)/metrics"]) == "431")
 
-        // Clients that connect and send nothing hold their connection until the read timeout
-        // (2 s). One slot short of the cap, they must not delay a health check: it is answered
-        // while every one of them is still open (on a queue as wide as the cores, it waited for
-        // them to time out).
+        // Clients that connect and send nothing hold a slot until the read timeout. One slot short
+        // of the cap, they must not delay a health check: it is answered while all are still open.
         let port = Int(base.split(separator: ":").last!)!
-        let idle = try (0..<OperationsServerLimits.maximumConnections - 1).map { _ in try IdleClient(port: port) }
-        #expect(try await status(["\(base)/healthz"]) == "200")
-        #expect(idle.filter(\.isClosedByServer).isEmpty, "idle clients the server had already timed out")
-        idle.forEach { $0.close() }
+        let idle = try (1..<OperationsServer.maximumConnections).map { _ in try TCPClient(port: port) }
+        #expect(try TCPClient(port: port).get("/healthz") == "HTTP/1.1 200")
+        #expect(
+            idle.filter(\.isClosedByServer).isEmpty,
+            "idle clients the server had already closed (read timeout \(OperationsServer.readTimeoutSeconds) s)")
 
         processor.signal(SIGTERM)
         #expect(await processor.waitForExit() == 0)
@@ -169,17 +172,13 @@ struct OperationsTests {
     }
 }
 
-/// The operations server's limits, as `OperationsServer` (in the executable) sets them.
-enum OperationsServerLimits {
-    static let maximumConnections = 8
-}
-
-/// A TCP client on 127.0.0.1 that connects and sends nothing.
-final class IdleClient {
+/// A TCP client of 127.0.0.1, in the test's process (no child process to wait for).
+final class TCPClient {
     private let socket: Int32
 
     init(port: Int) throws {
         socket = Glibc.socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard socket >= 0 else { throw TestFailure("cannot open a socket") }
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)
         address.sin_port = in_port_t(UInt16(port).bigEndian)
@@ -189,7 +188,27 @@ final class IdleClient {
                 connect(socket, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
             }
         }
-        guard socket >= 0, connected == 0 else { throw TestFailure("cannot connect to port \(port)") }
+        guard connected == 0 else {
+            _ = Glibc.close(socket)
+            throw TestFailure("cannot connect to port \(port)")
+        }
+    }
+
+    deinit { _ = Glibc.close(socket) }
+
+    /// Sends `GET path` and returns the answer's status line (`HTTP/1.1 200`, without the reason).
+    func get(_ path: String) throws -> String {
+        let request = Array("GET \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".utf8)
+        guard send(socket, request, request.count, 0) == request.count else { throw TestFailure("cannot send") }
+        var answer = [UInt8]()
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let count = recv(socket, &buffer, buffer.count, 0)
+            guard count > 0 else { break }
+            answer += buffer.prefix(count)
+        }
+        return String(decoding: answer.prefix { $0 != 13 }, as: UTF8.self).split(separator: " ").prefix(2)
+            .joined(separator: " ")
     }
 
     /// Whether the server has closed the connection (end of stream readable now).
@@ -199,6 +218,4 @@ final class IdleClient {
         var byte: UInt8 = 0
         return recv(socket, &byte, 1, Int32(MSG_PEEK)) <= 0
     }
-
-    func close() { _ = Glibc.close(socket) }
 }

@@ -246,10 +246,8 @@ enum RDKafkaTopicPartitionList {
     }
 }
 
-/// Runs blocking librdkafka calls off the cooperative thread pool, each on a thread of its own at
-/// once. A serial queue per call targets libdispatch's overcommitting pool, which starts a thread
-/// whenever none is free; a shared concurrent queue ran only as many calls as there are cores on
-/// Linux and added a thread a second, so one slow commit or flush held up every other call.
+/// Runs blocking librdkafka calls off the cooperative thread pool, each on a thread at once (a
+/// serial queue per call is served by libdispatch's overcommitting pool): a slow one holds up no other.
 enum RDKafkaBlocking {
     static func run<T: Sendable>(_ body: @escaping @Sendable () throws(KafkaError) -> T) async throws(KafkaError) -> T {
         let result: Result<T, KafkaError> = await withCheckedContinuation { continuation in
