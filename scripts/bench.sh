@@ -166,7 +166,7 @@ if [ "$N_BACKLOG" -gt 0 ]; then
   $B topics create --bootstrap-servers "127.0.0.1:$PORT" --partitions "$PARTS" --requests-topic bench.backlog \
     --outcomes-topic bench.limit-outcomes --entitlements-topic bench.unused --dead-letter-topic bench.unused-dl >/dev/null
   IN_TOPIC=bench.backlog PARTS=$PARTS .build/limit fill "127.0.0.1:$PORT" "$N_BACKLOG" 2>/dev/null
-  # A run that fails or times out prints its row as "?" rather than losing the table.
+  # A run that fails or times out prints its row as 0/s and "?" rather than losing the table.
   long=$($B bench --bootstrap-servers "127.0.0.1:$PORT" --prefilled-topic bench.backlog --count "$N_BACKLOG" \
     --partitions "$PARTS" $W --timeout-s 1800 --json || true)
   [ -n "$long" ] || long='{"throughput": 0, "cpu_s": "?", "cpu_us_per_request": "?", "peak_rss_mb": "?"}'
