@@ -39,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
@@ -359,7 +360,7 @@ class Members:
             self.args.binary, "run", "--bootstrap-servers", self.cluster.bootstrap, "--group-id", "chaos",
             "--controller", "http", "--controller-url", f"http://127.0.0.1:{self.port}/{instance}",
             "--call-timeout-ms", str(self.args.call_timeout_ms), "--max-attempts", "4", "--retry-backoff-ms", "50",
-            "--max-in-flight", "32", "--log-level", self.args.member_log_level,
+            "--max-in-flight", "32", "--log-level", self.args.member_log_level, "--http-listen", "127.0.0.1:0",
             "-X", "session.timeout.ms=6000", "-X", "heartbeat.interval.ms=500",
         ] + (["--guarantee", "exactly-once"] if self.args.guarantee == "exactly-once" else []) + (
             ["--workers", str(self.args.workers)] if self.args.workers else [])
@@ -385,10 +386,32 @@ class Members:
     def log_tail(self):
         tails = []
         for path in sorted(glob.glob(f"{self.work}/i*.log")):
-            text = open(path).read()
-            if text.strip():
-                tails.append(f"--- {os.path.basename(path)}\n{text[-1500:]}")
+            # (Call timeouts are expected here, by the hundred: left out of the tail.)
+            lines = [line for line in open(path).read().splitlines() if "passed the call timeout" not in line]
+            if lines:
+                tails.append(f"--- {os.path.basename(path)}\n" + "\n".join(lines)[-3000:])
         return "\n".join(tails)
+
+    def metrics(self):
+        """What each running member's /metrics says of its partitions, lag and progress (the
+        endpoint is in its log at info level): where a stalled run is stuck."""
+        wanted = ("encore_assigned_partitions", "encore_consumer_lag", "encore_requests_received_total",
+                  "encore_outcomes_total", "encore_in_flight", "encore_ready", "encore_buffered")
+        report = {}
+        for instance, _ in self.running.values():
+            text = open(f"{self.work}/{instance}.log").read()
+            start = text.find("operations endpoint listening on http://")
+            if start < 0:
+                report[instance] = "no endpoint in its log (--member-log-level info logs it)"
+                continue
+            url = text[start:].split()[4] + "/metrics"
+            try:
+                with urllib.request.urlopen(url, timeout=5) as answer:
+                    body = answer.read().decode()
+                report[instance] = [line for line in body.splitlines() if line.startswith(wanted)]
+            except OSError as error:
+                report[instance] = f"{url}: {error}"
+        return report
 
 
 def request(index, run):
@@ -552,6 +575,8 @@ def main():
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and not set(ids) <= answered():
             time.sleep(2)
+        # Not all answered: what the members say of themselves before they are stopped.
+        stalled = None if set(ids) <= answered() else members.metrics()
         # Let the last re-sent records be read and skipped, then stop cleanly.
         time.sleep(5)
         for slot in list(members.running):
@@ -655,6 +680,8 @@ def main():
     report["failed"] = failed
     print(json.dumps(report, indent=1))
     if failed:
+        if stalled:
+            print("members' metrics when the run gave up waiting:", json.dumps(stalled, indent=1), file=sys.stderr)
         print(members.log_tail(), file=sys.stderr)
         return 1
     return 0

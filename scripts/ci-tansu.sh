@@ -45,7 +45,8 @@ PY
 
 # The purchase-safety chaos test (SIGKILLs, restarts, scale-out, re-sends) against Tansu, with the
 # newer librdkafka: no undeclared repeat call, no overlap, none lost, no conflicting outcome.
-python3 scripts/chaos.py --binary "$BINARY" --broker tansu --tansu-port $((PORT + 1)) >"$work/chaos.json" \
+python3 scripts/chaos.py --binary "$BINARY" --broker tansu --tansu-port $((PORT + 1)) --member-log-level info \
+  >"$work/chaos.json" \
   2>"$work/chaos.log" || { cat "$work/chaos.json"; tail -50 "$work/chaos.log"; exit 1; }
 python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print("tansu chaos:", {k: r[k] for k in ["requests", "sigkills", "billing_calls", "recovery_calls", "lost", "undeclared_repeats", "late_first_calls", "overlaps", "overlaps_after_given_up", "conflicting", "resent", "resent_called"]})' "$work/chaos.json"
 
