@@ -680,9 +680,10 @@ def main():
     report["failed"] = failed
     print(json.dumps(report, indent=1))
     if failed:
+        print(members.log_tail(), file=sys.stderr)
+        # (Last, so that a tail of this output shows it.)
         if stalled:
             print("members' metrics when the run gave up waiting:", json.dumps(stalled, indent=1), file=sys.stderr)
-        print(members.log_tail(), file=sys.stderr)
         return 1
     return 0
 

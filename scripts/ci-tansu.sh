@@ -47,7 +47,7 @@ PY
 # newer librdkafka: no undeclared repeat call, no overlap, none lost, no conflicting outcome.
 python3 scripts/chaos.py --binary "$BINARY" --broker tansu --tansu-port $((PORT + 1)) --member-log-level info \
   >"$work/chaos.json" \
-  2>"$work/chaos.log" || { cat "$work/chaos.json"; tail -50 "$work/chaos.log"; exit 1; }
+  2>"$work/chaos.log" || { cat "$work/chaos.json"; tail -200 "$work/chaos.log"; exit 1; }
 python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print("tansu chaos:", {k: r[k] for k in ["requests", "sigkills", "billing_calls", "recovery_calls", "lost", "undeclared_repeats", "late_first_calls", "overlaps", "overlaps_after_given_up", "conflicting", "resent", "resent_called"]})' "$work/chaos.json"
 
 # offsets reset on a broker that describes groups: refused while a processor is a member, a plan
