@@ -48,7 +48,7 @@ extension EntitlementSourceEvent: FieldTabled {
         blank: Self(
             appID: "", appUserID: "", source: "", entitlementID: "", isActive: false, eventID: "", occurredAtMs: 0),
         [
-            .field("app_id", \.appID),
+            .field("app_id", \.appID, .appID),
             .field("app_user_id", \.appUserID),
             .field("source", \.source, StringRule(maxLength: 64, pattern: .sourceName)),
             .field("entitlement_id", \.entitlementID),

@@ -80,12 +80,21 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
         /// again publishes the same outcome rather than asking billing again.
         public var error: PurchaseOutcomeEvent.Failure?
         public var controller: String?
+        /// The request record's offset (of the user's partition): what a `request_id_conflict`
+        /// dead letter names as the first use of the id.
         public var offset: Int64?
+        /// When the request went in doubt (attempts used up, billing's answer unknown): its
+        /// `pending` outcome is published and the processor keeps asking billing, until
+        /// `--reconcile-for` past this time. Absent on requests never in doubt.
+        public var inDoubtSinceMs: Int64?
+        /// The request's content digest (``PurchaseRequestEvent/contentDigest``): a later record
+        /// with the same `request_id` and another digest is a conflict, not a duplicate.
+        public var digest: String?
 
         public init(
             requestID: String, attempts: Int, startedAtMs: Int64, result: OutcomeResult? = nil,
             completedAtMs: Int64? = nil, error: PurchaseOutcomeEvent.Failure? = nil, controller: String? = nil,
-            offset: Int64? = nil
+            offset: Int64? = nil, inDoubtSinceMs: Int64? = nil, digest: String? = nil
         ) {
             self.requestID = requestID
             self.attempts = attempts
@@ -95,6 +104,8 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
             self.error = error
             self.controller = controller
             self.offset = offset
+            self.inDoubtSinceMs = inDoubtSinceMs
+            self.digest = digest
         }
 
         /// The entry's latest time, which retention counts from.
@@ -183,7 +194,7 @@ extension EntitlementStateRecord: FieldTabled {
                 + 48 * record.access.count
         },
         [
-            .field("app_id", \.appID),
+            .field("app_id", \.appID, .appID),
             .field("app_user_id", \.appUserID),
             .field("sequence", \.sequence),
             .field("updated_at_ms", \.updatedAtMs),
@@ -303,5 +314,7 @@ extension EntitlementStateRecord.RequestEntry: FieldTabled {
             .field("error", \.error),
             .field("controller", \.controller),
             .field("offset", \.offset),
+            .field("in_doubt_since_ms", \.inDoubtSinceMs),
+            .field("digest", \.digest, .digest),
         ])
 }

@@ -33,12 +33,15 @@ public struct PurchaseOutcomeEvent: EncoreEvent, Hashable {
     public var transactionID: String?
     /// Present exactly when `result` is `failed`.
     public var error: Failure?
+    /// Why the outcome is `pending` (only then): deferred by the controller, or in doubt. This
+    /// version writes it on every `pending` outcome; one read without it is `deferred`.
+    public var pendingReason: PendingReason?
 
     public init(
         requestID: String, appID: String, appUserID: String, productID: String, result: OutcomeResult, attempts: Int,
         store: Store, environment: PurchaseEnvironment, requestedAtMs: Int64, completedAtMs: Int64,
         placementID: String? = nil, promoOfferID: String? = nil, controller: String? = nil,
-        transactionID: String? = nil, error: Failure? = nil
+        transactionID: String? = nil, error: Failure? = nil, pendingReason: PendingReason? = nil
     ) {
         self.requestID = requestID
         self.appID = appID
@@ -55,19 +58,21 @@ public struct PurchaseOutcomeEvent: EncoreEvent, Hashable {
         self.controller = controller
         self.transactionID = transactionID
         self.error = error
+        self.pendingReason = pendingReason ?? (result == .pending ? .deferred : nil)
     }
 
     /// The outcome of `request`, copying the fields the two events share.
     public init(
         request: PurchaseRequestEvent, result: OutcomeResult, attempts: Int, completedAtMs: Int64,
-        controller: String? = nil, transactionID: String? = nil, error: Failure? = nil
+        controller: String? = nil, transactionID: String? = nil, error: Failure? = nil,
+        pendingReason: PendingReason? = nil
     ) {
         self.init(
             requestID: request.requestID, appID: request.appID, appUserID: request.appUserID,
             productID: request.productID, result: result, attempts: attempts, store: request.store,
             environment: request.environment, requestedAtMs: request.requestedAtMs, completedAtMs: completedAtMs,
             placementID: request.placementID, promoOfferID: request.promoOfferID, controller: controller,
-            transactionID: transactionID, error: error)
+            transactionID: transactionID, error: error, pendingReason: pendingReason)
     }
 
     /// The record key: `"{app_id}:{app_user_id}"`.
@@ -90,10 +95,16 @@ extension PurchaseOutcomeEvent: FieldTabled {
                 throw EventValidationError(
                     .missingField, field: "error", "required field 'error' is missing: result is 'failed'")
             }
+            // (Absent on a `pending` outcome written before in-doubt requests existed: deferred.)
+            if outcome.result != .pending, outcome.pendingReason != nil {
+                throw EventValidationError(
+                    .inconsistent, field: "pending_reason",
+                    "'pending_reason' is only for result 'pending', not '\(outcome.result.rawValue)'")
+            }
         },
         [
             .field("request_id", \.requestID),
-            .field("app_id", \.appID),
+            .field("app_id", \.appID, .appID),
             .field("app_user_id", \.appUserID),
             .field("product_id", \.productID),
             .field("result", \.result),
@@ -107,6 +118,7 @@ extension PurchaseOutcomeEvent: FieldTabled {
             .field("controller", \.controller, .name(maxLength: 128)),
             .field("transaction_id", \.transactionID),
             .field("error", \.error),
+            .field("pending_reason", \.pendingReason),
         ])
 }
 

@@ -56,6 +56,25 @@ public struct PurchaseRequestEvent: EncoreEvent, Hashable {
 
     public func jsonBytes() -> [UInt8] { Self.table.encode(self) }
 
+    /// A digest of everything the request says (16 hex digits, FNV-1a over its fields, attributes
+    /// in key order): the same on every process and version, so a re-sent record matches its
+    /// journal entry and a reused `request_id` with other content does not.
+    public var contentDigest: String {
+        var digest = ContentDigest()
+        for text in [requestID, appID, appUserID, productID, store.rawValue, environment.rawValue] { digest.add(text) }
+        digest.add(requestedAtMs)
+        for text in [placementID, promoOfferID, campaignID, offerID] { digest.add(text) }
+        digest.add(entitlement.map { "\($0.type.rawValue)/\($0.value)/\($0.unit.rawValue)" })
+        digest.add(deadlineAtMs.map(String.init))
+        if let attributes {
+            for (key, value) in attributes.sorted(by: { $0.key < $1.key }) {
+                digest.add(key)
+                digest.add(value)
+            }
+        }
+        return digest.hex
+    }
+
     /// The `request_id` of a record that is not a valid request, when one can be read (for its
     /// dead letter, and for an audit naming it).
     public static func requestIDHint(_ bytes: [UInt8]) -> String? {
@@ -73,7 +92,7 @@ extension PurchaseRequestEvent: FieldTabled {
             requestedAtMs: 0),
         [
             .field("request_id", \.requestID),
-            .field("app_id", \.appID),
+            .field("app_id", \.appID, .appID),
             .field("app_user_id", \.appUserID),
             .field("product_id", \.productID),
             .field("store", \.store),
@@ -87,4 +106,31 @@ extension PurchaseRequestEvent: FieldTabled {
             .field("deadline_at_ms", \.deadlineAtMs),
             .field("attributes", \.attributes, .attributes),
         ])
+}
+
+/// FNV-1a, 64 bits, over length-prefixed fields (so that no two field lists give one input).
+struct ContentDigest {
+    private var state: UInt64 = 0xcbf2_9ce4_8422_2325
+
+    private mutating func add(byte: UInt8) {
+        state = (state ^ UInt64(byte)) &* 0x0000_0100_0000_01b3
+    }
+
+    mutating func add(_ text: String?) {
+        guard let text else {
+            add(byte: 0xff)
+            return
+        }
+        add(Int64(text.utf8.count))
+        for byte in text.utf8 { add(byte: byte) }
+    }
+
+    mutating func add(_ number: Int64) {
+        for shift in stride(from: 0, to: 64, by: 8) { add(byte: UInt8(truncatingIfNeeded: number >> shift)) }
+    }
+
+    var hex: String {
+        let digits = String(state, radix: 16)
+        return String(repeating: "0", count: 16 - digits.count) + digits
+    }
 }

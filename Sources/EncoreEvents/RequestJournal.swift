@@ -97,7 +97,7 @@ public struct RequestJournal: Sendable, Hashable {
     }
 
     /// Drops entries untouched since before `horizonMs`, then the oldest results beyond `cap` (at
-    /// least one entry stays), then the oldest intents. Whether it dropped any.
+    /// least one entry stays; open intents always stay). Whether it dropped any.
     @discardableResult
     public mutating func prune(untouchedBefore horizonMs: Int64, cap: Int) -> Bool {
         let counted = count
@@ -126,8 +126,9 @@ public struct RequestJournal: Sendable, Hashable {
             excess -= 1
         }
         dropOldestSettled(droppedSettled)
-        if excess > 0 { values.removeFirst(excess) }
-        return true
+        // Open intents are never dropped for the cap: a request in flight or in doubt must be
+        // found by a restart (it would be called again as new).
+        return count < counted
     }
 
     /// Removes the oldest `count` settled entries: their bytes go at once, the others move up.

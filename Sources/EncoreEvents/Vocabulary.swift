@@ -19,6 +19,20 @@ public enum OutcomeResult: String, Sendable, CaseIterable {
     case pending
     case failed
     case notAttempted = "not_attempted"
+
+    /// Whether this is a request's final answer: every result but `pending`, which a final
+    /// outcome of the same `request_id` may follow.
+    public var isFinal: Bool { self != .pending }
+}
+
+/// Why an outcome is `pending`: the controller deferred it (Ask to Buy, SCA), or billing's answer
+/// is unknown and the processor keeps asking (the request is *in doubt*).
+public enum PendingReason: String, Sendable, CaseIterable {
+    /// The controller answered `.pending`.
+    case deferred
+    /// The attempts ran out with the effect unknown (a timeout, a lost connection, a 5xx): billing
+    /// may have charged. A final outcome follows once billing answers a recovery call.
+    case outcomeUnknown = "outcome_unknown"
 }
 
 /// Encore's grant kinds, in Encore's spelling.

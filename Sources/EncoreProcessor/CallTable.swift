@@ -1,24 +1,44 @@
 import EncoreEvents
 
-/// The controller calls of one loop: attempts, backoff, deadlines, timeouts and cancellation.
+/// The controller calls of one loop: attempts, backoff, deadlines, timeouts, cancellation, and
+/// the reconciliation of requests in doubt.
 ///
 /// A call is over only when the controller has returned: a timeout cancels the call and waits for
 /// it (the user's lane stays held meanwhile), so one user never has two purchases in billing at
-/// once. A call that timed out had an unknown effect: it is tried again (a recovery call, as every
-/// attempt after the first) while attempts remain. A pure state machine: the loop feeds it starts, results and the time, and carries out
-/// the ``Action``s it returns.
+/// once. Every attempt after a request's first is a recovery call, and its intent is durable
+/// before it starts (``Action/journal(call:_:attempt:)``), so that a next owner knows how long the
+/// call could still run.
+///
+/// When the attempts run out and the last one's effect is unknown (a timeout, or an error with
+/// ``PurchaseControllerError/isOutcomeUnknown``), the request is *in doubt*
+/// (``Action/doubt(_:_:attempts:)``): the call stays here, waiting, and asks billing again with
+/// capped exponential backoff until billing gives a definite answer or the reconciliation time
+/// runs out (``Settlement/expired(_:)``). A waiting call holds its user's lane but no call slot.
+///
+/// A pure state machine: the loop feeds it starts, durable intents, results and the time, and
+/// carries out the ``Action``s it returns.
 struct CallTable<Item> {
-    /// Where a call is: in the controller, waiting to retry, or cancelled and not yet returned.
+    /// Where a call is.
     enum Phase: Equatable {
+        /// In the controller.
         case running
-        /// Waiting to retry at `until`.
-        case backingOff(until: ContinuousClock.Instant)
+        /// The intent of `attempt` is being made durable; it launches once it is.
+        case journaling(attempt: Int)
+        /// Waiting until `until` to make attempt `next`: a retry's backoff (holding a call slot),
+        /// or a wait that holds none (an in-doubt request between asks, a takeover's hold).
+        case waiting(until: ContinuousClock.Instant, next: Int, holdsSlot: Bool)
         /// Cancelled; waiting for the controller to return.
         case cancelling(Cancellation)
 
-        var isBackingOff: Bool {
-            if case .backingOff = self { return true }
+        var isWaiting: Bool {
+            if case .waiting = self { return true }
             return false
+        }
+
+        /// Whether the call counts against the bound of calls at once.
+        var holdsSlot: Bool {
+            if case .waiting(_, _, let holdsSlot) = self { return holdsSlot }
+            return true
         }
     }
 
@@ -33,8 +53,16 @@ struct CallTable<Item> {
     struct Call {
         let item: Item
         let partition: InputPartition
-        var attempt = 1
-        var phase = Phase.running
+        var attempt: Int
+        var phase: Phase
+        /// The last attempt a failure may be retried before; an unknown effect then is in doubt.
+        let lastAttempt: Int
+        /// Whether billing may have acted on an attempt so far: one ended unknown, or an earlier
+        /// process started the request. A request that may have charged is never `failed` for a
+        /// later attempt's error that is known not to have reached billing.
+        var mayHaveActed: Bool
+        /// Set once in doubt: when reconciliation gives up, and the asks made since.
+        var reconciling: (deadline: ContinuousClock.Instant, asks: Int)?
     }
 
     /// How a call ended: the controller's answer, or a failure for the outcome and dead letter.
@@ -43,16 +71,31 @@ struct CallTable<Item> {
         case failed(PurchaseOutcomeEvent.Failure)
         /// The controller declined before billing (``PurchaseNotAttempted``).
         case notAttempted(PurchaseOutcomeEvent.Failure)
+        /// In doubt past the reconciliation time: billing never answered. Its outcome stays
+        /// `pending`; a person settles it (dead letter `in_doubt_expired`).
+        case expired(PurchaseOutcomeEvent.Failure)
+
+        var isExpiry: Bool {
+            if case .expired = self { return true }
+            return false
+        }
     }
 
     enum Action {
         /// Call the controller (attempt `attempt`) and report with
         /// ``finished(_:attempt:_:now:retryUnit:retryDeadline:)``.
         case launch(call: Int, Item, attempt: Int)
+        /// Make the intent of attempt `attempt` durable, then report ``journaled(_:attempt:now:)``.
+        case journal(call: Int, Item, attempt: Int)
+        /// Nothing to do until the takeover's hold is over (``tick(now:slots:)`` journals it then).
+        case wait(Item)
         /// Cancel the running attempt; the table waits for it to return.
         case cancel(call: Int, Item)
         /// The call is over: publish this outcome (a dead letter too when it failed).
         case settle(Item, Settlement, attempts: Int)
+        /// The attempts are used up and billing's answer is unknown: publish `pending`
+        /// (`outcome_unknown`), grant nothing, keep the lane. The table asks billing again.
+        case doubt(Item, PurchaseOutcomeEvent.Failure, attempts: Int)
         /// The call is over without an outcome (interrupted, or a retry that cannot finish before a
         /// hand-over): its record is left unfinished, for the next owner.
         case abandon(Item)
@@ -60,30 +103,78 @@ struct CallTable<Item> {
 
     let timeout: Duration
     let retry: RetryPolicy
+    let reconcile: ReconcilePolicy
     private(set) var calls: [Int: Call] = [:]
     private var nextID = 0
     /// Running attempts by deadline; with one timeout for all, launch order is deadline order.
     private var deadlines = FIFO<(deadline: ContinuousClock.Instant, call: Int, attempt: Int)>()
-    private var retries = TimerQueue<ContinuousClock.Instant, Int>()
+    private var timers = TimerQueue<ContinuousClock.Instant, Int>()
+    /// Calls waiting without a slot (in doubt between asks, or held at a takeover).
+    private(set) var idleCount = 0
+    /// Calls in doubt (waiting or asking).
+    private(set) var inDoubtCount = 0
 
-    init(timeout: Duration, retry: RetryPolicy) {
+    init(timeout: Duration, retry: RetryPolicy, reconcile: ReconcilePolicy = ReconcilePolicy()) {
         self.timeout = timeout
         self.retry = retry
+        self.reconcile = reconcile
     }
 
     var isEmpty: Bool { calls.isEmpty }
-    var count: Int { calls.count }
+    /// Calls holding a slot: running, cancelling, journaling or backing off to retry.
+    var count: Int { calls.count - idleCount }
 
     /// Starts a call for `item`, whose record belongs to `partition`, with attempt number
-    /// `attempt` (more than 1 when an earlier process started the request).
+    /// `attempt` (more than 1 when an earlier process started the request). Its intent is durable,
+    /// unless `journalAfter` is given (a recovery found at takeover): then the attempt's intent is
+    /// written at that time (an earlier owner's call may run until then) before it launches.
+    /// `inDoubtUntil`: the request is in doubt already (journaled so), reconciled until then.
     mutating func start(
-        _ item: Item, partition: InputPartition, attempt: Int = 1, now: ContinuousClock.Instant
+        _ item: Item, partition: InputPartition, attempt: Int = 1, now: ContinuousClock.Instant,
+        journalAfter: ContinuousClock.Instant? = nil, inDoubtUntil: ContinuousClock.Instant? = nil
     ) -> Action {
         let id = nextID
         nextID += 1
-        calls[id] = Call(item: item, partition: partition, attempt: attempt)
+        var call = Call(
+            item: item, partition: partition, attempt: attempt, phase: .running,
+            // A recovery past the attempts still gets its one call, in doubt if that is unknown too.
+            lastAttempt: inDoubtUntil == nil ? max(retry.maxAttempts, attempt) : attempt, mayHaveActed: attempt > 1)
+        if let inDoubtUntil {
+            call.reconciling = (inDoubtUntil, 0)
+            inDoubtCount += 1
+        }
+        switch journalAfter {
+        case .some(let hold) where hold > now:
+            call.phase = .waiting(until: hold, next: attempt, holdsSlot: false)
+            idleCount += 1
+            calls[id] = call
+            timers.schedule(id, at: hold)
+            return .wait(item)
+        case .some:
+            call.phase = .journaling(attempt: attempt)
+            calls[id] = call
+            return .journal(call: id, item, attempt: attempt)
+        case nil:
+            calls[id] = call
+            deadlines.append((now.advanced(by: timeout), id, attempt))
+            return .launch(call: id, item, attempt: attempt)
+        }
+    }
+
+    /// The intent of attempt `attempt` of call `id` is durable: it launches, unless it could not
+    /// end before its partition's hand-over (`handOverDeadline`), when it is left to the next owner.
+    mutating func journaled(
+        _ id: Int, attempt: Int, now: ContinuousClock.Instant, handOverDeadline: ContinuousClock.Instant?
+    ) -> Action? {
+        guard let call = calls[id], call.phase == .journaling(attempt: attempt) else { return nil }
+        if let handOverDeadline, now.advanced(by: timeout) > handOverDeadline {
+            drop(id)
+            return .abandon(call.item)
+        }
+        calls[id]!.phase = .running
+        calls[id]!.attempt = attempt
         deadlines.append((now.advanced(by: timeout), id, attempt))
-        return .launch(call: id, item, attempt: attempt)
+        return .launch(call: id, call.item, attempt: attempt)
     }
 
     /// Attempt `attempt` of call `id` returned with `result`. `retryUnit` is a random value in
@@ -94,99 +185,164 @@ struct CallTable<Item> {
         _ id: Int, attempt: Int, _ result: Result<PurchaseResult, any Error>, now: ContinuousClock.Instant,
         retryUnit: Double, retryDeadline: (InputPartition) -> ContinuousClock.Instant?
     ) -> Action? {
-        guard let call = calls[id], call.attempt == attempt, !call.phase.isBackingOff else { return nil }
+        guard let call = calls[id], call.attempt == attempt, call.phase == .running || call.phase.isCancelling
+        else { return nil }
+        let failure: PurchaseOutcomeEvent.Failure
         switch (call.phase, result) {
         case (_, .success(let answer)):
             // Also after a cancellation: a definite answer is what happened in billing.
             return end(id, .answered(answer))
+        case (.cancelling(.interrupted), .failure):
+            drop(id)
+            return .abandon(call.item)
         case (.cancelling(.timedOut), .failure):
             // Its effect is unknown: the next attempt is a recovery call, which looks before it charges.
-            let failure = PurchaseOutcomeEvent.Failure(
+            calls[id]!.mayHaveActed = true
+            failure = .init(
                 type: "timeout",
-                message: "the controller did not answer within \(timeout) (attempt \(attempt) of \(retry.maxAttempts))",
-                retryable: false)
-            return retryOrEnd(id, call, failure: failure, now: now, retryUnit: retryUnit, retryDeadline: retryDeadline)
-        case (.cancelling(.interrupted), .failure):
-            calls[id] = nil
-            return .abandon(call.item)
+                message: "the controller did not answer within \(timeout) (attempt \(attempt))",
+                retryable: true)
         case (_, .failure(let error as PurchaseNotAttempted)):
             return end(id, .notAttempted(.init(type: error.type, message: error.message, retryable: false)))
         case (_, .failure(let error as PurchaseControllerError)):
-            let failure = PurchaseOutcomeEvent.Failure(
-                type: error.type, message: error.message, retryable: error.isRetryable)
-            guard error.isRetryable else { return end(id, .failed(failure)) }
-            return retryOrEnd(id, call, failure: failure, now: now, retryUnit: retryUnit, retryDeadline: retryDeadline)
+            failure = .init(type: error.type, message: error.message, retryable: error.isRetryable)
+            if !error.isRetryable { return end(id, .failed(failure)) }
+            if error.isOutcomeUnknown { calls[id]!.mayHaveActed = true }
+            if !calls[id]!.mayHaveActed && call.attempt >= call.lastAttempt {
+                // Billing acted on no attempt: a definite failure.
+                return end(id, .failed(failure))
+            }
         case (_, .failure(let error)):
             return end(
                 id, .failed(.init(type: String(describing: type(of: error)), message: "\(error)", retryable: false)))
         }
+        if call.reconciling != nil {
+            return askAgain(id, failure: failure, now: now, unit: retryUnit)
+        }
+        if call.attempt < call.lastAttempt {
+            return retryOrAbandon(id, call, now: now, retryUnit: retryUnit, retryDeadline: retryDeadline)
+        }
+        // No attempts left and billing may have acted: in doubt, never failed.
+        calls[id]!.reconciling = (now.advanced(by: reconcile.duration), 0)
+        inDoubtCount += 1
+        _ = askAgain(id, failure: failure, now: now, unit: retryUnit)
+        return .doubt(call.item, failure, attempts: attempt)
     }
 
-    /// Backs off before the next attempt while attempts remain and it can end before the
-    /// partition's hand-over; otherwise ends with `failure` (no attempts left) or leaves the
-    /// record to the next owner.
-    private mutating func retryOrEnd(
-        _ id: Int, _ call: Call, failure: PurchaseOutcomeEvent.Failure, now: ContinuousClock.Instant,
-        retryUnit: Double, retryDeadline: (InputPartition) -> ContinuousClock.Instant?
+    /// Backs off before the next attempt if it can end before the partition's hand-over;
+    /// otherwise leaves the record to the next owner.
+    private mutating func retryOrAbandon(
+        _ id: Int, _ call: Call, now: ContinuousClock.Instant, retryUnit: Double,
+        retryDeadline: (InputPartition) -> ContinuousClock.Instant?
     ) -> Action? {
-        guard retry.allowsRetry(after: call.attempt) else { return end(id, .failed(failure)) }
         let due = now.advanced(by: retry.backoff(after: call.attempt, unit: retryUnit))
         if let deadline = retryDeadline(call.partition), due.advanced(by: timeout) > deadline {
             // The next owner retries, as a recovery call.
-            calls[id] = nil
+            drop(id)
             return .abandon(call.item)
         }
-        calls[id]!.phase = .backingOff(until: due)
-        retries.schedule(id, at: due)
+        calls[id]!.phase = .waiting(until: due, next: call.attempt + 1, holdsSlot: true)
+        timers.schedule(id, at: due)
+        return nil
+    }
+
+    /// An in-doubt call's ask gave no definite answer: it waits to ask again (without a slot),
+    /// or, past the reconciliation time, expires.
+    private mutating func askAgain(
+        _ id: Int, failure: PurchaseOutcomeEvent.Failure, now: ContinuousClock.Instant, unit: Double
+    ) -> Action? {
+        guard let (deadline, asks) = calls[id]!.reconciling else { return nil }
+        if now >= deadline {
+            return end(
+                id,
+                .expired(
+                    .init(
+                        type: "in_doubt_expired",
+                        message:
+                            "billing gave no definite answer within the reconciliation time (--reconcile-for, \(reconcile.duration)); last: \(failure.type): \(failure.message)",
+                        retryable: false)))
+        }
+        let due = min(now.advanced(by: reconcile.interval(after: asks, unit: unit)), deadline)
+        calls[id]!.reconciling = (deadline, asks + 1)
+        calls[id]!.phase = .waiting(until: due, next: calls[id]!.attempt + 1, holdsSlot: false)
+        idleCount += 1
+        timers.schedule(id, at: due)
         return nil
     }
 
     private mutating func end(_ id: Int, _ settlement: Settlement) -> Action {
-        let call = calls.removeValue(forKey: id)!
+        let call = calls[id]!
+        drop(id)
         return .settle(call.item, settlement, attempts: call.attempt)
     }
 
-    /// Cancels attempts past their timeout and launches retries that are due.
-    mutating func tick(now: ContinuousClock.Instant) -> [Action] {
+    /// Removes call `id`, keeping the counts.
+    private mutating func drop(_ id: Int) {
+        guard let call = calls.removeValue(forKey: id) else { return }
+        if !call.phase.holdsSlot { idleCount -= 1 }
+        if call.reconciling != nil { inDoubtCount -= 1 }
+    }
+
+    /// Cancels attempts past their timeout and journals the attempts that are due (retries,
+    /// asks of calls in doubt, takeovers whose hold ended). `slots`: how many more calls may
+    /// hold a slot now; a wait without one that would exceed it stays due for a later tick.
+    mutating func tick(now: ContinuousClock.Instant, slots: Int = .max) -> [Action] {
         var actions: [Action] = []
         // Entries of attempts that already ended are dropped as they reach the front, so the
         // queue holds about the attempts in flight.
         while let first = deadlines.first,
             first.deadline <= now
-                || calls[first.call].map({ $0.attempt != first.attempt || $0.phase != .running })
-                    ?? true
+                || calls[first.call].map({ $0.attempt != first.attempt || $0.phase != .running }) ?? true
         {
             _ = deadlines.popFirst()
             guard let call = calls[first.call], call.attempt == first.attempt, call.phase == .running else { continue }
             calls[first.call]!.phase = .cancelling(.timedOut)
             actions.append(.cancel(call: first.call, call.item))
         }
-        for id in retries.popDue(now: now) {
-            guard let call = calls[id], call.phase.isBackingOff else { continue }
-            calls[id]!.attempt += 1
-            calls[id]!.phase = .running
-            deadlines.append((now.advanced(by: timeout), id, call.attempt + 1))
-            actions.append(.launch(call: id, call.item, attempt: call.attempt + 1))
+        var free = slots
+        var deferred: [Int] = []
+        for id in timers.popDue(now: now) {
+            guard let call = calls[id], case .waiting(_, let next, let holdsSlot) = call.phase else { continue }
+            if !holdsSlot {
+                guard free > 0 else {
+                    deferred.append(id)
+                    continue
+                }
+                free -= 1
+                idleCount -= 1
+            }
+            calls[id]!.phase = .journaling(attempt: next)
+            actions.append(.journal(call: id, call.item, attempt: next))
         }
+        // Asked again on the next tick, once slots free up.
+        for id in deferred { timers.schedule(id, at: now) }
         return actions
     }
 
-    /// Partitions are being handed over by `deadline`: a waiting retry that cannot end by then is
-    /// dropped (its record is left to the next owner); running calls go on.
+    /// When the next timer (a retry, an ask, a hold's end) is due, if any.
+    var nextTimer: ContinuousClock.Instant? { timers.firstDue }
+
+    /// Partitions are being handed over by `deadline`: a retry that cannot end by then, and every
+    /// wait without a slot (an in-doubt request, a takeover's hold), are dropped: their records
+    /// are left to the next owner, which reads the journal. Running calls go on.
     mutating func handOver(
         where isLeaving: (InputPartition) -> Bool, by deadline: ContinuousClock.Instant
     ) -> [Action] {
         let timeout = self.timeout
         return abandon { call in
-            guard case .backingOff(let due) = call.phase, isLeaving(call.partition) else { return false }
-            return due.advanced(by: timeout) > deadline
+            guard case .waiting(let due, _, let holdsSlot) = call.phase, isLeaving(call.partition) else { return false }
+            return !holdsSlot || due.advanced(by: timeout) > deadline
         }
     }
 
     /// The hand-over of these partitions is overdue: running calls are cancelled (and waited
-    /// for), waiting retries dropped.
+    /// for), waiting ones and those journaling dropped.
     mutating func interrupt(where isLeaving: (InputPartition) -> Bool) -> [Action] {
-        var actions = abandon { $0.phase.isBackingOff && isLeaving($0.partition) }
+        var actions = abandon { call in
+            guard isLeaving(call.partition) else { return false }
+            if case .journaling = call.phase { return true }
+            return call.phase.isWaiting
+        }
         for (id, call) in calls where call.phase == .running && isLeaving(call.partition) {
             calls[id]!.phase = .cancelling(.interrupted)
             actions.append(.cancel(call: id, call.item))
@@ -196,7 +352,45 @@ struct CallTable<Item> {
 
     private mutating func abandon(where predicate: (Call) -> Bool) -> [Action] {
         let dropped = calls.filter { predicate($0.value) }
-        for id in dropped.keys { calls[id] = nil }
+        for id in dropped.keys { drop(id) }
         return dropped.values.map { .abandon($0.item) }
+    }
+}
+
+extension CallTable.Phase {
+    var isCancelling: Bool {
+        if case .cancelling = self { return true }
+        return false
+    }
+}
+
+/// How the processor reconciles a request in doubt: it asks billing again (recovery calls with
+/// the same idempotency key) with capped exponential backoff and jitter, for `duration` at most.
+public struct ReconcilePolicy: Sendable, Hashable {
+    /// How long after a request goes in doubt billing is asked (`--reconcile-for`).
+    public var duration: Duration
+    /// The longest wait between two asks (`--reconcile-max-interval-ms`).
+    public var maxInterval: Duration
+    /// The wait before the first ask; doubling from there.
+    public var initialInterval: Duration
+    /// A takeover's hold past an open intent's call timeout: the clocks of two members may differ
+    /// by this much (`--clock-skew-margin-ms`).
+    public var clockSkewMargin: Duration
+
+    public init(
+        duration: Duration = .seconds(72 * 3600), maxInterval: Duration = .seconds(300),
+        initialInterval: Duration = .seconds(1), clockSkewMargin: Duration = .seconds(5)
+    ) {
+        self.duration = duration
+        self.maxInterval = maxInterval
+        self.initialInterval = initialInterval
+        self.clockSkewMargin = clockSkewMargin
+    }
+
+    /// The wait before ask `asks + 1`: uniform in [cap/2, cap], cap doubling from the initial
+    /// interval up to the maximum. `unit` is a random value in [0, 1).
+    func interval(after asks: Int, unit: Double) -> Duration {
+        let cap = min(initialInterval * (1 << min(asks, 30)), maxInterval)
+        return cap / 2 + (cap / 2) * unit
     }
 }

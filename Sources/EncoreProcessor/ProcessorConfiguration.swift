@@ -36,10 +36,12 @@ public struct ProcessorConfiguration: Sendable {
     /// reaching it, the consumer stops handing out records (see `KafkaAdmission`).
     public var bufferCapacity = 10_000
     /// A controller call longer than this is cancelled; once it has returned, it is tried again as a
-    /// recovery call (its effect is unknown) while attempts remain, then the request ends as
-    /// `failed` with error `timeout` (unless it returned an answer after all).
+    /// recovery call (its effect is unknown) while attempts remain, then the request is in doubt
+    /// (unless it returned an answer after all): `pending`, reconciled by ``reconciliation``.
     public var callTimeout: Duration = .seconds(30)
     public var retry = RetryPolicy()
+    /// How requests in doubt are reconciled (asked again, for how long), and the takeover's hold.
+    public var reconciliation = ReconcilePolicy()
     /// How long a revocation or shutdown waits for running calls and their outputs before it
     /// cancels what still runs; by default the call timeout plus 5 s, and never shorter than it.
     /// A revoked partition is not handed over while one of its calls runs, even past this.
@@ -90,6 +92,15 @@ public struct ProcessorConfiguration: Sendable {
         try require(bufferCapacity >= 1, "buffer-size", "must be at least 1, got \(bufferCapacity)")
         try require(callTimeout > .zero, "call-timeout", "must be positive")
         try require(commitInterval > .zero, "commit-interval-ms", "must be positive")
+        try require(reconciliation.duration > .zero, "reconcile-for", "must be positive")
+        try require(reconciliation.maxInterval > .zero, "reconcile-max-interval-ms", "must be positive")
+        try require(reconciliation.clockSkewMargin >= .zero, "clock-skew-margin-ms", "must not be negative")
+        // An in-doubt request's journal entry is touched by every ask: it must outlive the waits.
+        try require(
+            Int64((reconciliation.maxInterval + callTimeout).milliseconds) < journal.retentionMs,
+            "reconcile-max-interval-ms",
+            "plus --call-timeout-ms must be shorter than --dedupe-retention (\(journal.retentionMs) ms), so an in-doubt request stays in its user's journal between asks"
+        )
         try require(
             drainTimeout > callTimeout, "drain-timeout-ms",
             "must be longer than --call-timeout-ms (\(callTimeout.milliseconds) ms), so a hand-over outlasts every running call; got \(drainTimeout.milliseconds) ms"

@@ -1,20 +1,27 @@
 import EncoreEvents
 
 /// The request journal's side of the loop: a call starts once its intent is durable, within the
-/// call bound; a failure is journaled before it is published.
+/// call bound; a failure is journaled before it is published; a request in doubt keeps its
+/// intent open and its lane held until billing answers.
 extension ProcessorLoop {
     /// Starts `first`; an item that ends without a call or outputs frees its slot and lane, which
     /// starts at most one other.
     ///
     /// The user's journal decides: a request with a recorded result is a duplicate (finished, no
-    /// outputs); one with an intent and no result was started by an earlier process and is
-    /// called again only as a recovery call. Otherwise the intent is written first, and the call
-    /// starts once it is durable (``intentWritten(_:)``).
+    /// outputs) unless its content differs (a `request_id_conflict`); one with an intent and no
+    /// result was started by an earlier process and is called again only as a recovery call,
+    /// after the earlier call could no longer be running. Otherwise the intent is written first,
+    /// and the call starts once it is durable (``intentWritten(_:)``).
     func start(_ first: WorkItem) {
         var ready: WorkItem? = first
         while let item = ready {
             ready = nil
             let journaled = ledger.journalEntry(ofUser: item.lane.key, requestID: item.request.requestID)
+            if let journaled, let digest = journaled.digest, digest != item.digest {
+                rejectConflict(item, journaled)
+                ready = scheduler.finish(lane: item.lane)
+                continue
+            }
             if let journaled, journaled.result == .failed, let error = journaled.error,
                 journaled.offset == item.ref.offset, let completedAtMs = journaled.completedAtMs
             {
@@ -36,33 +43,10 @@ extension ProcessorLoop {
             }
             ownership.beginWork(item.ref)
             if let journaled {
-                // Its earlier call may have reached billing: never "not attempted", always asked
-                // again, unless its attempts ran out (then failed, for reconciliation).
-                item.firstAttempt = journaled.attempts + 1
-                statistics.recovered += 1
-                let route = router.controller(for: item.request.productID)
-                guard journaled.attempts < configuration.retry.maxAttempts, route != nil else {
-                    item.controllerName = route?.name ?? ""
-                    journalFailure(
-                        item,
-                        route == nil
-                            ? .init(
-                                type: "no_controller",
-                                message:
-                                    "no controller is routed for product \(item.request.productID) and an earlier call may have reached billing",
-                                retryable: false)
-                            : .init(
-                                type: "attempts_exhausted",
-                                message:
-                                    "\(journaled.attempts) calls were started before a restart, the most allowed (--max-attempts)",
-                                retryable: false),
-                        attempts: journaled.attempts)
-                    ready = scheduler.endCall(lane: item.lane)
-                    continue
-                }
-            } else if configuration.enforcesDeadlines, let deadline = item.request.deadlineAtMs,
-                currentTimeMs() > deadline
-            {
+                ready = recover(item, journaled)
+                continue
+            }
+            if configuration.enforcesDeadlines, let deadline = item.request.deadlineAtMs, currentTimeMs() > deadline {
                 let error = PurchaseOutcomeEvent.Failure(
                     type: "deadline_exceeded", message: "deadline_at_ms \(deadline) passed before the purchase started",
                     retryable: false)
@@ -79,9 +63,63 @@ extension ProcessorLoop {
             item.controller = route.controller
             let intent = ledger.recordIntent(
                 item.request, attempt: item.firstAttempt, partition: item.ref.partition.number,
-                nowMs: currentTimeMs())
+                nowMs: currentTimeMs(), offset: item.ref.offset, digest: item.digest)
             outputs.publish(intent, for: nil, intent: item)
         }
+    }
+
+    /// A request an earlier process started (an open intent): its earlier call may have reached
+    /// billing, so it is never "not attempted" and never called as new. Its user's lane stays
+    /// held until that call could no longer be running anywhere (the intent's time plus the call
+    /// timeout and the clock-skew margin); then billing is asked with a recovery call. A request
+    /// journaled in doubt goes on being reconciled until `--reconcile-for` past that time.
+    /// Returns an item to start when this one ended at once (billing cannot be asked).
+    func recover(_ item: WorkItem, _ journaled: EntitlementStateRecord.RequestEntry) -> WorkItem? {
+        statistics.recovered += 1
+        item.firstAttempt = journaled.attempts + 1
+        item.inDoubtSinceMs = journaled.inDoubtSinceMs
+        let (now, nowMs) = (clock.now, currentTimeMs())
+        guard let route = router.controller(for: item.request.productID) else {
+            // Billing cannot be asked: for a person, never a guess.
+            expire(
+                item,
+                .init(
+                    type: "in_doubt_expired",
+                    message:
+                        "no controller is routed for product \(item.request.productID) to ask whether an earlier call (attempt \(journaled.attempts)) reached billing",
+                    retryable: false),
+                attempts: journaled.attempts)
+            return scheduler.endCall(lane: item.lane)
+        }
+        item.controllerName = route.name
+        item.controller = route.controller
+        let callOver =
+            journaled.startedAtMs
+            + Int64((configuration.callTimeout + configuration.reconciliation.clockSkewMargin).milliseconds)
+        if callOver > nowMs { item.takeoverHold = now.advanced(by: .milliseconds(callOver - nowMs)) }
+        if let since = journaled.inDoubtSinceMs {
+            let until = since + Int64(configuration.reconciliation.duration.milliseconds)
+            item.inDoubtUntil = now.advanced(by: .milliseconds(until - nowMs))
+        }
+        startCall(item)
+        return nil
+    }
+
+    /// A record reusing a journaled `request_id` with other content: a dead letter naming both
+    /// records; the journaled request is left as it is.
+    func rejectConflict(_ item: WorkItem, _ journaled: EntitlementStateRecord.RequestEntry) {
+        ownership.beginWork(item.ref)
+        statistics.requestIDConflicts += 1
+        let first =
+            journaled.offset.map { "offset \($0) of partition \(item.ref.partition.number)" } ?? "an earlier record"
+        publishDeadLetter(
+            for: item.message, ref: item.ref,
+            failure: .init(
+                stage: .validate, errorClass: "request_id_conflict",
+                message:
+                    "request_id '\(item.request.requestID)' was first used by \(first) with other content (digest \(journaled.digest ?? "-"), this record's \(item.digest)); this record (offset \(item.message.offset)) is not processed",
+                retryable: false),
+            requestID: item.request.requestID)
     }
 
     /// The item's intent is durable (exactly-once: in the transaction, whose commit makes it so),
@@ -92,12 +130,30 @@ extension ProcessorLoop {
         } else if transactions != nil {
             transactions!.intents.append(item)
         } else {
-            startCall(item)
+            intentDurable(item)
         }
     }
 
-    /// Starts the call of an item whose intent is durable, unless the loop is failing or the call
-    /// could not end before its partition's hand-over (the next owner calls it, as a recovery).
+    /// The intent of the item's next call is durable: a first call starts (within the bound), a
+    /// later attempt launches.
+    func intentDurable(_ item: WorkItem) {
+        guard let (id, attempt) = item.journalingCall else {
+            startCall(item)
+            return
+        }
+        item.journalingCall = nil
+        let now = clock.now
+        // A failing loop or a partition no longer owned makes no call: as if its hand-over were now.
+        let deadline =
+            failure == nil && ownership.owns(item.ref) ? ownership.deadline(of: item.ref.partition) : now
+        if let action = calls.journaled(id, attempt: attempt, now: now, handOverDeadline: deadline) {
+            perform(action)
+        }
+    }
+
+    /// Starts the call of an item, unless the loop is failing or the call could not end before
+    /// its partition's hand-over (the next owner calls it, as a recovery). A new request's intent
+    /// is durable already; a recovery's is written once its takeover hold is over.
     func startCall(_ item: WorkItem) {
         let now = clock.now
         let handOverDeadline = ownership.deadline(of: item.ref.partition)
@@ -107,11 +163,16 @@ extension ProcessorLoop {
             perform(.abandon(item))
             return
         }
-        guard calls.count < configuration.maxInFlight else {
+        let isRecovery = item.firstAttempt > 1
+        // A takeover's hold takes no slot while it lasts.
+        guard calls.count < configuration.maxInFlight || item.takeoverHold.map({ $0 > now }) == true else {
             waitingForSlot.append(item)
             return
         }
-        perform(calls.start(item, partition: item.ref.partition, attempt: item.firstAttempt, now: now))
+        let action = calls.start(
+            item, partition: item.ref.partition, attempt: item.firstAttempt, now: now,
+            journalAfter: isRecovery ? item.takeoverHold ?? now : nil, inDoubtUntil: item.inDoubtUntil)
+        perform(action)
         statistics.peakInFlight = max(statistics.peakInFlight, calls.count)
     }
 
@@ -142,5 +203,64 @@ extension ProcessorLoop {
             deadLetter: .init(
                 stage: .controller, errorClass: error.type, message: error.message, retryable: error.retryable),
             completedAtMs: failure.completedAtMs)
+    }
+
+    // MARK: In doubt
+
+    /// The attempts ran out with billing's answer unknown: `pending` (`outcome_unknown`) is
+    /// published with the journal's in-doubt mark, nothing is granted, and the record stays
+    /// unfinished (its offset is not committed: a restart reads it again and goes on asking). The
+    /// user's lane stays held; the call table asks billing again.
+    func doubt(_ item: WorkItem, _ failure: PurchaseOutcomeEvent.Failure, attempts: Int) {
+        let nowMs = currentTimeMs()
+        item.inDoubtSinceMs = nowMs
+        statistics.inDoubtOpened += 1
+        newlyInDoubt += 1
+        let outcome = PurchaseOutcomeEvent(
+            request: item.request, result: .pending, attempts: attempts, completedAtMs: nowMs,
+            controller: item.controllerName, pendingReason: .outcomeUnknown)
+        statistics.outcomesByController[.init(OutcomeResult.pending.rawValue, item.controllerName), default: 0] += 1
+        let update = ledger.recordInDoubt(
+            item.request, attempts: attempts, partition: item.ref.partition.number, nowMs: nowMs)
+        let trace = Self.traceHeaders(item.message.headers)
+        outputs.publish(
+            update, for: nil,
+            alongside: [
+                (.outcome(.pending, requestedAtMs: item.request.requestedAtMs), .outcome(outcome, trace: trace))
+            ],
+            trace: trace)
+        logger.debug(
+            "request in doubt: pending published, asking billing again",
+            fields: [("request_id", item.request.requestID), ("last", "\(failure.type): \(failure.message)")])
+    }
+
+    /// Billing gave no definite answer within `--reconcile-for` (or cannot be asked): a dead
+    /// letter `in_doubt_expired` for a person to settle, the journal closed (a re-read is a
+    /// duplicate), and the outcome stays `pending` (published now if it was not yet).
+    func expire(_ item: WorkItem, _ failure: PurchaseOutcomeEvent.Failure, attempts: Int) {
+        let nowMs = currentTimeMs()
+        statistics.inDoubtExpired += 1
+        let trace = Self.traceHeaders(item.message.headers)
+        var alongside = [
+            deadLetterOutput(
+                for: item.message,
+                failure: .init(
+                    stage: .controller, errorClass: failure.type, message: failure.message, retryable: false),
+                attempts: attempts, requestID: item.request.requestID, failedAtMs: nowMs)
+        ]
+        if item.inDoubtSinceMs == nil {
+            let outcome = PurchaseOutcomeEvent(
+                request: item.request, result: .pending, attempts: attempts, completedAtMs: nowMs,
+                controller: item.controllerName.isEmpty ? nil : item.controllerName, pendingReason: .outcomeUnknown)
+            alongside.insert(
+                (.outcome(.pending, requestedAtMs: item.request.requestedAtMs), .outcome(outcome, trace: trace)), at: 0)
+        }
+        let update = ledger.recordFailure(
+            item.request, attempts: attempts, error: failure,
+            controller: item.controllerName.isEmpty ? nil : item.controllerName, offset: item.ref.offset,
+            partition: item.ref.partition.number, nowMs: nowMs, result: .pending)
+        outputs.publish(
+            update, for: item.ref, item: item, alongside: alongside, result: transactions == nil ? item : nil,
+            trace: trace)
     }
 }

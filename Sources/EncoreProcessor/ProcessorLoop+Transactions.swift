@@ -110,7 +110,7 @@ extension ProcessorLoop {
         for (partition, offset) in accepted where ownership.generations[partition] != nil {
             landed[partition] = offset
         }
-        for item in items { startCall(item) }
+        for item in items { intentDurable(item) }
         // The offsets were committed in the transaction: the consumer commits nothing.
         for (revocation, _) in handingOver { revocation.handOver([]) { _ in } }
         // The shutdown's last transaction: nothing is left to produce.

@@ -62,6 +62,8 @@ final class ProcessorLoop {
 
     /// Counters kept here and published on each tick (and when the loop ends).
     var statistics = ProcessorStatistics()
+    /// Requests gone in doubt since the last tick (logged once per tick).
+    var newlyInDoubt = 0
     /// Dead-letter warnings: at most ten a second.
     var warnings = WarningRateLimit(perSecond: 10)
     let encoder: OutputEncoder
@@ -92,7 +94,8 @@ final class ProcessorLoop {
         // Lanes bound the requests being processed (one per user); `maxInFlight` bounds the calls
         // among them (``startCall(_:)``), so a request waiting for its intent holds no call slot.
         scheduler = LaneScheduler(maxInFlight: max(configuration.maxInFlight, configuration.bufferCapacity))
-        calls = CallTable(timeout: configuration.callTimeout, retry: configuration.retry)
+        calls = CallTable(
+            timeout: configuration.callTimeout, retry: configuration.retry, reconcile: configuration.reconciliation)
         ownership = PartitionOwnership(
             reportInterval: configuration.drainTimeout, stuckAfter: configuration.stuckCallLimit)
         self.admission = admission
@@ -234,6 +237,21 @@ final class ProcessorLoop {
         switch action {
         case .launch(let id, let item, let attempt):
             launch(id, item, attempt: attempt)
+        case .wait:
+            break
+        case .journal(let id, let item, let attempt):
+            // The attempt launches once its intent is durable (``intentDurable(_:)``): a next
+            // owner holds the user's lane until the call could no longer be running.
+            item.journalingCall = (id, attempt)
+            outputs.publish(
+                ledger.recordIntent(
+                    item.request, attempt: attempt, partition: item.ref.partition.number, nowMs: currentTimeMs(),
+                    offset: item.ref.offset, digest: item.digest),
+                for: nil, intent: item)
+        case .doubt(let item, let failure, let attempts):
+            item.task = nil
+            doubt(item, failure, attempts: attempts)
+            startWaitingCalls()
         case .cancel(_, let item):
             // Logged by the caller, once per batch of cancellations.
             item.task?.cancel()
@@ -257,13 +275,7 @@ final class ProcessorLoop {
         let request = PurchaseRequest(
             event: item.request, attempt: attempt, traceparent: trace.parent, tracestate: trace.state)
         if request.isRecovery { statistics.recoveryCalls += 1 }
-        if attempt > item.firstAttempt {
-            // The journal follows the attempts (not waited for: an older count only repeats a number).
-            outputs.publish(
-                ledger.recordIntent(
-                    item.request, attempt: attempt, partition: item.ref.partition.number, nowMs: currentTimeMs()),
-                for: nil)
-        }
+        if item.inDoubtSinceMs != nil { statistics.reconcileCalls += 1 }
         statistics.controllerCalls += 1
         if attempt > item.firstAttempt { statistics.retries += 1 }
         let started = ContinuousClock.now
@@ -347,6 +359,12 @@ final class ProcessorLoop {
                 publishOutcome(
                     item, result: .notAttempted, attempts: attempts, controller: item.controllerName, error: reason,
                     completedAtMs: replayed)
+            case .expired(let failure):
+                expire(item, failure, attempts: attempts)
+            }
+            if item.inDoubtSinceMs != nil, !settlement.isExpiry {
+                // Billing answered: the request's one final outcome follows its `pending`.
+                statistics.inDoubtResolved += 1
             }
         } else {
             // Only reachable when a hand-over could not wait (the loop ended): nothing is applied.
@@ -502,10 +520,13 @@ final class ProcessorLoop {
         statistics.assignedPartitions = ownership.assigned.count
         statistics.inFlight = calls.count
         statistics.lastTickAtMs = currentTimeMs()
+        statistics.inDoubtOpen = calls.inDoubtCount
+        statistics.oldestInDoubtSinceMs =
+            calls.inDoubtCount == 0 ? nil : calls.calls.values.compactMap(\.item.inDoubtSinceMs).min()
         statistics.changesByKind = outputs.changesByKind
         recorder.publish(statistics)
         let now = clock.now
-        let due = calls.tick(now: now)
+        let due = calls.tick(now: now, slots: max(0, configuration.maxInFlight - calls.count))
         let cancelled = due.filter { if case .cancel = $0 { true } else { false } }.count
         if cancelled > 0 {
             logger.warning(
@@ -513,6 +534,12 @@ final class ProcessorLoop {
             )
         }
         for action in due { perform(action) }
+        if newlyInDoubt > 0 {
+            logger.warning(
+                "\(newlyInDoubt) requests in doubt: their attempts ran out with billing's answer unknown; published pending (outcome_unknown), asking billing again; \(calls.inDoubtCount) in doubt in all"
+            )
+            newlyInDoubt = 0
+        }
         outputs.tick(now: now)
         let nowMs = currentTimeMs()
         if !ownership.isDraining, let due = ledger.nextExpiryMs, due <= nowMs {

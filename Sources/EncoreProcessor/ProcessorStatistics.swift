@@ -22,6 +22,19 @@ public struct ProcessorStatistics: Sendable {
     public var recovered = 0
     /// Controller calls that carried `isRecovery` (every attempt after a request's first).
     public var recoveryCalls = 0
+    /// Requests that went in doubt (attempts used up, billing's answer unknown: `pending`
+    /// with `outcome_unknown` published), that billing then answered (a final outcome
+    /// published), and that expired past `--reconcile-for` (dead letter `in_doubt_expired`).
+    public var inDoubtOpened = 0
+    public var inDoubtResolved = 0
+    public var inDoubtExpired = 0
+    /// Requests in doubt now, and when the oldest of them went in doubt (epoch ms).
+    public var inDoubtOpen = 0
+    public var oldestInDoubtSinceMs: Int64? = nil
+    /// Recovery calls asking billing about a request in doubt.
+    public var reconcileCalls = 0
+    /// Records reusing a journaled `request_id` with other content (dead letter `request_id_conflict`).
+    public var requestIDConflicts = 0
     /// Exactly-once: transactions committed (or attempted).
     public var transactions = 0
     /// Exactly-once: transactions left open when a worker stopped (a failure, a failed commit, a
@@ -105,6 +118,13 @@ public struct ProcessorStatistics: Sendable {
             total.recovered += part.recovered
             total.recoveryCalls += part.recoveryCalls
             total.transactions += part.transactions
+            total.inDoubtOpened += part.inDoubtOpened
+            total.inDoubtResolved += part.inDoubtResolved
+            total.inDoubtExpired += part.inDoubtExpired
+            total.inDoubtOpen += part.inDoubtOpen
+            total.oldestInDoubtSinceMs = [total.oldestInDoubtSinceMs, part.oldestInDoubtSinceMs].compactMap { $0 }.min()
+            total.reconcileCalls += part.reconcileCalls
+            total.requestIDConflicts += part.requestIDConflicts
             total.abortedTransactions += part.abortedTransactions
             total.republished += part.republished
             total.alreadyFinished += part.alreadyFinished

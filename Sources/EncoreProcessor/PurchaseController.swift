@@ -73,23 +73,37 @@ extension PurchaseController {
     public func immediateAnswer(to request: PurchaseRequest) -> Result<PurchaseResult, any Error>? { nil }
 }
 
-/// An error a controller throws to say what went wrong and whether trying again is safe.
+/// An error a controller throws to say what went wrong, whether trying again is safe, and
+/// whether billing may have acted on the call.
 public struct PurchaseControllerError: Error, Sendable, Hashable, CustomStringConvertible {
     /// A short stable class, e.g. `http_503`, `billing_unavailable`, `not_found`.
     public var type: String
     public var message: String
     /// Trying again cannot charge twice and may succeed.
     public var isRetryable: Bool
+    /// Billing may have acted on the call: its effect is unknown (a store call that timed out, a
+    /// connection lost after sending, a 5xx). When the attempts run out on such an error the
+    /// request is *in doubt*: `pending` (`outcome_unknown`), never `failed`, and the processor
+    /// keeps asking billing with recovery calls until it answers.
+    public var isOutcomeUnknown: Bool
 
-    public init(type: String, message: String, isRetryable: Bool) {
+    public init(type: String, message: String, isRetryable: Bool, isOutcomeUnknown: Bool = false) {
         self.type = type
         self.message = message
         self.isRetryable = isRetryable
+        self.isOutcomeUnknown = isOutcomeUnknown
     }
 
-    /// A failure that may be retried (transient: unavailable, rate-limited, connection lost).
+    /// A failure that may be retried and that billing did not act on (unavailable before it
+    /// started, a connection that could not be opened).
     public static func retryable(_ type: String, _ message: String) -> Self {
         Self(type: type, message: message, isRetryable: true)
+    }
+
+    /// A call whose effect is unknown: billing may have charged. Retried as a recovery call
+    /// (which looks before it charges); in doubt when the attempts run out.
+    public static func outcomeUnknown(_ type: String, _ message: String) -> Self {
+        Self(type: type, message: message, isRetryable: true, isOutcomeUnknown: true)
     }
 
     /// A failure that must not be retried.

@@ -34,6 +34,26 @@ extension PurchaseProcessor {
             "encore_recovery_calls_total", "Calls that may follow one that reached billing.",
             [([:], statistics.recoveryCalls)])
         text.counter(
+            "encore_in_doubt_total",
+            "Requests in doubt (attempts used up, billing's answer unknown), by what became of them: opened (pending published), resolved (billing answered: final outcome published), expired (past --reconcile-for: dead letter in_doubt_expired).",
+            [
+                (["event": "opened"], statistics.inDoubtOpened), (["event": "resolved"], statistics.inDoubtResolved),
+                (["event": "expired"], statistics.inDoubtExpired),
+            ])
+        text.gauge(
+            "encore_in_doubt_open", "Requests in doubt now: their users' lanes are held while billing is asked again.",
+            [([:], statistics.inDoubtOpen)])
+        text.gauge(
+            "encore_in_doubt_oldest_age_seconds", "How long the oldest request in doubt has been (0: none).",
+            [([:], statistics.oldestInDoubtSinceMs.map { Double(max(0, nowMs - $0)) / 1000 } ?? 0)])
+        text.counter(
+            "encore_reconcile_calls_total", "Recovery calls asking billing about a request in doubt.",
+            [([:], statistics.reconcileCalls)])
+        text.counter(
+            "encore_request_id_conflicts_total",
+            "Records reusing a journaled request_id with other content (dead letter request_id_conflict).",
+            [([:], statistics.requestIDConflicts)])
+        text.counter(
             "encore_dead_letters_total", "Dead letters published, by stage and class.",
             statistics.deadLettersByClass.map { (["stage": $0.key.first, "class": $0.key.second], $0.value) })
         text.counter(

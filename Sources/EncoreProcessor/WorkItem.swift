@@ -36,6 +36,18 @@ final class WorkItem {
     var firstAttempt = 1
     /// A failure the loop decided and journaled; published once that record is durable.
     var decidedFailure: (error: PurchaseOutcomeEvent.Failure, attempts: Int, completedAtMs: Int64)? = nil
+    /// The request's content digest, journaled with its intent (a reused id with other content
+    /// is a conflict).
+    let digest: String
+    /// A recovery found at takeover: its first call waits until an earlier owner's call could
+    /// no longer be running (the intent's time, the call timeout and the clock-skew margin).
+    var takeoverHold: ContinuousClock.Instant? = nil
+    /// When the request went in doubt (its `pending` outcome published), and until when it is
+    /// reconciled; `nil` while it is not in doubt.
+    var inDoubtSinceMs: Int64? = nil
+    var inDoubtUntil: ContinuousClock.Instant? = nil
+    /// The call whose attempt's intent is being written; it launches once that is durable.
+    var journalingCall: (call: Int, attempt: Int)? = nil
 
     /// The routed controller, once the call started.
     var controllerName = ""
@@ -51,6 +63,7 @@ final class WorkItem {
         self.request = request
         self.message = message
         self.lane = UserLane(appID: request.appID, appUserID: request.appUserID)
+        self.digest = request.contentDigest
     }
 }
 

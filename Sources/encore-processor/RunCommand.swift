@@ -110,7 +110,22 @@ enum RunCommand {
             "call-timeout-ms", value: "MS", default: "30000",
             "Cancel a controller call after this and try it again as a recovery call; its user's next request waits until it returned."
         ),
-        .option("max-attempts", value: "N", default: "5", "Calls per request when errors are retryable."),
+        .option(
+            "max-attempts", value: "N", default: "5",
+            "Calls per request when errors are retryable; past them a call whose effect is unknown is in doubt (pending, reconciled)."
+        ),
+        .option(
+            "reconcile-for", value: "DURATION", default: "72h",
+            "How long billing is asked again about a request in doubt before it is dead-lettered in_doubt_expired for a person (s, m, h or d)."
+        ),
+        .option(
+            "reconcile-max-interval-ms", value: "MS", default: "300000",
+            "The longest wait between two asks about a request in doubt (they back off exponentially from 1 s, with jitter)."
+        ),
+        .option(
+            "clock-skew-margin-ms", value: "MS", default: "5000",
+            "At a takeover, an open intent holds its user until its call could no longer run: the intent's time plus the call timeout plus this."
+        ),
         .option("retry-backoff-ms", value: "MS", default: "100", "First retry backoff (doubles, jittered, max 10 s)."),
         .option(
             "drain-timeout-ms", value: "MS",
@@ -156,6 +171,10 @@ enum RunCommand {
         configuration.retry = RetryPolicy(
             maxAttempts: try options.integer("max-attempts", range: 1...100),
             initialBackoff: try options.milliseconds("retry-backoff-ms", minimum: 1))
+        configuration.reconciliation = ReconcilePolicy(
+            duration: .milliseconds(try options.duration("reconcile-for", range: 1000...(3650 * 86_400_000))),
+            maxInterval: try options.milliseconds("reconcile-max-interval-ms", minimum: 1),
+            clockSkewMargin: try options.milliseconds("clock-skew-margin-ms"))
         configuration.workers =
             options.isSet("workers")
             ? try options.integer("workers", range: 1...64)

@@ -71,8 +71,9 @@ struct RequestJournalEncodingTests {
     /// The pruning the journal replaced, on a plain list.
     static func plainPrune(_ entries: inout [Entry], horizon: Int64, cap: Int) {
         entries.removeAll { $0.lastTouchedMs < horizon }
-        while entries.count > max(1, cap) {
-            entries.remove(at: entries.firstIndex { $0.result != nil } ?? entries.startIndex)
+        // Open intents stay whatever the cap: a restart must find a request in flight or in doubt.
+        while entries.count > max(1, cap), let oldestResult = entries.firstIndex(where: { $0.result != nil }) {
+            entries.remove(at: oldestResult)
         }
     }
 
@@ -88,7 +89,9 @@ struct RequestJournalEncodingTests {
         }
     }
 
-    @Test("appends, removes, finds and prunes what a plain list does: past the retention, then the oldest results")
+    @Test(
+        "appends, removes, finds and prunes what a plain list does: past the retention, then the oldest results, never an open intent for the cap"
+    )
     func agreesWithAPlainList() {
         for seed in UInt64(1)...120 {
             var generator = SplitMix64(state: seed)

@@ -29,8 +29,26 @@ struct CallTableTests {
         return id
     }
 
+    /// Ticks at `now` expecting one `.journal` of `attempt`, then reports its intent durable and
+    /// expects the launch.
+    func relaunch(_ table: inout CallTable<String>, _ id: Int, attempt: Int, at now: Double) -> Bool {
+        let actions = table.tick(now: at(now))
+        guard actions.count == 1, case .journal(id, _, attempt: attempt) = actions[0] else {
+            Issue.record("expected the intent of attempt \(attempt) at \(now) s, got \(actions)")
+            return false
+        }
+        guard
+            case .launch(id, _, attempt: attempt)? = table.journaled(
+                id, attempt: attempt, now: at(now), handOverDeadline: nil)
+        else {
+            Issue.record("attempt \(attempt) did not launch once its intent was durable")
+            return false
+        }
+        return true
+    }
+
     @Test(
-        "a call past its timeout is cancelled and stays in the table until it returns; then it is tried again (a recovery); with no attempts left it fails with timeout"
+        "a call past its timeout is cancelled and stays in the table until it returns; then it is tried again once its intent is durable (a recovery); with no attempts left it is in doubt, never failed"
     )
     func timeoutWaitsForTheCall() {
         var table = CallTable<String>(
@@ -49,19 +67,17 @@ struct CallTableTests {
         let returned = table.finished(
             id, attempt: 1, .failure(CancellationError()), now: at(101), retryUnit: 0, retryDeadline: { _ in nil })
         #expect(returned == nil && table.count == 1)
-        guard case .launch(id, "req-0", attempt: 2)? = table.tick(now: at(101.5)).first else {
-            Issue.record("expected the second attempt")
-            return
-        }
+        guard relaunch(&table, id, attempt: 2, at: 101.5) else { return }
         _ = table.tick(now: at(111.5))
         let end = table.finished(
             id, attempt: 2, .failure(CancellationError()), now: at(112), retryUnit: 0, retryDeadline: { _ in nil })
-        guard case .settle("req-0", .failed(let failure), attempts: 2)? = end else {
-            Issue.record("expected a failed settlement, got \(String(describing: end))")
+        guard case .doubt("req-0", let failure, attempts: 2)? = end else {
+            Issue.record("expected the request in doubt, got \(String(describing: end))")
             return
         }
-        #expect(failure.type == "timeout" && !failure.retryable)
-        #expect(table.isEmpty)
+        #expect(failure.type == "timeout")
+        // In doubt it holds no call slot, but stays in the table: it is asked again.
+        #expect(table.count == 0 && table.inDoubtCount == 1 && !table.isEmpty)
     }
 
     @Test("an answer that arrives after the timeout's cancellation is what happened: it is the outcome")
@@ -77,7 +93,9 @@ struct CallTableTests {
         }
     }
 
-    @Test("a retryable error backs off, then launches the next attempt when due; a final error settles at once")
+    @Test(
+        "a retryable error backs off, then journals and launches the next attempt when due; a final error settles at once"
+    )
     func retries() {
         var table = table()
         let id = launch(&table, "req-0")
@@ -87,10 +105,7 @@ struct CallTableTests {
             table.finished(id, attempt: 1, .failure(error), now: at(1), retryUnit: 0, retryDeadline: { _ in nil })
                 == nil)
         #expect(table.tick(now: at(1.4)).isEmpty)
-        guard case .launch(id, "req-0", attempt: 2)? = table.tick(now: at(1.5)).first else {
-            Issue.record("the retry was not launched when due")
-            return
-        }
+        guard relaunch(&table, id, attempt: 2, at: 1.5) else { return }
         // A result of the earlier attempt is stale.
         #expect(
             table.finished(id, attempt: 1, .success(.purchased), now: at(2), retryUnit: 0, retryDeadline: { _ in nil })
@@ -174,5 +189,221 @@ struct CallTableTests {
             return
         }
         #expect(table.isEmpty)
+    }
+
+    // MARK: In doubt
+
+    func inDoubtTable(maxAttempts: Int = 2) -> CallTable<String> {
+        CallTable(
+            timeout: .seconds(10), retry: RetryPolicy(maxAttempts: maxAttempts, initialBackoff: .seconds(1)),
+            reconcile: ReconcilePolicy(
+                duration: .seconds(100), maxInterval: .seconds(8), initialInterval: .seconds(2),
+                clockSkewMargin: .seconds(1)))
+    }
+
+    /// Launches `item` and lets every attempt fail with `error` until it is in doubt; returns its id.
+    func intoDoubt(_ table: inout CallTable<String>, _ item: String, error: any Error) -> Int? {
+        let id = launch(&table, item)
+        var now = 1.0
+        for attempt in 1...table.retry.maxAttempts {
+            let action = table.finished(
+                id, attempt: attempt, .failure(error), now: at(now), retryUnit: 0, retryDeadline: { _ in nil })
+            if attempt == table.retry.maxAttempts {
+                guard case .doubt(item, _, attempts: attempt)? = action else {
+                    Issue.record(
+                        "expected \(item) in doubt after \(attempt) attempts, got \(String(describing: action))")
+                    return nil
+                }
+                return id
+            }
+            #expect(action == nil, "attempt \(attempt) is retried")
+            now += 1
+            guard relaunch(&table, id, attempt: attempt + 1, at: now) else { return nil }
+        }
+        return nil
+    }
+
+    @Test(
+        "a 5xx (billing may have acted) on every attempt: in doubt, then asked again with doubling waits up to the cap, each ask journaled first, until billing answers"
+    )
+    func reconciledWhenBillingAnswers() {
+        var table = inDoubtTable()
+        let unknown = PurchaseControllerError.outcomeUnknown("http_503", "unavailable")
+        guard let id = intoDoubt(&table, "req-0", error: unknown) else { return }
+        // In doubt at 2 s, the first ask after 1 s (half the initial 2 s: unit 0); then waits at
+        // the cap's top (unit 0.999) doubling to 4 and 8 s, never past 8 s.
+        var now = 2.0
+        var attempt = 2
+        for wait in [1.0, 4.0, 8.0, 8.0] {
+            #expect(table.tick(now: at(now + wait - 0.1)).isEmpty, "no ask before the wait is over")
+            now += wait
+            attempt += 1
+            guard relaunch(&table, id, attempt: attempt, at: now) else { return }
+            #expect(table.count == 1, "an ask holds a slot while it runs")
+            let again = table.finished(
+                id, attempt: attempt, .failure(unknown), now: at(now), retryUnit: 0.999, retryDeadline: { _ in nil })
+            #expect(again == nil && table.count == 0 && table.inDoubtCount == 1)
+        }
+        now += 8
+        attempt += 1
+        guard relaunch(&table, id, attempt: attempt, at: now) else { return }
+        let answered = table.finished(
+            id, attempt: attempt, .success(.purchased), now: at(now), retryUnit: 0, retryDeadline: { _ in nil })
+        guard case .settle("req-0", .answered(.purchased), attempts: attempt)? = answered else {
+            Issue.record("billing's answer did not settle the request: \(String(describing: answered))")
+            return
+        }
+        #expect(table.isEmpty && table.inDoubtCount == 0)
+    }
+
+    @Test("an ask that times out, or cannot reach billing, only waits for the next ask; a 4xx answer is definite")
+    func asksOnlyEndOnADefiniteAnswer() {
+        var table = inDoubtTable()
+        guard let id = intoDoubt(&table, "req-0", error: PurchaseControllerError.outcomeUnknown("connection", "lost"))
+        else { return }
+        guard relaunch(&table, id, attempt: 3, at: 3) else { return }
+        #expect(table.tick(now: at(13)).count == 1, "the ask timed out: cancelled")
+        #expect(
+            table.finished(
+                id, attempt: 3, .failure(CancellationError()), now: at(13), retryUnit: 0, retryDeadline: { _ in nil })
+                == nil)
+        guard relaunch(&table, id, attempt: 4, at: 15) else { return }
+        #expect(
+            table.finished(
+                id, attempt: 4, .failure(PurchaseControllerError.retryable("connection", "refused")), now: at(15),
+                retryUnit: 0, retryDeadline: { _ in nil }) == nil, "a call that never left: still in doubt")
+        guard relaunch(&table, id, attempt: 5, at: 19) else { return }
+        let declined = table.finished(
+            id, attempt: 5, .failure(PurchaseControllerError.final("http_404", "no such purchase")), now: at(19),
+            retryUnit: 0, retryDeadline: { _ in nil })
+        guard case .settle("req-0", .failed(let failure), attempts: 5)? = declined else {
+            Issue.record("a 4xx did not settle: \(String(describing: declined))")
+            return
+        }
+        #expect(failure.type == "http_404" && table.isEmpty)
+    }
+
+    @Test("past the reconciliation time an ask without a definite answer expires: in_doubt_expired, never a result")
+    func expires() {
+        var table = inDoubtTable()
+        let unknown = PurchaseControllerError.outcomeUnknown("http_502", "bad gateway")
+        guard let id = intoDoubt(&table, "req-0", error: unknown) else { return }
+        // In doubt at 2 s until 102 s; asks every 8 s at most, the last one at the deadline.
+        var now = 2.0
+        var attempt = 2
+        var expiry: CallTable<String>.Action? = nil
+        while expiry == nil && now < 200 {
+            let actions = table.tick(now: at(now))
+            if case .journal(id, _, let next)? = actions.first {
+                attempt = next
+                _ = table.journaled(id, attempt: next, now: at(now), handOverDeadline: nil)
+                expiry = table.finished(
+                    id, attempt: attempt, .failure(unknown), now: at(now), retryUnit: 0.999, retryDeadline: { _ in nil }
+                )
+            }
+            now += 0.5
+        }
+        guard case .settle("req-0", .expired(let failure), attempts: attempt)? = expiry else {
+            Issue.record("expected the expiry, got \(String(describing: expiry))")
+            return
+        }
+        #expect(now - 0.5 >= 102 && now - 0.5 <= 102.5, "the last ask is at the deadline")
+        #expect(failure.type == "in_doubt_expired" && failure.message.contains("http_502"))
+        #expect(table.isEmpty && table.inDoubtCount == 0)
+    }
+
+    @Test(
+        "the last attempt's error is known not to have reached billing: failed, unless an earlier attempt's effect was unknown"
+    )
+    func definiteOnlyWhenNoAttemptMayHaveActed() {
+        var table = inDoubtTable()
+        let refused = PurchaseControllerError.retryable("connection", "refused")
+        let id = launch(&table, "req-0")
+        #expect(
+            table.finished(id, attempt: 1, .failure(refused), now: at(1), retryUnit: 0, retryDeadline: { _ in nil })
+                == nil)
+        guard relaunch(&table, id, attempt: 2, at: 2) else { return }
+        guard
+            case .settle("req-0", .failed(let failure), attempts: 2)? = table.finished(
+                id, attempt: 2, .failure(refused), now: at(2), retryUnit: 0, retryDeadline: { _ in nil })
+        else {
+            Issue.record("no attempt reached billing: expected failed")
+            return
+        }
+        #expect(failure.type == "connection")
+
+        let other = launch(&table, "req-1")
+        _ = table.tick(now: at(10))
+        #expect(
+            table.finished(
+                other, attempt: 1, .failure(CancellationError()), now: at(10), retryUnit: 0, retryDeadline: { _ in nil }
+            )
+                == nil)
+        guard relaunch(&table, other, attempt: 2, at: 11) else { return }
+        guard
+            case .doubt("req-1", _, attempts: 2)? = table.finished(
+                other, attempt: 2, .failure(refused), now: at(11), retryUnit: 0, retryDeadline: { _ in nil })
+        else {
+            Issue.record("the first attempt timed out (it may have charged): expected in doubt")
+            return
+        }
+    }
+
+    @Test(
+        "a takeover's hold: no call and no slot until it ends, then the attempt's intent is written before it launches"
+    )
+    func takeoverHold() {
+        var table = inDoubtTable()
+        guard
+            case .wait("req-0") = table.start(
+                "req-0", partition: Self.partition, attempt: 2, now: at(0), journalAfter: at(16))
+        else {
+            Issue.record("a held recovery launched")
+            return
+        }
+        #expect(table.count == 0 && !table.isEmpty)
+        #expect(table.tick(now: at(15.9)).isEmpty)
+        // Slots full: it stays due.
+        #expect(table.tick(now: at(16), slots: 0).isEmpty)
+        guard let id = table.calls.keys.first, relaunch(&table, id, attempt: 2, at: 16.2) else { return }
+        #expect(table.count == 1)
+        // A recovery that runs out of attempts on an unknown effect is in doubt even past the maximum.
+        _ = table.tick(now: at(26.2))
+        guard
+            case .doubt("req-0", _, attempts: 2)? = table.finished(
+                id, attempt: 2, .failure(CancellationError()), now: at(27), retryUnit: 0, retryDeadline: { _ in nil })
+        else {
+            Issue.record("expected in doubt")
+            return
+        }
+    }
+
+    @Test("a request journaled in doubt is reconciled on start: an unknown answer waits for the next ask")
+    func restartedInDoubt() {
+        var table = inDoubtTable()
+        guard
+            case .journal(let id, "req-0", attempt: 4) = table.start(
+                "req-0", partition: Self.partition, attempt: 4, now: at(0), journalAfter: at(0), inDoubtUntil: at(50))
+        else {
+            Issue.record("expected the intent first")
+            return
+        }
+        #expect(table.inDoubtCount == 1)
+        _ = table.journaled(id, attempt: 4, now: at(0), handOverDeadline: nil)
+        #expect(
+            table.finished(
+                id, attempt: 4, .failure(PurchaseControllerError.outcomeUnknown("http_500", "down")), now: at(1),
+                retryUnit: 0, retryDeadline: { _ in nil }) == nil)
+        #expect(table.count == 0 && table.inDoubtCount == 1)
+    }
+
+    @Test("a hand-over drops calls in doubt and held takeovers at once: the next owner reads the journal")
+    func handOverDropsWaits() {
+        var table = inDoubtTable()
+        guard intoDoubt(&table, "req-0", error: PurchaseControllerError.outcomeUnknown("http_500", "down")) != nil
+        else { return }
+        _ = table.start("req-1", partition: Self.partition, attempt: 2, now: at(2), journalAfter: at(30))
+        let actions = table.handOver(where: { $0 == Self.partition }, by: at(1000))
+        #expect(actions.count == 2 && table.isEmpty && table.inDoubtCount == 0)
     }
 }

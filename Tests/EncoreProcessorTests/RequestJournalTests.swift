@@ -181,23 +181,21 @@ struct RequestJournalTests {
         "a failure is journaled before its outcome: a restart reading the record again publishes the same outcome, without a call"
     )
     func journaledFailureRepublished() async throws {
-        // First process: the call times out and has no attempt left.
-        let slow = RecordingController(latency: { _ in .seconds(600) })
-        let first = LoopHarness(
-            configure: {
-                $0.callTimeout = .milliseconds(50)
-                $0.retry = RetryPolicy(maxAttempts: 1, initialBackoff: .milliseconds(1))
-            }, router: router(slow))
+        // First process: billing declines (a definite failure).
+        let declining = RecordingController(answer: { _ in
+            throw PurchaseControllerError.final("card_declined", "the card was declined")
+        })
+        let first = LoopHarness(router: router(declining))
         first.assign(partitions: 1)
         first.feed(request(0, user: "u"))
         #expect(await eventually { first.producer.outcomes().count == 1 })
         let firstOutcome = try #require(first.producer.outcomes().first)
-        #expect(firstOutcome.result == .failed && firstOutcome.error?.type == "timeout")
+        #expect(firstOutcome.result == .failed && firstOutcome.error?.type == "card_declined")
         // The changelog: the intent, the failure (written before the outcome), the final state.
         let states = first.producer.produced.filter { $0.topic == "encore.entitlement-state" }.map {
             try! EntitlementStateRecord(jsonBytes: $0.value)
         }
-        #expect(states.count >= 2 && states[1].requests.first?.error?.type == "timeout")
+        #expect(states.count >= 2 && states[1].requests.first?.error?.type == "card_declined")
         // "Crash" before the final state: a second process restores the failure's record.
         let billing = RecordingController()
         let second = LoopHarness(router: router(billing))
@@ -213,20 +211,25 @@ struct RequestJournalTests {
         await second.stop()
     }
 
-    @Test("restored with an intent whose attempts ran out: failed for reconciliation, without another call")
+    @Test(
+        "restored with an intent whose attempts ran out: one recovery call after the hold, and billing's answer is the outcome, never a guessed failure"
+    )
     func restoredIntentAttemptsExhausted() async throws {
         let controller = RecordingController()
         let harness = LoopHarness(
-            configure: { $0.retry = RetryPolicy(maxAttempts: 3) }, router: router(controller))
+            configure: {
+                $0.retry = RetryPolicy(maxAttempts: 3)
+                $0.callTimeout = .milliseconds(200)
+            }, router: router(controller))
         harness.assign(
             partitions: 1, finished: [:],
-            restored: Self.restored([.init(requestID: "req-0", attempts: 3, startedAtMs: currentTimeMs() - 5000)]))
+            restored: Self.restored([.init(requestID: "req-0", attempts: 3, startedAtMs: currentTimeMs() - 60_000)]))
         harness.feed(request(0, user: "u"))
         #expect(await harness.waitForFinished(1))
-        #expect(controller.snapshot.calls == 0)
+        #expect(controller.snapshot.calls == 1 && controller.snapshot.recoveryCalls == 1)
         let outcome = try #require(harness.producer.outcomes().first)
-        #expect(outcome.result == .failed && outcome.error?.type == "attempts_exhausted" && outcome.attempts == 3)
-        #expect(harness.producer.deadLetters().map(\.requestID) == ["req-0"])
+        #expect(outcome.result == .purchased && outcome.attempts == 4)
+        #expect(harness.producer.deadLetters().isEmpty)
         await harness.stop()
     }
 

@@ -22,6 +22,11 @@ struct StringRule: Sendable {
 
     /// Request, app, user, product, placement, offer and campaign ids.
     static let identifier = StringRule(maxLength: EventLimits.identifierLength)
+    /// An app id: an identifier without `:`, so that a user's key `{app_id}:{app_user_id}` names
+    /// one user only (it splits at its first `:`).
+    static let appID = StringRule(maxLength: EventLimits.identifierLength, pattern: .appID)
+    /// A request's content digest in the journal.
+    static let digest = StringRule(maxLength: 16, pattern: .hexDigits)
     /// Error and controller names, source and rule names: non-empty, at most `maxLength`.
     static func name(maxLength: Int) -> StringRule { StringRule(maxLength: maxLength) }
     /// Free text, possibly empty.
@@ -33,6 +38,16 @@ struct StringPattern: Sendable {
     let pattern: String
     let description: String
     let allows: @Sendable (UInt8) -> Bool
+
+    /// A content digest: 16 lowercase hex digits.
+    static let hexDigits = StringPattern(
+        pattern: "^[0-9a-f]+$", description: "lowercase hex digits",
+        allows: { ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) })
+
+    /// An app id: any character but `:`.
+    static let appID = StringPattern(
+        pattern: "^[^:]+$", description: "characters other than ':' (a user's key is '{app_id}:{app_user_id}')",
+        allows: { $0 != UInt8(ascii: ":") })
 
     /// A source's name (`revenuecat`): letters, digits, `_`, `.` and `-`.
     static let sourceName = StringPattern(
@@ -165,6 +180,7 @@ extension FieldEnumeration {
 extension Store: FieldEnumeration {}
 extension PurchaseEnvironment: FieldEnumeration {}
 extension OutcomeResult: FieldEnumeration {}
+extension PendingReason: FieldEnumeration {}
 extension EntitlementType: FieldEnumeration {}
 extension EntitlementUnit: FieldEnumeration {}
 extension EntitlementStatus: FieldEnumeration {}

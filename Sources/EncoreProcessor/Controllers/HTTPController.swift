@@ -13,8 +13,10 @@ import Kafka
 /// (and `Encore-Recovery: true` on a recovery call: look the purchase up before charging), the
 /// request's `traceparent`/`tracestate`, the configured headers, and with a signing key
 /// `Encore-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">`. Expects
-/// `{"result":"purchased|cancelled|pending"}`. 5xx, 429 and connection errors are retryable;
-/// other 4xx, 3xx (redirects are never followed) and malformed answers are final. Answers are
+/// `{"result":"purchased|cancelled|pending"}`. 5xx, 429, a connection lost after sending and a
+/// 2xx whose body cannot be read leave the effect unknown (retried as recovery calls, in doubt when
+/// the attempts run out); a connection that never opened is retryable; other 4xx and 3xx
+/// (redirects are never followed) are final. Answers are
 /// read up to ``maximumResponseBytes``; errors name the controller, never the URL's credentials or
 /// query, and quote at most a short, sanitised excerpt of the body.
 public struct HTTPController: PurchaseController {
@@ -86,12 +88,18 @@ public struct HTTPController: PurchaseController {
             throw CancellationError()
         } catch {
             if Task.isCancelled { throw CancellationError() }
-            throw PurchaseControllerError.retryable("connection", "\(label): \(scrubbed(error.localizedDescription))")
+            let message = "\(label): \(scrubbed(error.localizedDescription))"
+            // Only a connection that never opened is known not to have reached billing.
+            if let error = error as? URLError, Self.neverSent.contains(error.code) {
+                throw PurchaseControllerError.retryable("connection", message)
+            }
+            throw PurchaseControllerError.outcomeUnknown("connection", message)
         }
         let status = answer.response.statusCode
         let excerpt = Self.excerpt(answer.data)
         if status >= 500 || status == 429 {
-            throw PurchaseControllerError.retryable("http_\(status)", "\(label) answered \(status): \(excerpt)")
+            // Billing may have acted before it failed.
+            throw PurchaseControllerError.outcomeUnknown("http_\(status)", "\(label) answered \(status): \(excerpt)")
         }
         if (300..<400).contains(status) {
             throw PurchaseControllerError.final(
@@ -103,18 +111,27 @@ public struct HTTPController: PurchaseController {
         guard !answer.truncated, case .object(let fields)? = try? JSONValue.parse(Array(answer.data)),
             case .string(let result)? = fields["result"]
         else {
+            // Billing accepted the call and may have charged: unknown, never a failure.
             let what = answer.truncated ? "an answer over \(Self.maximumResponseBytes) bytes" : excerpt
-            throw PurchaseControllerError.final("bad_response", "\(label): expected {\"result\": ...}, got \(what)")
+            throw PurchaseControllerError.outcomeUnknown(
+                "bad_response",
+                "\(label) answered \(status) with an unreadable body: expected {\"result\": ...}, got \(what)")
         }
         switch result {
         case "purchased": return .purchased
         case "cancelled": return .cancelled
         case "pending": return .pending
         default:
-            throw PurchaseControllerError.final(
-                "bad_response", "\(label): unknown result '\(Self.excerpt(Data(result.utf8)))'")
+            throw PurchaseControllerError.outcomeUnknown(
+                "bad_response",
+                "\(label) answered \(status) with an unknown result '\(Self.excerpt(Data(result.utf8)))'")
         }
     }
+
+    /// The HTTP client's errors for a call that never left this host.
+    static let neverSent: Set<URLError.Code> = [
+        .cannotConnectToHost, .cannotFindHost, .dnsLookupFailed, .unsupportedURL, .badURL,
+    ]
 
     /// A message of the HTTP client, without the URL's credentials or query.
     private func scrubbed(_ text: String) -> String {

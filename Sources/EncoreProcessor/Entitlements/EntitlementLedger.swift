@@ -86,43 +86,63 @@ public struct EntitlementLedger: Sendable {
     }
 
     /// Records that call `attempt` of `request` is about to start: the intent, which must be
-    /// durable before the call is made.
+    /// durable before the call is made. It keeps what the request's entry knew (in doubt since,
+    /// the record's offset, the content digest).
     public mutating func recordIntent(
-        _ request: PurchaseRequestEvent, attempt: Int, partition: Int32, nowMs: Int64
+        _ request: PurchaseRequestEvent, attempt: Int, partition: Int32, nowMs: Int64, offset: Int64? = nil,
+        digest: String? = nil
     ) -> LedgerUpdate {
-        let policy = journal
-        let key = request.key
-        let update = mutate(key, request.appID, request.appUserID, partition: partition, nowMs: nowMs) {
-            state, _ in
-            state.journal.remove(requestID: request.requestID)
-            state.journal.append(.init(requestID: request.requestID, attempts: attempt, startedAtMs: nowMs))
-            policy.prune(&state.journal, nowMs: nowMs)
-            return true
+        replaceEntry(of: request, partition: partition, nowMs: nowMs) { earlier in
+            .init(
+                requestID: request.requestID, attempts: attempt, startedAtMs: nowMs, offset: offset ?? earlier?.offset,
+                inDoubtSinceMs: earlier?.inDoubtSinceMs, digest: digest ?? earlier?.digest)
         }
-        // An intent always changes the state: its attempt number or start time is new.
-        return update ?? LedgerUpdate(changes: [], state: users[key]!.state, partition: partition, key: key)
+    }
+
+    /// Records that `request` went in doubt after `attempts` calls: its intent stays open (a
+    /// restart reconciles it), marked with the time, and nothing is granted.
+    public mutating func recordInDoubt(
+        _ request: PurchaseRequestEvent, attempts: Int, partition: Int32, nowMs: Int64
+    ) -> LedgerUpdate {
+        replaceEntry(of: request, partition: partition, nowMs: nowMs) { earlier in
+            .init(
+                requestID: request.requestID, attempts: attempts, startedAtMs: earlier?.startedAtMs ?? nowMs,
+                offset: earlier?.offset, inDoubtSinceMs: nowMs, digest: earlier?.digest)
+        }
     }
 
     /// Records a failure the processor decided, before its outcome is published: with what
     /// rebuilds that outcome (error, controller, the record's offset), so that a restart reading
-    /// the record again publishes the same outcome instead of calling billing again.
+    /// the record again publishes the same outcome instead of calling billing again. `result`
+    /// `pending`: an in-doubt request that expired (its outcome stays `pending`).
     public mutating func recordFailure(
         _ request: PurchaseRequestEvent, attempts: Int, error: PurchaseOutcomeEvent.Failure, controller: String?,
-        offset: Int64, partition: Int32, nowMs: Int64
+        offset: Int64, partition: Int32, nowMs: Int64, result: OutcomeResult = .failed
+    ) -> LedgerUpdate {
+        replaceEntry(of: request, partition: partition, nowMs: nowMs) { earlier in
+            .init(
+                requestID: request.requestID, attempts: attempts, startedAtMs: earlier?.startedAtMs ?? nowMs,
+                result: result, completedAtMs: nowMs, error: error, controller: controller, offset: offset,
+                inDoubtSinceMs: earlier?.inDoubtSinceMs, digest: earlier?.digest)
+        }
+    }
+
+    /// Replaces the journal entry of `request` with `entry(earlier entry)`.
+    private mutating func replaceEntry(
+        of request: PurchaseRequestEvent, partition: Int32, nowMs: Int64,
+        _ entry: (EntitlementStateRecord.RequestEntry?) -> EntitlementStateRecord.RequestEntry
     ) -> LedgerUpdate {
         let policy = journal
         let key = request.key
         let update = mutate(key, request.appID, request.appUserID, partition: partition, nowMs: nowMs) {
             state, _ in
-            let started = state.journal.entry(requestID: request.requestID)?.startedAtMs ?? nowMs
+            let new = entry(state.journal.entry(requestID: request.requestID))
             state.journal.remove(requestID: request.requestID)
-            state.journal.append(
-                .init(
-                    requestID: request.requestID, attempts: attempts, startedAtMs: started, result: .failed,
-                    completedAtMs: nowMs, error: error, controller: controller, offset: offset))
+            state.journal.append(new)
             policy.prune(&state.journal, nowMs: nowMs)
             return true
         }
+        // A journal entry always changes the state: its attempt number or time is new.
         return update ?? LedgerUpdate(changes: [], state: users[key]!.state, partition: partition, key: key)
     }
 
@@ -157,7 +177,8 @@ public struct EntitlementLedger: Sendable {
                 state.journal.append(
                     .init(
                         requestID: outcome.requestID, attempts: outcome.attempts,
-                        startedAtMs: earlier?.startedAtMs ?? now, result: outcome.result, completedAtMs: now))
+                        startedAtMs: earlier?.startedAtMs ?? now, result: outcome.result, completedAtMs: now,
+                        offset: earlier?.offset, inDoubtSinceMs: earlier?.inDoubtSinceMs, digest: earlier?.digest))
             }
             let pruned = policy.prune(&state.journal, nowMs: now)
             return replaced || pruned
@@ -454,7 +475,8 @@ public struct EntitlementLedger: Sendable {
 public struct JournalPolicy: Sendable, Hashable {
     /// Entries untouched for longer are dropped.
     public var retentionMs: Int64
-    /// Most entries per user; past it, the oldest results go first, then the oldest intents.
+    /// Most entries per user; past it, the oldest results go. Open intents stay (a request in
+    /// flight or in doubt must be found by a restart), until the retention drops them.
     public var perUserCap: Int
 
     /// (``ProcessorConfiguration/validate()`` checks the bounds: at least a minute, 1 to 1,000.)
