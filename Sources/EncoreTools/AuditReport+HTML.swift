@@ -20,6 +20,11 @@ extension AuditReport {
             [
                 ["figure", "value"], ["requests", String(figures.requests)],
                 ["re-sent request ids", String(figures.resentRequests)],
+                ["request_id conflicts", String(figures.requestIDConflicts)],
+                [
+                    "in doubt: opened / resolved / expired / open",
+                    "\(figures.inDoubtOpened) / \(figures.inDoubtResolved) / \(figures.inDoubtExpired) / \(figures.inDoubtOpen)",
+                ],
                 ["load-test requests by run", Self.inline(figures.loadTestRequests)],
                 ["outcomes", String(figures.outcomes)],
                 ["outcomes by result", Self.inline(figures.outcomesByResult)],

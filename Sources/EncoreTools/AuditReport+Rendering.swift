@@ -20,11 +20,20 @@ extension AuditReport {
         writer.beginObject()
         writer.field("requests", figures.requests)
         writer.field("resent_requests", figures.resentRequests)
+        writer.field("request_id_conflicts", figures.requestIDConflicts)
+        writer.key("in_doubt")
+        writer.beginObject()
+        writer.field("opened", figures.inDoubtOpened)
+        writer.field("resolved", figures.inDoubtResolved)
+        writer.field("expired", figures.inDoubtExpired)
+        writer.field("open", figures.inDoubtOpen)
+        writer.endObject()
         writer.field("outcomes", figures.outcomes)
         for (name, counts) in [
             ("outcomes_by_result", figures.outcomesByResult), ("outcomes_by_controller", figures.outcomesByController),
             ("dead_letters_by_stage", figures.deadLettersByStage),
             ("dead_letters_by_class", figures.deadLettersByClass), ("changes_by_kind", figures.changesByKind),
+            ("in_doubt_resolved_by_result", figures.resolvedInDoubtByResult),
             ("load_test_requests_by_run", figures.loadTestRequests),
         ] {
             writer.key(dynamic: name)
@@ -86,6 +95,11 @@ extension AuditReport {
             "requests \(figures.requests) (\(figures.resentRequests) re-sent ids, \(figures.loadTestRequests.values.reduce(0, +)) from load tests), outcomes \(figures.outcomes)"
         )
         lines.append("  by result:     " + Self.inline(figures.outcomesByResult))
+        lines.append(
+            "  in doubt:      \(figures.inDoubtOpened) opened, \(figures.inDoubtResolved) resolved ("
+                + Self.inline(figures.resolvedInDoubtByResult)
+                + "), \(figures.inDoubtExpired) expired, \(figures.inDoubtOpen) still open; \(figures.requestIDConflicts) request_id conflicts"
+        )
         lines.append("  by controller: " + Self.inline(figures.outcomesByController))
         lines.append(
             "  latency (request → outcome): p50 \(figures.latencyMs.percentile(0.5)) ms, p90 \(figures.latencyMs.percentile(0.9)) ms, p99 \(figures.latencyMs.percentile(0.99)) ms, max \(figures.latencyMs.max) ms"

@@ -13,9 +13,11 @@ public struct AuditReport: Sendable {
         case invalidRequests = "invalid_requests"
         /// Invalid requests without a dead letter.
         case undeadInvalid = "undead_invalid"
-        /// Outcomes repeating the result of an earlier outcome of the same request.
+        /// Outcomes repeating the result of an earlier outcome of the same request (a request's
+        /// `pending` with `outcome_unknown` followed by its one final outcome is not one).
         case duplicateOutcomes = "duplicate_outcomes"
-        /// Outcomes whose result differs from an earlier outcome of the same request.
+        /// Outcomes whose result differs from an earlier outcome of the same request: a final
+        /// after a final, or anything after a final but the in-doubt request's one final.
         case conflictingOutcomes = "conflicting_outcomes"
         /// Outcomes (completed in the range) whose request is not in the requests topic.
         case orphanOutcomes = "orphan_outcomes"
@@ -53,6 +55,16 @@ public struct AuditReport: Sendable {
     public struct Figures: Sendable {
         public var requests = 0
         public var resentRequests = 0
+        /// Requests that went in doubt (a `pending` with `outcome_unknown`), that got their final
+        /// outcome since (by its result), that expired (dead letter `in_doubt_expired`), and that
+        /// are still in doubt at the end of what was read.
+        public var inDoubtOpened = 0
+        public var inDoubtResolved = 0
+        public var resolvedInDoubtByResult: [String: Int] = [:]
+        public var inDoubtExpired = 0
+        public var inDoubtOpen = 0
+        /// Records reusing a request id with other content (dead letters `request_id_conflict`).
+        public var requestIDConflicts = 0
         /// Requests of the range a load test produced (`attributes.encore_loadtest_run`), by run id.
         public var loadTestRequests: [String: Int] = [:]
         public var outcomes = 0
@@ -89,6 +101,11 @@ public struct AuditReport: Sendable {
         mutating func recordDeadLetter(_ letter: DeadLetterEvent) {
             deadLettersByStage[letter.error.stage.rawValue, default: 0] += 1
             deadLettersByClass[letter.error.errorClass, default: 0] += 1
+            switch letter.error.errorClass {
+            case "in_doubt_expired": inDoubtExpired += 1
+            case "request_id_conflict": requestIDConflicts += 1
+            default: break
+            }
         }
     }
 

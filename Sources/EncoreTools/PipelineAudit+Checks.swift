@@ -6,6 +6,7 @@ extension PipelineAudit {
         var report = self.report
         report.figures.requests = requests.count
         report.figures.resentRequests = resentRequests
+        report.figures.inDoubtOpen = requests.count { $0.inDoubt } - report.figures.inDoubtExpired
         for (index, place) in invalid.enumerated() {
             report.add(.invalidRequests, AuditReport.Example(requestID: invalidIDs[index], at: place))
             if !deadLettered.contains(place) {

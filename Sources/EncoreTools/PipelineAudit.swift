@@ -177,6 +177,14 @@ public struct PipelineAudit: Sendable {
             return
         }
         let request = requests[Int(index)]
+        if request.inDoubt && outcome.result.isFinal {
+            // The one final outcome an in-doubt request may have after its `pending`.
+            requests[Int(index)].inDoubt = false
+            requests[Int(index)].outcome = outcome.result
+            report.figures.inDoubtResolved += 1
+            report.figures.resolvedInDoubtByResult[outcome.result.rawValue, default: 0] += 1
+            return
+        }
         if let first = request.outcome {
             let example = AuditReport.Example(
                 requestID: outcome.requestID, at: place,
@@ -187,6 +195,10 @@ public struct PipelineAudit: Sendable {
             return
         }
         requests[Int(index)].outcome = outcome.result
+        if outcome.result == .pending && outcome.pendingReason == .outcomeUnknown {
+            requests[Int(index)].inDoubt = true
+            report.figures.inDoubtOpened += 1
+        }
         requests[Int(index)].outcomePartition = message.partition
         requests[Int(index)].outcomeOffset = message.offset
         report.figures.record(outcome, requestTimestampMs: request.timestampMs)
@@ -321,7 +333,10 @@ struct RequestFacts: Sendable {
     var idStart: Int32
     var idLength: Int32
     var product: UInt64
+    /// The first outcome's result; once an in-doubt request's final outcome is read, that one's.
     var outcome: OutcomeResult? = nil
+    /// Its outcomes so far are one `pending` with `outcome_unknown`: a final outcome may follow.
+    var inDoubt = false
     var outcomePartition: Int32 = 0
     var outcomeOffset: Int64 = 0
 }

@@ -137,6 +137,49 @@ struct PipelineAuditTests {
         #expect(report.failures == 4, "\(report.table())")
     }
 
+    @Test(
+        "in doubt: a pending (outcome_unknown) then one final is no discrepancy and is counted; a final after a final, or a second final after the pending, is flagged"
+    )
+    func inDoubt() {
+        var topics = Topics()
+        let requests = (1...4).map { Self.request("d\($0)", user: "u\($0)") }
+        for (index, event) in requests.enumerated() {
+            topics.append(.requests, event.jsonBytes(), key: event.key, at: 1000 + Int64(index))
+        }
+        func outcome(_ request: PurchaseRequestEvent, _ result: OutcomeResult, reason: PendingReason? = nil) {
+            topics.append(
+                .outcomes,
+                PurchaseOutcomeEvent(
+                    request: request, result: result, attempts: 2, completedAtMs: 1500, pendingReason: reason
+                ).jsonBytes(), key: request.key)
+        }
+        // d1: in doubt, then resolved. d2: in doubt, still open. d3: in doubt, expired (dead
+        // letter). d4: in doubt, resolved, then a second final that contradicts it.
+        outcome(requests[0], .pending, reason: .outcomeUnknown)
+        outcome(requests[1], .pending, reason: .outcomeUnknown)
+        outcome(requests[2], .pending, reason: .outcomeUnknown)
+        outcome(requests[3], .pending, reason: .outcomeUnknown)
+        outcome(requests[0], .purchased)
+        outcome(requests[3], .cancelled)
+        outcome(requests[3], .purchased)
+        let expired = DeadLetterEvent(
+            topic: "requests", partition: 0, offset: 2, key: nil, value: requests[2].jsonBytes(), headers: [],
+            error: .init(
+                stage: .controller, errorClass: "in_doubt_expired", message: "billing never answered", retryable: false),
+            attempts: 40, failedAtMs: 2000, requestID: "d3")
+        topics.append(.deadLetters, expired.jsonBytes())
+        let report = topics.audit()
+        #expect(report.figures.inDoubtOpened == 4)
+        #expect(
+            report.figures.inDoubtResolved == 2
+                && report.figures.resolvedInDoubtByResult == ["purchased": 1, "cancelled": 1])
+        #expect(report.figures.inDoubtExpired == 1 && report.figures.inDoubtOpen == 1)
+        #expect(
+            report.count(.conflictingOutcomes) == 1 && report.examples[.conflictingOutcomes]?.first?.requestID == "d4")
+        #expect(report.count(.missingOutcomes) == 0 && report.count(.duplicateOutcomes) == 0)
+        #expect(report.failures == 1, "\(report.table())")
+    }
+
     @Test("an invalid record without a dead letter is undead")
     func undead() {
         var topics = Self.clean()
