@@ -154,6 +154,11 @@ final class LoadTestTracker: Sendable {
         /// Outcomes seen per request id of this run.
         var outcomes: [String: Int] = [:]
         var results: [String: Int] = [:]
+        /// Requests whose outcomes so far are one `pending` with `outcome_unknown`, and how many
+        /// went in doubt and were resolved by their one final outcome.
+        var inDoubt = Set<String>()
+        var inDoubtOpened = 0
+        var inDoubtResolved = 0
         var deadLetters = 0
         var total = HdrHistogram()
         var windows: [LoadTest.Window] = []
@@ -204,12 +209,22 @@ final class LoadTestTracker: Sendable {
     }
 
     /// An outcome read from the outcomes topic; others than this run's are ignored.
-    func outcome(requestID: String, result: String, seenAtMs: Int64) {
+    func outcome(requestID: String, result: OutcomeResult, pendingReason: PendingReason?, seenAtMs: Int64) {
         state.withLock { state in
             guard let request = state.sent[requestID] else { return }
             let window = windowIndex(&state)
+            if result.isFinal, state.inDoubt.remove(requestID) != nil {
+                // The in-doubt request's one final outcome: no repeat.
+                state.inDoubtResolved += 1
+                return
+            }
             let count = state.outcomes[requestID, default: 0]
             state.outcomes[requestID] = count + 1
+            if count == 0, result == .pending, pendingReason == .outcomeUnknown {
+                state.inDoubt.insert(requestID)
+                state.inDoubtOpened += 1
+            }
+            let result = result.rawValue
             // A repeat is counted (duplicates), not measured again.
             guard count == 0 else { return }
             let latency = max(0, seenAtMs - request.requestedAtMs) * 1000
@@ -259,6 +274,7 @@ final class LoadTestTracker: Sendable {
                 invalidSent: state.invalidSent, answered: state.outcomes.count, missing: missing.count,
                 missingExamples: Array(missing.prefix(20)),
                 duplicateOutcomes: state.outcomes.values.reduce(0) { $0 + max(0, $1 - 1) }, results: state.results,
+                inDoubt: (state.inDoubtOpened, state.inDoubtResolved, state.inDoubt.count),
                 deadLetters: state.deadLetters, latency: state.total, windows: state.windows,
                 lastAnsweredSeconds: state.lastAnsweredAt, slo: options.slo)
         }
@@ -307,7 +323,8 @@ private final class OutcomeReader: Sendable {
                     if message.topic == outcomesTopic {
                         guard let outcome = try? PurchaseOutcomeEvent(jsonBytes: message.value) else { continue }
                         tracker.outcome(
-                            requestID: outcome.requestID, result: outcome.result.rawValue, seenAtMs: seenAtMs)
+                            requestID: outcome.requestID, result: outcome.result,
+                            pendingReason: outcome.pendingReason, seenAtMs: seenAtMs)
                     } else if let letter = try? DeadLetterEvent(jsonBytes: message.value),
                         letter.originalHeaders?.contains(where: { $0.key == "ce_source" && $0.value?.text == source })
                             ?? false

@@ -22,9 +22,14 @@ public struct LoadTestReport: Sendable {
     public var answered: Int
     public var missing: Int
     public var missingExamples: [String]
-    /// Outcomes beyond the first of a request.
+    /// Outcomes beyond the first of a request (an in-doubt request's one final outcome after its
+    /// `pending` is not one).
     public var duplicateOutcomes: Int
+    /// Results of each request's first outcome.
     public var results: [String: Int]
+    /// Requests that went in doubt (`pending`, `outcome_unknown`), were resolved by their final
+    /// outcome within the run, and were still in doubt at its end.
+    public var inDoubt: (opened: Int, resolved: Int, open: Int) = (0, 0, 0)
     public var deadLetters: Int
     /// Request-to-outcome latency of every answered request (microseconds).
     public var latency: HdrHistogram
@@ -117,6 +122,7 @@ public struct LoadTestReport: Sendable {
                 format: "answered     %d of %d valid (%.1f/s achieved), %d missing, %d duplicate outcomes", answered,
                 validSent, achievedRate, missing, duplicateOutcomes),
             "results      \(resultsDescription)",
+            "in doubt     \(inDoubt.opened) opened, \(inDoubt.resolved) resolved, \(inDoubt.open) still pending at the end",
             "dead letters \(deadLetters)",
             String(
                 format: "latency      p50 %.1f ms  p90 %.1f ms  p99 %.1f ms  p99.9 %.1f ms  max %.1f ms",
@@ -162,6 +168,12 @@ public struct LoadTestReport: Sendable {
             writer.key(dynamic: result)
             writer.integer(Int64(count))
         }
+        writer.endObject()
+        writer.key("in_doubt")
+        writer.beginObject()
+        writer.field("opened", inDoubt.opened)
+        writer.field("resolved", inDoubt.resolved)
+        writer.field("open", inDoubt.open)
         writer.endObject()
         writer.field("dead_letters", deadLetters)
         writer.key("latency_ms")
