@@ -17,10 +17,20 @@ it stops the members and checks, for every request id:
     process, over the attempt it gave up on, whose socket its HTTP client had not closed yet, or
     that earlier attempt read by billing only after the next one, its caller already gone)
   - lost: valid requests without an outcome                                            (must be 0)
-  - conflicting: outcomes of one request that disagree, or disagree with billing       (must be 0)
+  - conflicting: final outcomes of one request that disagree, or disagree with billing (must be 0)
+    (a `pending` with pending_reason outcome_unknown is not final: the request was in doubt;
+    in_doubt_unresolved: requests whose only outcomes are such pendings at the end     (must be 0)
+    charged_but_failed: an outcome `failed` for a request billing charged              (must be 0))
   - resent_called / resent_answered: re-sent answered requests called or answered again (must be 0)
-  - exactly-once only, read with isolation.level=read_committed: repeated_outcomes and
+  - exactly-once only, read with isolation.level=read_committed: repeated_finals (a second final
+    outcome, or a second pending in doubt) and
     repeated_changes (one outcome per request, one change per user and sequence)       (must be 0)
+
+With --outage-s, billing has an outage from --outage-at of the production time: for that long it
+accepts each call, charges the request on its first call, and answers nothing; every call held so
+ends (for billing) when the outage does, whatever the caller did meanwhile. A call of another of
+the user's requests while billing still works on a held one is an overlap (a recovery call of the
+same request is the same purchase, counted apart as asks_over_held).
 
 Prints one JSON object with those counts and the run's figures; exits 1 when one is not 0.
 """
@@ -59,8 +69,10 @@ def unit(text, salt):
 class Billing:
     """Charges once per Idempotency-Key; records every call with its instance (URL path) and time."""
 
-    def __init__(self, call_timeout_ms):
+    def __init__(self, call_timeout_ms, outage=None):
         self.lock = threading.Lock()
+        # (start, end) in monotonic time: calls arriving then are held until its end.
+        self.outage = outage
         self.charged = {}  # request id -> result
         # (request id, user, instance, attempt, recovery, start, end, hung up, last seen connected,
         #  arrival order, ever seen connected)
@@ -87,6 +99,7 @@ class Billing:
             # Read under the lock, with the arrival number: a thread descheduled between the two
             # made a call start before another that arrived ahead of it (seen as an overlap).
             start = time.monotonic()
+            held = self.outage is not None and self.outage[0] <= start < self.outage[1]
             arrival = self.arrivals
             self.arrivals += 1
             if request_id in self.charged:
@@ -97,18 +110,23 @@ class Billing:
         # The call lasts until the answer or until the caller hangs up (a cancelled call is over
         # for the processor; what billing does then is what a recovery call looks up).
         until = start + self.delay_ms(request_id, recovery) / 1000
+        if held:
+            # The outage: billing works on the call until it ends, whatever the caller does.
+            until = max(until, self.outage[1])
         # When the caller was last seen connected: a hang-up happened after it, before the next check.
         hung_up, connected_at, seen_connected = False, start, False
         while time.monotonic() < until:
-            if client_gone():
+            if not hung_up and client_gone():
                 hung_up = True
-                break
-            connected_at, seen_connected = time.monotonic(), True
+                if not held:
+                    break
+            if not hung_up:
+                connected_at, seen_connected = time.monotonic(), True
             time.sleep(0.005)
         with self.lock:
             user = f"{request['app_id']}:{request['app_user_id']}"
             self.calls.append((request_id, user, instance, attempt, recovery, start, time.monotonic(), hung_up,
-                               connected_at, arrival, seen_connected))
+                               connected_at, arrival, seen_connected, held))
         return result
 
 
@@ -198,16 +216,32 @@ def classify_overlaps(all_calls, killed_at, late_first):
     own call table never runs two attempts of a request at once (the loop tests count that with
     the calls in the process); counted apart.
 
-    Returns (overlapping pairs, overlaps after a hang-up, next attempts over a given-up one)."""
+    A call billing held in an outage (call[11]) is worked on until the outage ends, whatever its
+    caller did: any call of another of the user's requests that starts before then overlaps it,
+    even after a hang-up or a SIGKILL; one of the same request is the same purchase (the
+    idempotency key), counted apart.
+
+    Returns (overlapping pairs, overlaps after a hang-up, next attempts over a given-up one,
+    asks over a held call of the same request)."""
     overlapping = []
     after_hang_up = 0
     after_given_up = 0
+    over_held = 0
     by_user = {}
     for call in all_calls:
         by_user.setdefault(call[1], []).append(call)
     for calls in by_user.values():
         calls.sort(key=lambda c: c[5])
+        for index, later in enumerate(calls[1:], start=1):
+            for held in calls[:index]:
+                if len(held) > 11 and held[11] and later[5] < held[6]:
+                    if held[0] == later[0]:
+                        over_held += 1
+                    else:
+                        overlapping.append((held, later))
         for earlier, later in zip(calls, calls[1:]):
+            if len(earlier) > 11 and earlier[11]:
+                continue  # judged above
             if later[9] in late_first and later[0] == earlier[0]:
                 continue
             killed = killed_at.get(earlier[2])
@@ -226,14 +260,17 @@ def classify_overlaps(all_calls, killed_at, late_first):
                     after_given_up += 1
                     continue
                 overlapping.append((earlier, later))
-    return overlapping, after_hang_up, after_given_up
+    return overlapping, after_hang_up, after_given_up, over_held
 
 
 def self_test():
     """The classifications above on made-up calls: they must still catch what they exist to catch."""
-    def call(arrival, attempt, recovery, hung_up=False, seen=True, instance="i1", request="r", start=None):
+    def call(arrival, attempt, recovery, hung_up=False, seen=True, instance="i1", request="r", start=None,
+             held_until=None):
         start = arrival if start is None else start
-        return (request, "u", instance, attempt, recovery, start, start + 0.01, hung_up, start, arrival, seen)
+        end = start + 0.01 if held_until is None else held_until
+        return (request, "u", instance, attempt, recovery, start, end, hung_up, start, arrival, seen,
+                held_until is not None)
 
     late = dict(hung_up=True, seen=False)
     calls_cases = [
@@ -283,6 +320,13 @@ def self_test():
          [call(0, 4, True), call(1, 3, True, instance="i2", start=0.005, **late)], {}, 1),
         ("the next attempt of another request", [call(0, 2, True), call(1, 3, True, request="s", start=0.005)],
          {}, 1),
+        ("another request while billing holds one in its outage, hung up on and its process killed",
+         [call(0, 1, False, instance="i2", hung_up=True, held_until=9), call(1, 1, False, request="s", start=5)],
+         {"i2": 1}, 1),
+        ("a recovery of the same request while billing holds it", [call(0, 1, False, held_until=9),
+                                                                   call(1, 2, True, start=5, held_until=9)], {}, 0),
+        ("another request once the outage let go of the held one",
+         [call(0, 1, False, hung_up=True, held_until=9), call(1, 1, False, request="s", start=9.5)], {}, 0),
         ("a late first call over another request's call",
          [call(0, 2, True), call(1, 1, False, request="s", start=0.011),
           call(2, 1, False, start=0.012, **late)], {}, 1),
@@ -292,7 +336,7 @@ def self_test():
         for c in calls:
             by_id.setdefault(c[0], []).append(c)
         _, late_first = classify_calls(by_id, killed_at)
-        overlapping, _, _ = classify_overlaps(calls, killed_at, late_first)
+        overlapping, _, _, _ = classify_overlaps(calls, killed_at, late_first)
         if len(overlapping) != expected:
             failures.append(f"{name}: {len(overlapping)} overlaps; expected {expected}")
     print("\n".join(failures) or f"self-test: {len(calls_cases) + len(overlap_cases)} cases pass")
@@ -360,6 +404,7 @@ class Members:
             self.args.binary, "run", "--bootstrap-servers", self.cluster.bootstrap, "--group-id", "chaos",
             "--controller", "http", "--controller-url", f"http://127.0.0.1:{self.port}/{instance}",
             "--call-timeout-ms", str(self.args.call_timeout_ms), "--max-attempts", "4", "--retry-backoff-ms", "50",
+            "--reconcile-max-interval-ms", "2000",
             "--max-in-flight", "32", "--log-level", self.args.member_log_level, "--http-listen", "127.0.0.1:0",
             "-X", "session.timeout.ms=6000", "-X", "heartbeat.interval.ms=500",
         ] + (["--guarantee", "exactly-once"] if self.args.guarantee == "exactly-once" else []) + (
@@ -424,6 +469,11 @@ def request(index, run):
     if unit(request_id, "grant") < 0.3:
         event["entitlement"] = {"type": "freeTrial", "value": 7, "unit": "days"}
     return f"app_chaos:{user}".encode(), json.dumps(event).encode()
+
+
+def in_doubt(outcome):
+    """Whether an outcome says its request is in doubt: not final, a final one follows."""
+    return outcome["result"] == "pending" and outcome.get("pending_reason") == "outcome_unknown"
 
 
 def read_topic(bootstrap, topic, committed_only):
@@ -494,6 +544,9 @@ def main():
     parser.add_argument("--seconds", type=float, default=24)
     parser.add_argument("--call-timeout-ms", type=int, default=1000)
     parser.add_argument("--resend", type=int, default=300)
+    parser.add_argument("--outage-s", type=float, default=0,
+                        help="billing's outage: it charges and answers nothing for this long")
+    parser.add_argument("--outage-at", type=float, default=0.35, help="when the outage starts, as a fraction of production")
     parser.add_argument("--member-log-level", default="warning", help="the members' --log-level (their logs stay in the work directory)")
     parser.add_argument("--no-kill", action="store_true", help="graceful chaos only: members stopped with SIGTERM")
     parser.add_argument("--self-test", action="store_true", help="check the call classification only, then exit")
@@ -511,6 +564,9 @@ def main():
     committed_only = args.guarantee == "exactly-once"
     exact = committed_only and (args.no_kill or filters_aborted(cluster.bootstrap))
     started = time.monotonic()
+    if args.outage_s > 0:
+        outage_start = started + args.outage_at * args.seconds
+        billing.outage = (outage_start, outage_start + args.outage_s)
     try:
         for slot in range(3):
             members.start(slot)
@@ -547,8 +603,13 @@ def main():
         producer.flush(30)
 
         def answered():
-            return {json.loads(m.value())["request_id"] for m in read_topic(cluster.bootstrap, OUTCOMES,
-                                                                               committed_only)}
+            """Requests with a final outcome (an in-doubt request's pending is not one)."""
+            finals = set()
+            for message in read_topic(cluster.bootstrap, OUTCOMES, committed_only):
+                outcome = json.loads(message.value())
+                if not in_doubt(outcome):
+                    finals.add(outcome["request_id"])
+            return finals
 
         # Re-send requests whose result the changelog records (in their users' journals): they
         # must not be called nor answered again.
@@ -598,7 +659,7 @@ def main():
     for call in billing.calls:
         calls_by_id.setdefault(call[0], []).append(call)
     undeclared, late_first = classify_calls(calls_by_id, {**members.stopping_at, **members.killed_at})
-    overlapping, overlaps_after_hang_up, overlaps_after_given_up = classify_overlaps(
+    overlapping, overlaps_after_hang_up, overlaps_after_given_up, asks_over_held = classify_overlaps(
         billing.calls, members.killed_at, late_first)
     overlaps = len(overlapping)
     overlap_examples = [[[c[0], c[2], c[3], c[4], round(c[5] - started, 3), round(c[6] - started, 3), c[7]]
@@ -608,13 +669,26 @@ def main():
     repeated_outcomes = 0
     undeclared_outcome_repeats = 0
     identical_outcome_repeats = 0
+    in_doubt_opened = 0
+    in_doubt_unresolved = []
+    charged_but_failed = []
+    repeated_finals = 0
     for request_id, answers in outcomes.items():
-        results = {a["result"] for a in answers}
-        if len(results) > 1 or (request_id in billing.charged and results != {billing.charged[request_id]}):
+        finals = [a for a in answers if not in_doubt(a)]
+        results = {a["result"] for a in finals}
+        if len(finals) < len(answers):
+            in_doubt_opened += 1
+            if not finals:
+                in_doubt_unresolved.append(request_id)
+        if request_id in billing.charged and "failed" in results:
+            charged_but_failed.append(request_id)
+        if len(finals) > 1 or len(answers) - len(finals) > 1:
+            repeated_finals += 1
+        if len(results) > 1 or (request_id in billing.charged and finals and results != {billing.charged[request_id]}):
             conflicting += 1
             conflicting_examples.append({
                 "request_id": request_id, "charged": billing.charged.get(request_id),
-                "outcomes": [[a["result"], a["attempts"], a.get("error")] for a in answers],
+                "outcomes": [[a["result"], a["attempts"], a.get("pending_reason"), a.get("error")] for a in answers],
                 "calls": [[c[2], c[3], c[4], round(c[5] - started, 3), round(c[6] - started, 3), c[7]]
                           for c in calls_by_id.get(request_id, [])]})
         if len(answers) > 1:
@@ -649,9 +723,18 @@ def main():
         "overlap_examples": overlap_examples[:10],
         "overlaps_after_hang_up": overlaps_after_hang_up,
         "overlaps_after_given_up": overlaps_after_given_up,
+        "asks_over_held": asks_over_held,
+        "outage_s": args.outage_s,
+        "held_calls": sum(1 for c in billing.calls if c[11]),
+        "in_doubt_opened": in_doubt_opened,
+        "in_doubt_unresolved": len(in_doubt_unresolved),
+        "in_doubt_unresolved_examples": in_doubt_unresolved[:10],
+        "charged_but_failed": len(charged_but_failed),
+        "charged_but_failed_examples": charged_but_failed[:10],
         "conflicting": conflicting,
         "conflicting_examples": conflicting_examples[:10],
         "repeated_outcomes": repeated_outcomes,
+        "repeated_finals": repeated_finals,
         "undeclared_outcome_repeats": undeclared_outcome_repeats,
         "identical_outcome_repeats": identical_outcome_repeats,
         "repeated_changes": len(change_keys) - len(set(change_keys)),
@@ -666,12 +749,13 @@ def main():
         "seconds": round(time.monotonic() - started, 1),
     }
     must_be_zero = ["lost", "undeclared_repeats", "overlaps", "conflicting", "undeclared_outcome_repeats",
-                    "resent_called", "resent_answered"]
+                    "resent_called", "resent_answered", "in_doubt_unresolved", "charged_but_failed"]
     # Exactly-once: one outcome per request and one change per sequence, where a read_committed
     # reader can show it (a broker that filters aborted transactions, or a run without SIGKILLs).
     report["exactly_once_checked"] = exact
     if exact:
-        must_be_zero += ["repeated_outcomes", "repeated_changes"]
+        # One final outcome per request (and at most one pending before it, in doubt).
+        must_be_zero += ["repeated_finals", "repeated_changes"]
     failed = [name for name in must_be_zero if report[name] != 0]
     if report["resent"] == 0:
         failed.append("resent")  # the re-send step found no journaled result: it checked nothing
