@@ -9,7 +9,9 @@ line, flushed) to --log, and answers 503 to the first attempt of every request w
 Each log line is "<request_id> <attempt> <idempotency key> sig=<ok|bad|none> tp=<traceparent|->".
 With --secret FILE, a call whose Encore-Signature does not verify (HMAC-SHA256 of "<t>.<body>"
 with the file's secret, t within 5 minutes) is answered 401. Paths: /redirect answers 307 to
-/followed (which logs "FOLLOWED"); /huge answers 502 with a 5 MB body.
+/followed (which logs "FOLLOWED"); /huge answers 502 with a 5 MB body; /garbage answers 200 with
+a body that is not JSON; /huge200 answers 200 with 100 MB beginning {"result":"purchased" (streamed
+until the caller hangs up).
 """
 import hashlib
 import hmac
@@ -68,6 +70,27 @@ def main():
                 self.send_header("Location", f"http://127.0.0.1:{self.server.server_address[1]}/followed")
                 self.send_header("Content-Length", "0")
                 self.end_headers()
+                return
+            if self.path.startswith("/garbage"):
+                payload = b"\x00\x01 not json {"
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+                return
+            if self.path.startswith("/huge200"):
+                size = 100 * 1024 * 1024
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(size))
+                self.end_headers()
+                chunk = b'{"result":"purchased"' + b" " * (65536 - 21)
+                try:
+                    for _ in range(size // len(chunk)):
+                        self.wfile.write(chunk)
+                        chunk = b" " * 65536
+                except OSError:
+                    pass  # the caller stopped reading
                 return
             if self.path.startswith("/huge"):
                 payload = b"<html>" + b"x" * (5 * 1024 * 1024)

@@ -66,7 +66,7 @@ struct HTTPControllerTests {
             _ = try await leaky.purchase(request("r-huge"))
             Issue.record("a 502 was answered")
         } catch let error as PurchaseControllerError {
-            #expect(error.type == "http_502" && error.isRetryable)
+            #expect(error.type == "http_502" && error.isRetryable && error.isOutcomeUnknown)
             #expect(error.message.count < 300, "\(error.message.count) characters")
             #expect(error.message.contains("controller 'billing' (127.0.0.1:\(port)/huge)"), "\(error.message)")
             #expect(!error.message.contains("pa55word") && !error.message.contains("t0ken"))
@@ -78,8 +78,20 @@ struct HTTPControllerTests {
             _ = try await closed.purchase(request("r-closed"))
             Issue.record("a closed port answered")
         } catch let error as PurchaseControllerError {
-            #expect(error.type == "connection" && error.isRetryable)
+            // Nothing was sent: retryable, and known not to have reached billing.
+            #expect(error.type == "connection" && error.isRetryable && !error.isOutcomeUnknown)
             #expect(!error.message.contains("pa55word") && !error.message.contains("t0ken"), "\(error.message)")
+        }
+        // A 2xx whose body cannot be read: billing answered and may have charged. Unknown, never final.
+        for path in ["garbage", "huge200"] {
+            let unreadable = HTTPController(
+                url: URL(string: "\(base)/\(path)")!, timeout: .seconds(60), signingKey: Array(Self.secret.utf8))
+            do {
+                let answer = try await unreadable.purchase(request("r-\(path)"))
+                Issue.record("/\(path) was answered \(answer)")
+            } catch let error as PurchaseControllerError {
+                #expect(error.type == "bad_response" && error.isRetryable && error.isOutcomeUnknown, "\(error)")
+            }
         }
     }
 
