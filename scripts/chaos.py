@@ -405,6 +405,10 @@ class Members:
             "--controller", "http", "--controller-url", f"http://127.0.0.1:{self.port}/{instance}",
             "--call-timeout-ms", str(self.args.call_timeout_ms), "--max-attempts", "4", "--retry-backoff-ms", "50",
             "--reconcile-max-interval-ms", "2000",
+            # A slot's restarts keep its instance id (a StatefulSet pod's name): exactly-once's
+            # transactional.id with it, so a restart fences its killed predecessor's open
+            # transaction at once (Tansu never times one out). The URL path names the process.
+            "--instance-id", f"member-{slot}",
             "--max-in-flight", "32", "--log-level", self.args.member_log_level, "--http-listen", "127.0.0.1:0",
             "-X", "session.timeout.ms=6000", "-X", "heartbeat.interval.ms=500",
         ] + (["--guarantee", "exactly-once"] if self.args.guarantee == "exactly-once" else []) + (

@@ -1,4 +1,5 @@
 import EncoreEvents
+import Foundation
 import Kafka
 
 /// Everything the processor needs to run, with the defaults of the `run` command.
@@ -26,6 +27,21 @@ public struct ProcessorConfiguration: Sendable {
     public var enforcesDeadlines = true
     /// At-least-once (the default) or exactly-once (Kafka transactions).
     public var guarantee = DeliveryGuarantee.atLeastOnce
+    /// This instance's stable name (`--instance-id`; the host name by default, a StatefulSet pod's
+    /// name): exactly-once derives the `transactional.id` from it, so a restarted instance fences
+    /// its predecessor's open transactions at once, on any broker. ``randomInstanceID`` picks a
+    /// new random one per start.
+    public var instanceID = ProcessInfo.processInfo.hostName
+    /// The value of ``instanceID`` that asks for a random one on every start.
+    public static let randomInstanceID = "random"
+
+    /// Exactly-once: the `transactional.id` an explicit `-X transactional.id` gives, else
+    /// `<group>-<instance id>` (a new random one per call for ``randomInstanceID``). With several
+    /// workers each adds its number.
+    var transactionalIDBase: String {
+        kafka["transactional.id"]
+            ?? "\(groupID)-\(instanceID == Self.randomInstanceID ? String(UInt64.random(in: 0...UInt64.max)) : instanceID)"
+    }
     /// Dispatch loops in this process. The one consumer's partitions are split among them by
     /// partition number (a user's requests, sources and ledger state stay on one loop); they share
     /// the consumer, the producer and the buffer, and the in-flight bound is shared out among them.
@@ -113,6 +129,10 @@ public struct ProcessorConfiguration: Sendable {
         }
         try require(journal.retentionMs >= 60_000, "dedupe-retention", "must be at least a minute")
         try require(
+            !instanceID.isEmpty && instanceID.count <= 200
+                && instanceID.allSatisfy { $0.isASCII && ($0.isLetter || $0.isNumber || "._-".contains($0)) },
+            "instance-id", "'\(instanceID)' must be 1 to 200 letters, digits, '.', '_' or '-'")
+        try require(
             (1...EntitlementStateRecord.RequestEntry.maximumCount).contains(journal.perUserCap), "dedupe-per-user",
             "must be between 1 and \(EntitlementStateRecord.RequestEntry.maximumCount), got \(journal.perUserCap)")
         for (name, topic) in [
@@ -175,6 +195,8 @@ public struct ProcessorError: Error, Sendable, CustomStringConvertible {
         public static let invalidConfiguration = Code(name: "invalid_configuration")
         public static let kafka = Code(name: "kafka")
         public static let outputLost = Code(name: "output_lost")
+        /// Exactly-once: another producer with this instance's `transactional.id` fenced it.
+        public static let fenced = Code(name: "fenced")
         /// A controller call ignored cancellation past the hand-over limit: the processor stops
         /// without handing its partitions over; exit the process so the call ends with it.
         public static let callStuck = Code(name: "call_stuck")

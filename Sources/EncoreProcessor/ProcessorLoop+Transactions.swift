@@ -102,7 +102,7 @@ extension ProcessorLoop {
         state.produced = false
         transactions = state
         if let error {
-            fail(ProcessorError(.outputLost, "the transaction cannot commit: \(error)"))
+            fail(transactionError(error))
             for item in items { perform(.abandon(item)) }
             for (revocation, _) in handingOver { revocation.handOver([]) { _ in } }
             return
@@ -117,6 +117,16 @@ extension ProcessorLoop {
         if ownership.isDraining && calls.isEmpty && outputs.isIdle { transactions?.isClosed = true }
     }
 
+    /// Why a transaction cannot commit; fenced, that another live producer has this instance's
+    /// `transactional.id`: two instances given one `--instance-id` would fence each other in a loop.
+    func transactionError(_ error: KafkaError) -> ProcessorError {
+        guard error.isFencing else { return ProcessorError(.outputLost, "the transaction cannot commit: \(error)") }
+        return ProcessorError(
+            .fenced,
+            "the transaction cannot commit: another producer took this instance's transactional.id (\(error)); if another live instance runs with --instance-id \(configuration.instanceID), give each instance its own (two instances with one id fence each other in a loop)"
+        )
+    }
+
     /// Called once the loop ended: a transaction the loop did not close (after a failure, a failed
     /// commit or a drain that timed out) is aborted, so that `read_committed` readers of its
     /// partitions do not wait `transaction.timeout.ms` for it. What it held is redone by the next
@@ -127,7 +137,7 @@ extension ProcessorLoop {
         // A commit still in flight when the loop ended reports to an inbox no one reads any more.
         if let commit = state.commit {
             if let error = await commit.value {
-                fail(ProcessorError(.outputLost, "the transaction cannot commit: \(error)"))
+                fail(transactionError(error))
             } else {
                 // Committed, and the next transaction begun: empty, since outputs wait while a
                 // transaction commits.

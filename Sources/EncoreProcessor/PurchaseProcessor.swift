@@ -274,16 +274,15 @@ public final class PurchaseProcessor: Sendable {
         }
         // At-least-once: one producer for every worker (its batches are shared). Exactly-once: one
         // transactional producer per worker; a zombie is fenced through the group metadata sent
-        // with the offsets. A stable id (-X transactional.id, per instance; each worker adds its
-        // number when there are several) also aborts a crashed member's open transactions at once
-        // instead of after transaction.timeout.ms.
+        // with the offsets. A stable id (from --instance-id, or -X transactional.id; each worker
+        // adds its number when there are several) also aborts a crashed member's open
+        // transactions at once instead of after transaction.timeout.ms (Tansu never times one out).
         var producerConfigurations = [producerConfiguration]
         if configuration.guarantee == .exactlyOnce {
             producerConfiguration.setDefault("transaction.timeout.ms", "10000")
             consumerConfiguration.setDefault("isolation.level", "read_committed")
-            let id =
-                producerConfiguration["transactional.id"]
-                ?? "\(configuration.groupID)-\(UInt64.random(in: 0...UInt64.max))"
+            let id = configuration.transactionalIDBase
+            logger.info("exactly-once: transactional.id \(id)\(inboxes.count == 1 ? "" : "-<worker>")")
             producerConfigurations = inboxes.indices.map { worker in
                 var own = producerConfiguration
                 own["transactional.id"] = inboxes.count == 1 ? id : "\(id)-\(worker)"

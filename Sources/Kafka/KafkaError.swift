@@ -23,6 +23,12 @@ public struct KafkaError: Error, Sendable, CustomStringConvertible {
         public static let unknownTopicOrPartition = Code(rawValue: RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART.rawValue)
         public static let topicAlreadyExists = Code(rawValue: RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS.rawValue)
         public static let noOffset = Code(rawValue: RD_KAFKA_RESP_ERR__NO_OFFSET.rawValue)
+        /// This producer was fenced: another one initialized transactions with its
+        /// `transactional.id` (locally `_FENCED`; the broker's `PRODUCER_FENCED` or
+        /// `INVALID_PRODUCER_EPOCH`).
+        public static let fenced = Code(rawValue: RD_KAFKA_RESP_ERR__FENCED.rawValue)
+        public static let producerFenced = Code(rawValue: RD_KAFKA_RESP_ERR_PRODUCER_FENCED.rawValue)
+        public static let invalidProducerEpoch = Code(rawValue: RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH.rawValue)
 
         public var description: String {
             if rawValue <= -10_000 {
@@ -54,6 +60,9 @@ public struct KafkaError: Error, Sendable, CustomStringConvertible {
     }
 
     public var description: String { "\(name): \(message)" }
+
+    /// Whether a transactional producer with the same `transactional.id` fenced this one.
+    public var isFencing: Bool { [.fenced, .producerFenced, .invalidProducerEpoch].contains(code) }
 
     /// Wraps a librdkafka response code, with `context` naming what was being done.
     init(_ err: rd_kafka_resp_err_t, context: String, isFatal: Bool = false) {

@@ -11,6 +11,10 @@ enum RunCommand {
         usage: "run [options]",
         options: CommonOptions.kafka + CommonOptions.topics + controllerOptions + ledgerOptions + [
             .option("group-id", value: "ID", default: "encore-processor", "Consumer group."),
+            .option(
+                "instance-id", value: "ID", environment: "ENCORE_INSTANCE_ID",
+                "This instance's stable name (default: the host name, a StatefulSet pod's name); exactly-once's transactional.id is <group>-<ID>, so a restart fences its predecessor at once. 'random' draws a new one per start; two live instances must never share one."
+            ),
             .flag("embedded-broker", "Start an in-process broker (a trial): without it, brokers are required."),
             .option(
                 "http-listen", value: "HOST:PORT",
@@ -154,6 +158,7 @@ enum RunCommand {
         configuration.catalog = try catalog(options)
         configuration.ledgerEnabled = !options.flag("no-ledger")
         configuration.groupID = options.string("group-id") ?? configuration.groupID
+        configuration.instanceID = options.string("instance-id") ?? configuration.instanceID
         configuration.maxInFlight = try options.integer("max-in-flight", range: 1...1_000_000)
         configuration.bufferCapacity = try options.integer("buffer-size", range: 1...10_000_000)
         configuration.callTimeout = try options.milliseconds("call-timeout-ms", minimum: 1)
@@ -349,7 +354,7 @@ enum RunCommand {
         configuration.kafka = kafka
         let routes = router.rules.map { "\($0.match)→\($0.controllerName)" }.joined(separator: ", ")
         Logger(label: "encore").info(
-            "\(EncoreVersion.description): brokers \(Redaction.servers(kafka.bootstrapServers ?? "-")), group \(configuration.groupID), \(configuration.guarantee.rawValue), routes \(routes)"
+            "\(EncoreVersion.description): brokers \(Redaction.servers(kafka.bootstrapServers ?? "-")), group \(configuration.groupID), instance \(configuration.instanceID), \(configuration.guarantee.rawValue), routes \(routes)"
         )
         let processor = try PurchaseProcessor(configuration: configuration, router: router)
         let signals = SignalHandler { _ in processor.shutdown() }

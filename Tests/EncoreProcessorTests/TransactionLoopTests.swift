@@ -76,9 +76,13 @@ struct TransactionEndingTests {
     final class FailingCommitter: TransactionCommitter {
         let attempts = Mutex(0)
         let aborts = Mutex(0)
+        let error: KafkaError
+        init(_ error: KafkaError = KafkaError(code: .invalidConfiguration, message: "the transaction must be aborted")) {
+            self.error = error
+        }
         func commit(offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError) {
             attempts.withLock { $0 += 1 }
-            throw KafkaError(code: .invalidConfiguration, message: "the transaction must be aborted")
+            throw error
         }
         func abort() async throws(KafkaError) { aborts.withLock { $0 += 1 } }
     }
@@ -147,6 +151,22 @@ struct TransactionEndingTests {
         #expect(harness.statistics.abortedTransactions == 1)
     }
 
+    @Test(
+        "fenced (another producer took the transactional.id): the loop stops with an error naming --instance-id, never retrying into a fencing loop"
+    )
+    func fencedStops() async throws {
+        let controller = RecordingController()
+        let committer = FailingCommitter(
+            KafkaError(code: .producerFenced, message: "there is a newer producer with the same transactionalId"))
+        let harness = LoopHarness(configure: { $0.instanceID = "pod-3" }, router: router(controller)) { _ in committer }
+        harness.assign(partitions: 1)
+        harness.feed(request(0, user: "u"))
+        let failure = await harness.ended()
+        #expect(failure?.code == .fenced)
+        #expect(failure?.message.contains("--instance-id pod-3") == true, "\(String(describing: failure))")
+        #expect(committer.attempts.withLock { $0 } == 1 && controller.snapshot.calls == 0)
+    }
+
     /// A worker whose partitions have no record read yet still fences a zombie: its transactions
     /// (here, an expiry's outputs) carry the offsets its partitions were assigned with, so the
     /// broker checks the group generation with them.
@@ -196,5 +216,34 @@ struct TransactionEndingTests {
         // The last transaction committed and closed the loop's transactions: nothing to abort.
         #expect(committer.aborts.withLock { $0 } == 0)
         #expect(harness.statistics.abortedTransactions == 0)
+    }
+}
+
+@Suite("Exactly-once: a stable transactional.id from the instance id")
+struct TransactionalIDTests {
+    @Test("the instance id (the host name by default) names the transactional.id; -X wins; 'random' is new each start")
+    func derived() {
+        var configuration = ProcessorConfiguration(kafka: KafkaConfiguration())
+        #expect(configuration.instanceID == ProcessInfo.processInfo.hostName && !configuration.instanceID.isEmpty)
+        configuration.groupID = "g"
+        configuration.instanceID = "encore-1"
+        #expect(configuration.transactionalIDBase == "g-encore-1")
+        #expect(configuration.transactionalIDBase == configuration.transactionalIDBase, "stable across starts")
+        configuration.instanceID = ProcessorConfiguration.randomInstanceID
+        #expect(configuration.transactionalIDBase != configuration.transactionalIDBase)
+        configuration.kafka["transactional.id"] = "explicit"
+        #expect(configuration.transactionalIDBase == "explicit")
+    }
+
+    @Test("an instance id that is not a name is refused at start, naming the flag")
+    func validated() {
+        var configuration = ProcessorConfiguration(kafka: KafkaConfiguration())
+        configuration.instanceID = "pod 3/x"
+        #expect(throws: ProcessorError.self) { try configuration.validate() }
+        do {
+            try configuration.validate()
+        } catch {
+            #expect(error.message.hasPrefix("instance-id:"), "\(error.message)")
+        }
     }
 }
