@@ -445,7 +445,9 @@ class Members:
         """What each running member's /metrics says of its partitions, lag and progress (the
         endpoint is in its log at info level): where a stalled run is stuck."""
         wanted = ("encore_assigned_partitions", "encore_consumer_lag", "encore_requests_received_total",
-                  "encore_outcomes_total", "encore_in_flight", "encore_ready", "encore_buffered")
+                  "encore_outcomes_total", "encore_in_flight", "encore_ready", "encore_buffered",
+                  "encore_in_doubt_open", "encore_consumer_offsets", "encore_consumer_fetch_state",
+                  "encore_consumer_group_state")
         report = {}
         for instance, _ in self.running.values():
             text = open(f"{self.work}/{instance}.log").read()
@@ -461,6 +463,58 @@ class Members:
             except OSError as error:
                 report[instance] = f"{url}: {error}"
         return report
+
+
+def metric_samples(lines):
+    """{(name, labels as a frozenset): value} of Prometheus text lines."""
+    samples = {}
+    for line in lines:
+        name, _, rest = line.partition("{")
+        labels, _, value = rest.rpartition("} ")
+        pairs = frozenset(tuple(pair.split("=", 1)) for pair in labels.split(",") if "=" in pair)
+        samples[(name, pairs)] = float(value)
+    return samples
+
+
+def stall_causes(first, second):
+    """Why members stall, from two samples of their metrics some seconds apart (librdkafka's
+    statistics): a last stable offset held below the high watermark and not moving (an open
+    transaction: read_committed readers wait), a group that assigned the member nothing, a fetch
+    that is not active or not moving while records wait."""
+    causes = {}
+    for instance, lines in second.items():
+        if not isinstance(lines, list) or not isinstance(first.get(instance), list):
+            continue
+        now, before = metric_samples(lines), metric_samples(first[instance])
+        found = []
+        for (name, labels), _ in now.items():
+            if name == "encore_consumer_group_state":
+                fields = dict((k, v.strip('"')) for k, v in labels)
+                if fields.get("state") != "up" or fields.get("join_state") != "steady" or fields.get("assignment_size") == "0":
+                    found.append(f"group not assigned: state {fields.get('state')}, join_state "
+                                 f"{fields.get('join_state')}, assignment_size {fields.get('assignment_size')}")
+        partitions = {}
+        for (name, labels), value in now.items():
+            fields = dict((k, v.strip('"')) for k, v in labels)
+            where = (fields.get("topic"), fields.get("partition"))
+            if name == "encore_consumer_offsets":
+                partitions.setdefault(where, {})[fields["offset"]] = (value, before.get((name, labels)))
+            elif name == "encore_consumer_fetch_state":
+                partitions.setdefault(where, {})["state"] = fields["state"]
+        for (topic, partition), seen in partitions.items():
+            hi, ls, nxt = (seen.get(k, (None, None)) for k in ("hi", "ls", "next"))
+            if hi[0] is not None and nxt[0] is not None and nxt[0] < hi[0]:
+                if ls[0] is not None and ls[0] < hi[0] and ls[0] == ls[1] and nxt[0] >= ls[0]:
+                    found.append(f"{topic}[{partition}]: last stable offset held at {ls[0]:.0f} below the high "
+                                 f"watermark {hi[0]:.0f} (an open transaction)")
+                elif seen.get("state") != "active":
+                    found.append(f"{topic}[{partition}]: fetch_state {seen.get('state')} at next_offset {nxt[0]:.0f}")
+                elif nxt[0] == nxt[1]:
+                    found.append(f"{topic}[{partition}]: fetch not moving at next_offset {nxt[0]:.0f} "
+                                 f"(high watermark {hi[0]:.0f})")
+        if found:
+            causes[instance] = found
+    return causes
 
 
 def request(index, run):
@@ -640,8 +694,14 @@ def main():
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and not set(ids) <= answered():
             time.sleep(2)
-        # Not all answered: what the members say of themselves before they are stopped.
-        stalled = None if set(ids) <= answered() else members.metrics()
+        # Not all answered: what the members say of themselves before they are stopped, and why
+        # they stall (two samples, 6 s apart: librdkafka's statistics come every 5 s).
+        stalled, causes = None, None
+        if not set(ids) <= answered():
+            first = members.metrics()
+            time.sleep(6)
+            stalled = members.metrics()
+            causes = stall_causes(first, stalled)
         # Let the last re-sent records be read and skipped, then stop cleanly.
         time.sleep(5)
         for slot in list(members.running):
@@ -750,6 +810,7 @@ def main():
         "clean_exits": sum(1 for _, code in members.exit_codes if code == 0),
         "stopped": len(members.exit_codes),
         "actions": actions,
+        "stall_causes": causes,
         "seconds": round(time.monotonic() - started, 1),
     }
     must_be_zero = ["lost", "undeclared_repeats", "overlaps", "conflicting", "undeclared_outcome_repeats",

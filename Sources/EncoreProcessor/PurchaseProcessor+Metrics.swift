@@ -80,6 +80,35 @@ extension PurchaseProcessor {
             (vitals.consumer?.lag ?? [:]).map {
                 (["topic": $0.key.topic, "partition": String($0.key.partition)], $0.value)
             })
+        // Why a consumer stalls, from the same statistics: the last stable offset held below the
+        // high watermark (an open transaction), no assignment, or a fetch that is not active.
+        let consumer = vitals.consumer?.statistics ?? KafkaConsumerStatistics()
+        text.gauge(
+            "encore_consumer_offsets",
+            "Per assigned partition: the high watermark (hi), the last stable offset a read_committed reader reads to (ls), the next offset to fetch (next).",
+            consumer.partitions.flatMap { key, value in
+                [("hi", value.highWatermark), ("ls", value.lastStableOffset), ("next", value.nextOffset)].map {
+                    (["topic": key.topic, "partition": String(key.partition), "offset": $0.0], $0.1)
+                }
+            })
+        text.gauge(
+            "encore_consumer_fetch_state", "1 for each assigned partition's fetch state (active when fetching).",
+            consumer.partitions.map {
+                (["topic": $0.key.topic, "partition": String($0.key.partition), "state": $0.value.fetchState], 1)
+            })
+        text.gauge(
+            "encore_consumer_group_state",
+            "1 for the group's state and join state (up, steady once assigned), with this member's assignment size.",
+            consumer.groupState.map {
+                [
+                    (
+                        [
+                            "state": $0, "join_state": consumer.joinState ?? "-",
+                            "assignment_size": String(consumer.assignmentSize ?? 0),
+                        ], 1
+                    )
+                ]
+            } ?? [])
         text.counter(
             "encore_commit_failures_total", "Offset commits that failed (retried).", [([:], statistics.commitFailures)])
         text.counter("encore_ledger_restores_total", "Ledger restores (one per assignment).", [([:], vitals.restores)])

@@ -392,7 +392,11 @@ public final class KafkaConsumer: Sendable {
 
     /// Records behind the end per partition, as librdkafka's latest statistics say (empty unless
     /// `statistics.interval.ms` is set).
-    public var lag: [KafkaTopicPartition: Int64] { client.callbacks.lag.withLock { $0 } }
+    public var lag: [KafkaTopicPartition: Int64] { statistics.lag }
+
+    /// librdkafka's latest statistics of this consumer: partitions' offsets and fetch states,
+    /// the group's state (empty unless `statistics.interval.ms` is set).
+    public var statistics: KafkaConsumerStatistics { client.callbacks.statistics.withLock { $0 } }
 
     /// The partitions currently assigned to this member.
     public func assignment() throws(KafkaError) -> [KafkaTopicPartition] {

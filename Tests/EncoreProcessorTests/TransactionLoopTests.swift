@@ -77,7 +77,8 @@ struct TransactionEndingTests {
         let attempts = Mutex(0)
         let aborts = Mutex(0)
         let error: KafkaError
-        init(_ error: KafkaError = KafkaError(code: .invalidConfiguration, message: "the transaction must be aborted")) {
+        init(_ error: KafkaError = KafkaError(code: .invalidConfiguration, message: "the transaction must be aborted"))
+        {
             self.error = error
         }
         func commit(offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError) {

@@ -13,8 +13,8 @@ final class RDKafkaCallbacks: Sendable {
         (@Sendable (OpaquePointer, rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>) -> Void)?
     /// Where deliveries of records produced with a token gather until the poll that served them ends.
     let deliveries: RDKafkaDeliveryBatch?
-    /// Consumer lag per partition, from librdkafka's statistics (`statistics.interval.ms`).
-    let lag = Mutex<[KafkaTopicPartition: Int64]>([:])
+    /// The consumer's latest statistics from librdkafka (`statistics.interval.ms`).
+    let statistics = Mutex(KafkaConsumerStatistics())
 
     init(
         logger: Logger, onError: (@Sendable (KafkaError) -> Void)? = nil,
@@ -126,8 +126,8 @@ final class RDKafkaClient: @unchecked Sendable {
         }
         rd_kafka_conf_set_stats_cb(conf) { _, json, length, opaque in
             guard let callbacks = RDKafkaCallbacks.from(opaque), let json else { return 0 }
-            let lag = RDKafkaStatistics.consumerLag(UnsafeRawBufferPointer(start: json, count: length))
-            callbacks.lag.withLock { $0 = lag }
+            let statistics = KafkaConsumerStatistics.parse(UnsafeRawBufferPointer(start: json, count: length))
+            callbacks.statistics.withLock { $0 = statistics }
             return 0  // librdkafka frees the JSON
         }
         rd_kafka_conf_set_error_cb(conf) { _, code, reason, opaque in
