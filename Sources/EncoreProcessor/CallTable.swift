@@ -216,11 +216,17 @@ struct CallTable<Item> {
             return end(
                 id, .failed(.init(type: String(describing: type(of: error)), message: "\(error)", retryable: false)))
         }
-        if call.reconciling != nil {
-            return askAgain(id, failure: failure, now: now, unit: retryUnit)
-        }
         if call.attempt < call.lastAttempt {
             return retryOrAbandon(id, call, now: now, retryUnit: retryUnit, retryDeadline: retryDeadline)
+        }
+        if retryDeadline(call.partition) != nil {
+            // Its partition is being handed over: the next owner reads the journal, holds the
+            // user until this call could no longer run, and asks billing itself.
+            drop(id)
+            return .abandon(call.item)
+        }
+        if call.reconciling != nil {
+            return askAgain(id, failure: failure, now: now, unit: retryUnit)
         }
         // No attempts left and billing may have acted: in doubt, never failed.
         calls[id]!.reconciling = (now.advanced(by: reconcile.duration), 0)

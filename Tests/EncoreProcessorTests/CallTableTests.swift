@@ -406,4 +406,55 @@ struct CallTableTests {
         let actions = table.handOver(where: { $0 == Self.partition }, by: at(1000))
         #expect(actions.count == 2 && table.isEmpty && table.inDoubtCount == 0)
     }
+
+    @Test(
+        "an attempt whose intent is durable only once its partition's hand-over is near is left to the next owner; an overdue hand-over drops one still journaling"
+    )
+    func journalingAndHandOver() {
+        var table = inDoubtTable()
+        let id = launch(&table, "req-0")
+        #expect(
+            table.finished(
+                id, attempt: 1, .failure(PurchaseControllerError.outcomeUnknown("http_503", "down")), now: at(1),
+                retryUnit: 0, retryDeadline: { _ in nil }) == nil)
+        guard case .journal(id, _, attempt: 2)? = table.tick(now: at(2)).first else {
+            Issue.record("expected the retry's intent")
+            return
+        }
+        // The intent lands with 5 s left before the hand-over; the call may take 10.
+        guard case .abandon("req-0")? = table.journaled(id, attempt: 2, now: at(3), handOverDeadline: at(8)) else {
+            Issue.record("a call that cannot end before the hand-over was launched")
+            return
+        }
+        #expect(table.isEmpty)
+        guard
+            case .journal(let other, "req-1", attempt: 2) = table.start(
+                "req-1", partition: Self.partition, attempt: 2, now: at(3), journalAfter: at(3))
+        else {
+            Issue.record("expected the recovery's intent")
+            return
+        }
+        guard case .abandon("req-1")? = table.interrupt(where: { $0 == Self.partition }).first else {
+            Issue.record("an overdue hand-over kept a call journaling")
+            return
+        }
+        #expect(table.journaled(other, attempt: 2, now: at(4), handOverDeadline: nil) == nil && table.isEmpty)
+    }
+
+    @Test(
+        "attempts used up with an unknown effect while the partition is handed over: left to the next owner, not in doubt here"
+    )
+    func unknownDuringHandOver() {
+        var table = inDoubtTable(maxAttempts: 1)
+        let id = launch(&table, "req-0")
+        guard
+            case .abandon("req-0")? = table.finished(
+                id, attempt: 1, .failure(PurchaseControllerError.outcomeUnknown("http_503", "down")), now: at(1),
+                retryUnit: 0, retryDeadline: { _ in at(30) })
+        else {
+            Issue.record("expected the record left to the next owner")
+            return
+        }
+        #expect(table.isEmpty && table.inDoubtCount == 0)
+    }
 }
