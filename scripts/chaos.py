@@ -411,6 +411,11 @@ class Members:
             "--instance-id", f"member-{slot}",
             "--max-in-flight", "32", "--log-level", self.args.member_log_level, "--http-listen", "127.0.0.1:0",
             "-X", "session.timeout.ms=6000", "-X", "heartbeat.interval.ms=500",
+            # The group's rebalance timeout. Tansu's coordinator has no timers: a member killed in
+            # the middle of a rebalance held it for the whole rebalance timeout (the default here,
+            # 300 s, outlasted the run: the last members never got an assignment). 20 s still
+            # outlasts the drain (call timeout + 5 s), which the processor checks.
+            "-X", "max.poll.interval.ms=20000",
         ] + (["--guarantee", "exactly-once"] if self.args.guarantee == "exactly-once" else []) + (
             ["--workers", str(self.args.workers)] if self.args.workers else [])
         log = open(f"{self.work}/{instance}.log", "w")
