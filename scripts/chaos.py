@@ -26,9 +26,12 @@ it stops the members and checks, for every request id:
     outcome, or a second pending in doubt) and
     repeated_changes (one outcome per request, one change per user and sequence)       (must be 0)
 
-With --outage-s, billing has an outage from --outage-at of the production time: for that long it
-accepts each call, charges the request on its first call, and answers nothing; every call held so
-ends (for billing) when the outage does, whatever the caller did meanwhile. A call of another of
+With --outage-s, billing has an outage from --outage-at of the production time: it accepts each
+call, charges the request on its first call, and answers nothing; every call held so ends (for
+billing) when the outage does, whatever the caller did meanwhile. The outage lasts --outage-s at
+least, and then until a member has published a request in doubt (a pending with pending_reason
+outcome_unknown), at most 60 s: a run on a loaded machine, or one whose members were rebalancing,
+still shows the in-doubt path. A call of another of
 the user's requests while billing still works on a held one is an overlap (a recovery call of the
 same request is the same purchase, counted apart as asks_over_held).
 
@@ -69,16 +72,32 @@ def unit(text, salt):
 class Billing:
     """Charges once per Idempotency-Key; records every call with its instance (URL path) and time."""
 
-    def __init__(self, call_timeout_ms, outage=None):
+    def __init__(self, call_timeout_ms):
         self.lock = threading.Lock()
-        # (start, end) in monotonic time: calls arriving then are held until its end.
-        self.outage = outage
+        # (start, shortest, longest) in monotonic time, and whether a request was seen in doubt:
+        # calls arriving in the outage are held until it ends (see in_outage).
+        self.outage = None
+        self.in_doubt_seen = threading.Event()
+        self.outage_ended_at = None
+        self.outage_lock = threading.Lock()
         self.charged = {}  # request id -> result
         # (request id, user, instance, attempt, recovery, start, end, hung up, last seen connected,
         #  arrival order, ever seen connected)
         self.calls = []
         self.arrivals = 0
         self.slow_ms = call_timeout_ms * 1.5
+
+    def in_outage(self, now):
+        """Whether billing is in its outage at `now`: from its start, for its shortest length and
+        then until a request was seen in doubt, for its longest at most. Once over, over."""
+        if self.outage is None or now < self.outage[0]:
+            return False
+        with self.outage_lock:
+            if self.outage_ended_at is None:
+                start, shortest, longest = self.outage
+                if now >= start + longest or (now >= start + shortest and self.in_doubt_seen.is_set()):
+                    self.outage_ended_at = now
+            return self.outage_ended_at is None
 
     def answer(self, request_id):
         roll = unit(request_id, "result")
@@ -99,7 +118,7 @@ class Billing:
             # Read under the lock, with the arrival number: a thread descheduled between the two
             # made a call start before another that arrived ahead of it (seen as an overlap).
             start = time.monotonic()
-            held = self.outage is not None and self.outage[0] <= start < self.outage[1]
+            held = self.in_outage(start)
             arrival = self.arrivals
             self.arrivals += 1
             if request_id in self.charged:
@@ -110,12 +129,10 @@ class Billing:
         # The call lasts until the answer or until the caller hangs up (a cancelled call is over
         # for the processor; what billing does then is what a recovery call looks up).
         until = start + self.delay_ms(request_id, recovery) / 1000
-        if held:
-            # The outage: billing works on the call until it ends, whatever the caller does.
-            until = max(until, self.outage[1])
         # When the caller was last seen connected: a hang-up happened after it, before the next check.
         hung_up, connected_at, seen_connected = False, start, False
-        while time.monotonic() < until:
+        # The outage: billing works on a held call until it ends, whatever the caller does.
+        while time.monotonic() < until or (held and self.in_outage(time.monotonic())):
             if not hung_up and client_gone():
                 hung_up = True
                 if not held:
@@ -128,6 +145,24 @@ class Billing:
             self.calls.append((request_id, user, instance, attempt, recovery, start, time.monotonic(), hung_up,
                                connected_at, arrival, seen_connected, held))
         return result
+
+
+def watch_in_doubt(bootstrap, billing, stop):
+    """Sets billing.in_doubt_seen once the outcomes topic holds a pending with pending_reason
+    outcome_unknown (read uncommitted: a transaction's pending counts once produced)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"chaos-watch-{random.random()}",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    consumer.assign([TopicPartition(OUTCOMES, p, 0) for p in range(PARTITIONS)])
+    while not stop.is_set() and not billing.in_doubt_seen.is_set():
+        message = consumer.poll(0.5)
+        if message is None or message.error():
+            continue
+        try:
+            if in_doubt(json.loads(message.value())):
+                billing.in_doubt_seen.set()
+        except ValueError:
+            pass
+    consumer.close()
 
 
 def serve_billing(billing):
@@ -474,10 +509,16 @@ def metric_samples(lines):
     """{(name, labels as a frozenset): value} of Prometheus text lines."""
     samples = {}
     for line in lines:
-        name, _, rest = line.partition("{")
-        labels, _, value = rest.rpartition("} ")
+        if "{" in line:
+            name, _, rest = line.partition("{")
+            labels, _, value = rest.rpartition("} ")
+        else:
+            (name, _, value), labels = line.rpartition(" "), ""
         pairs = frozenset(tuple(pair.split("=", 1)) for pair in labels.split(",") if "=" in pair)
-        samples[(name, pairs)] = float(value)
+        try:
+            samples[(name, pairs)] = float(value)
+        except ValueError:
+            continue
     return samples
 
 
@@ -627,9 +668,10 @@ def main():
     committed_only = args.guarantee == "exactly-once"
     exact = committed_only and (args.no_kill or filters_aborted(cluster.bootstrap))
     started = time.monotonic()
+    watching = threading.Event()
     if args.outage_s > 0:
-        outage_start = started + args.outage_at * args.seconds
-        billing.outage = (outage_start, outage_start + args.outage_s)
+        billing.outage = (started + args.outage_at * args.seconds, args.outage_s, 60.0)
+        threading.Thread(target=watch_in_doubt, args=(cluster.bootstrap, billing, watching), daemon=True).start()
     try:
         for slot in range(3):
             members.start(slot)
@@ -714,6 +756,7 @@ def main():
         records = read_topic(cluster.bootstrap, OUTCOMES, committed_only)
         changes = read_topic(cluster.bootstrap, CHANGES, committed_only)
     finally:
+        watching.set()
         for slot in list(members.running):
             members.kill(slot)
         cluster.stop()
@@ -793,7 +836,7 @@ def main():
         "overlaps_after_hang_up": overlaps_after_hang_up,
         "overlaps_after_given_up": overlaps_after_given_up,
         "asks_over_held": asks_over_held,
-        "outage_s": args.outage_s,
+        "outage_s": round(billing.outage_ended_at - billing.outage[0], 1) if billing.outage_ended_at else None,
         "held_calls": sum(1 for c in billing.calls if c[11]),
         "in_doubt_opened": in_doubt_opened,
         "in_doubt_unresolved": len(in_doubt_unresolved),

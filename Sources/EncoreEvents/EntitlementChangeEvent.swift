@@ -84,7 +84,7 @@ extension EntitlementChangeEvent: FieldTabled {
             }
         },
         [
-            .field("app_id", \.appID, .appID),
+            .field("app_id", \.appID),
             .field("app_user_id", \.appUserID),
             .field("change", \.change),
             .field("entitlement", \.entitlement),

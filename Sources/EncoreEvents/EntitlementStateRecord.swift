@@ -194,7 +194,7 @@ extension EntitlementStateRecord: FieldTabled {
                 + 48 * record.access.count
         },
         [
-            .field("app_id", \.appID, .appID),
+            .field("app_id", \.appID),
             .field("app_user_id", \.appUserID),
             .field("sequence", \.sequence),
             .field("updated_at_ms", \.updatedAtMs),

@@ -104,7 +104,7 @@ extension PurchaseOutcomeEvent: FieldTabled {
         },
         [
             .field("request_id", \.requestID),
-            .field("app_id", \.appID, .appID),
+            .field("app_id", \.appID),
             .field("app_user_id", \.appUserID),
             .field("product_id", \.productID),
             .field("result", \.result),

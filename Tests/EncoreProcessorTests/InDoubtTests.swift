@@ -133,6 +133,8 @@ struct InDoubtTests {
         harness.feed(request(0, user: "u"))
         harness.feed(request(1, user: "u"))
         #expect(await eventually(timeout: .seconds(120)) { harness.statistics.inDoubtExpired == 1 })
+        // The lane moves on while billing may still work on req-0: req-1 is called in the outage.
+        #expect(await eventually(timeout: .seconds(120)) { billing.snapshot.callsByRequest["req-1"] != nil })
         billing.endOutage()
         #expect(await harness.waitForFinished(2))
         let outcomes = harness.producer.outcomes()
