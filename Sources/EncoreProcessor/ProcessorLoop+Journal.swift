@@ -1,4 +1,5 @@
 import EncoreEvents
+import Kafka
 
 /// The request journal's side of the loop: a call starts once its intent is durable, within the
 /// call bound; a failure is journaled before it is published; a request in doubt keeps its
@@ -216,19 +217,12 @@ extension ProcessorLoop {
         item.inDoubtSinceMs = nowMs
         statistics.inDoubtOpened += 1
         newlyInDoubt += 1
-        let outcome = PurchaseOutcomeEvent(
-            request: item.request, result: .pending, attempts: attempts, completedAtMs: nowMs,
-            controller: item.controllerName, pendingReason: .outcomeUnknown)
-        statistics.outcomesByController[.init(OutcomeResult.pending.rawValue, item.controllerName), default: 0] += 1
         let update = ledger.recordInDoubt(
             item.request, attempts: attempts, partition: item.ref.partition.number, nowMs: nowMs)
         let trace = Self.traceHeaders(item.message.headers)
         outputs.publish(
             update, for: nil,
-            alongside: [
-                (.outcome(.pending, requestedAtMs: item.request.requestedAtMs), .outcome(outcome, trace: trace))
-            ],
-            trace: trace)
+            alongside: [pendingOutcome(item, attempts: attempts, nowMs: nowMs, trace: trace)], trace: trace)
         logger.debug(
             "request in doubt: pending published, asking billing again",
             fields: [("request_id", item.request.requestID), ("last", "\(failure.type): \(failure.message)")])
@@ -249,11 +243,7 @@ extension ProcessorLoop {
                 attempts: attempts, requestID: item.request.requestID, failedAtMs: nowMs)
         ]
         if item.inDoubtSinceMs == nil {
-            let outcome = PurchaseOutcomeEvent(
-                request: item.request, result: .pending, attempts: attempts, completedAtMs: nowMs,
-                controller: item.controllerName.isEmpty ? nil : item.controllerName, pendingReason: .outcomeUnknown)
-            alongside.insert(
-                (.outcome(.pending, requestedAtMs: item.request.requestedAtMs), .outcome(outcome, trace: trace)), at: 0)
+            alongside.insert(pendingOutcome(item, attempts: attempts, nowMs: nowMs, trace: trace), at: 0)
         }
         let update = ledger.recordFailure(
             item.request, attempts: attempts, error: failure,
@@ -262,5 +252,17 @@ extension ProcessorLoop {
         outputs.publish(
             update, for: item.ref, item: item, alongside: alongside, result: transactions == nil ? item : nil,
             trace: trace)
+    }
+
+    /// The `pending` (`outcome_unknown`) outcome of an in-doubt request, counted as published.
+    func pendingOutcome(_ item: WorkItem, attempts: Int, nowMs: Int64, trace: [KafkaHeader]) -> (
+        output: Output, unsent: UnsentOutput
+    ) {
+        let controller = item.controllerName.isEmpty ? nil : item.controllerName
+        statistics.outcomesByController[.init(OutcomeResult.pending.rawValue, controller ?? "-"), default: 0] += 1
+        let outcome = PurchaseOutcomeEvent(
+            request: item.request, result: .pending, attempts: attempts, completedAtMs: nowMs, controller: controller,
+            pendingReason: .outcomeUnknown)
+        return (.outcome(.pending, requestedAtMs: item.request.requestedAtMs), .outcome(outcome, trace: trace))
     }
 }

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Exactly-once across a SIGKILL: every outcome stays visible to read_committed readers.
+
+Against a running broker (Tansu in CI): produces --requests requests, runs one exactly-once
+processor with --instance-id, SIGKILLs it once --kill-after outcomes are out (its transaction is
+then open), restarts it under the same instance id, and waits until a read_committed reader sees an
+outcome for every request. A restart under a new transactional.id would leave the dead process's
+transaction open: on a broker that never times one out (Tansu), the last stable offset of its
+partitions stays held and read_committed readers stop there for good.
+
+Prints one JSON line; exits 1 when an outcome is not visible within --timeout-s.
+"""
+import argparse
+import json
+import random
+import subprocess
+import sys
+import time
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+PARTITIONS = 4
+
+
+def outcome_ids(bootstrap, topic, committed_only, seconds):
+    """Request ids of the outcomes a reader sees within `seconds`."""
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": f"eos-check-{random.random()}", "enable.auto.commit": False,
+        "isolation.level": "read_committed" if committed_only else "read_uncommitted",
+    })
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    seen, deadline = set(), time.time() + seconds
+    while time.time() < deadline:
+        message = consumer.poll(0.2)
+        if message is not None and not message.error():
+            seen.add(json.loads(message.value())["request_id"])
+    consumer.close()
+    return seen
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--binary", required=True)
+    parser.add_argument("--bootstrap-servers", required=True)
+    parser.add_argument("--requests", type=int, default=360)
+    parser.add_argument("--kill-after", type=int, default=200)
+    parser.add_argument("--timeout-s", type=float, default=180)
+    args = parser.parse_args()
+    run = f"{int(time.time())}{random.randint(0, 999)}"
+    topics = {name: f"eos{run}.{name}" for name in ["requests", "outcomes", "changes", "dead", "state"]}
+    flags = ["--bootstrap-servers", args.bootstrap_servers, "--requests-topic", topics["requests"],
+             "--outcomes-topic", topics["outcomes"], "--entitlements-topic", topics["changes"],
+             "--dead-letter-topic", topics["dead"], "--state-topic", topics["state"]]
+    subprocess.run([args.binary, "topics", "create", "--partitions", str(PARTITIONS)] + flags, check=True,
+                   stdout=subprocess.DEVNULL)
+    producer = Producer({"bootstrap.servers": args.bootstrap_servers, "enable.idempotence": True})
+    ids = []
+    for index in range(args.requests):
+        request_id = f"eos-{run}-{index}"
+        ids.append(request_id)
+        event = {"request_id": request_id, "app_id": "app_eos", "app_user_id": f"user-{index % 40}",
+                 "product_id": "com.app.pro", "store": "APP_STORE", "environment": "SANDBOX",
+                 "requested_at_ms": int(time.time() * 1000)}
+        producer.produce(topics["requests"], json.dumps(event).encode(), f"app_eos:user-{index % 40}".encode())
+    producer.flush(30)
+
+    def start():
+        # Slow enough that the kill lands with work (and a transaction) in progress.
+        return subprocess.Popen(
+            [args.binary, "run", "--group-id", f"eos-{run}", "--guarantee", "exactly-once", "--instance-id",
+             "eos-check", "--workers", "1", "--controller", "simulated", "--simulated-latency-ms", "20",
+             "--simulated-outcomes", "purchased=1", "--max-in-flight", "4", "--log-level", "warning",
+             "-X", "session.timeout.ms=6000", "-X", "heartbeat.interval.ms=500"] + flags,
+            stdout=subprocess.DEVNULL, stderr=open(f"/tmp/eos-check-{run}.log", "a"))
+
+    started = time.monotonic()
+    first = start()
+    deadline = time.monotonic() + args.timeout_s
+    while len(outcome_ids(args.bootstrap_servers, topics["outcomes"], False, 1)) < args.kill_after:
+        if time.monotonic() > deadline or first.poll() is not None:
+            print(json.dumps({"failed": "the first process did not get to the kill", "log": f"/tmp/eos-check-{run}.log"}))
+            first.kill()
+            return 1
+    first.kill()
+    first.wait()
+    killed_at = round(time.monotonic() - started, 1)
+    second = start()
+    visible = set()
+    try:
+        while time.monotonic() < deadline and len(visible & set(ids)) < len(ids):
+            visible = outcome_ids(args.bootstrap_servers, topics["outcomes"], True, 3)
+    finally:
+        second.terminate()
+        try:
+            second.wait(60)
+        except subprocess.TimeoutExpired:
+            second.kill()
+    missing = len(set(ids) - visible)
+    print(json.dumps({"requests": len(ids), "killed_at_s": killed_at, "visible_to_read_committed": len(visible & set(ids)),
+                      "missing": missing, "seconds": round(time.monotonic() - started, 1)}))
+    return 1 if missing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
