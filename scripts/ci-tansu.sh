@@ -56,6 +56,13 @@ for guarantee in at-least-once exactly-once; do
   python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print("tansu chaos:", {k: r[k] for k in ["guarantee", "requests", "sigkills", "billing_calls", "recovery_calls", "held_calls", "in_doubt_opened", "in_doubt_unresolved", "charged_but_failed", "lost", "undeclared_repeats", "late_first_calls", "overlaps", "overlaps_after_given_up", "conflicting", "resent", "resent_called", "seconds"]})' "$work/chaos.json"
 done
 
+# Exactly-once across a SIGKILL: the restart, under the same --instance-id (so the same
+# transactional.id), fences the dead process's open transaction, and a read_committed reader sees
+# every outcome. (Under a new id Tansu, which never times a transaction out, holds the partitions'
+# last stable offset for good: `--restart-instance-id random` shows it, outcomes missing.)
+LD_LIBRARY_PATH="$work/lib" python3 scripts/eos_restart_check.py --binary "$BINARY" \
+  --bootstrap-servers "127.0.0.1:$PORT"
+
 # offsets reset on a broker that describes groups: refused while a processor is a member, a plan
 # without --execute, applied with it.
 servers="127.0.0.1:$PORT"

@@ -45,6 +45,8 @@ def main():
     parser.add_argument("--requests", type=int, default=360)
     parser.add_argument("--kill-after", type=int, default=200)
     parser.add_argument("--timeout-s", type=float, default=180)
+    parser.add_argument("--restart-instance-id", default="eos-check",
+                        help="the restart's --instance-id (the first run's is eos-check; 'random' shows the stall)")
     args = parser.parse_args()
     run = f"{int(time.time())}{random.randint(0, 999)}"
     topics = {name: f"eos{run}.{name}" for name in ["requests", "outcomes", "changes", "dead", "state"]}
@@ -64,11 +66,11 @@ def main():
         producer.produce(topics["requests"], json.dumps(event).encode(), f"app_eos:user-{index % 40}".encode())
     producer.flush(30)
 
-    def start():
+    def start(instance="eos-check"):
         # Slow enough that the kill lands with work (and a transaction) in progress.
         return subprocess.Popen(
             [args.binary, "run", "--group-id", f"eos-{run}", "--guarantee", "exactly-once", "--instance-id",
-             "eos-check", "--workers", "1", "--controller", "simulated", "--simulated-latency-ms", "20",
+             instance, "--workers", "1", "--controller", "simulated", "--simulated-latency-ms", "20",
              "--simulated-outcomes", "purchased=1", "--max-in-flight", "4", "--log-level", "warning",
              "-X", "session.timeout.ms=6000", "-X", "heartbeat.interval.ms=500"] + flags,
             stdout=subprocess.DEVNULL, stderr=open(f"/tmp/eos-check-{run}.log", "a"))
@@ -84,7 +86,7 @@ def main():
     first.kill()
     first.wait()
     killed_at = round(time.monotonic() - started, 1)
-    second = start()
+    second = start(args.restart_instance_id)
     visible = set()
     try:
         while time.monotonic() < deadline and len(visible & set(ids)) < len(ids):
