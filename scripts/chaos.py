@@ -472,6 +472,31 @@ class Members:
             process.kill()
             self.exit_codes.append((instance, "timeout"))
 
+    def settled(self):
+        """Whether every running member is a steady member of the group and the group assigned
+        every partition (their /metrics: the group state from librdkafka's statistics, the
+        processor's own count of partitions)."""
+        assigned = 0
+        for instance, lines in self.metrics().items():
+            if not isinstance(lines, list):
+                return False
+            samples = metric_samples(lines)
+            states = [dict((k, v.strip('"')) for k, v in labels) for (name, labels) in samples
+                      if name == "encore_consumer_group_state"]
+            if not states or any(state.get("join_state") != "steady" for state in states):
+                return False
+            assigned += int(samples.get(("encore_assigned_partitions", frozenset()), 0))
+        return assigned == PARTITIONS
+
+    def wait_settled(self, timeout):
+        """Waits until the group is settled (see settled); returns the seconds it took, or None."""
+        started = time.monotonic()
+        while time.monotonic() < started + timeout:
+            if self.settled():
+                return round(time.monotonic() - started, 1)
+            time.sleep(0.5)
+        return None
+
     def log_tail(self):
         tails = []
         for path in sorted(glob.glob(f"{self.work}/i*.log")):
@@ -653,6 +678,10 @@ def main():
     parser.add_argument("--outage-at", type=float, default=0.35, help="when the outage starts, as a fraction of production")
     parser.add_argument("--member-log-level", default="warning", help="the members' --log-level (their logs stay in the work directory)")
     parser.add_argument("--no-kill", action="store_true", help="graceful chaos only: members stopped with SIGTERM")
+    parser.add_argument("--settle", action=argparse.BooleanOptionalAction, default=None,
+                        help="before each kill, restart, addition or removal, wait until the group is settled "
+                             "(default: on Tansu, whose coordinator has no timers: a member killed mid-rebalance "
+                             "left the others waiting to join for good)")
     parser.add_argument("--self-test", action="store_true", help="check the call classification only, then exit")
     args = parser.parse_args()
     if args.self_test:
@@ -666,6 +695,9 @@ def main():
     cluster = Cluster(args, work)
     members = Members(args, cluster, server.server_address[1], work)
     committed_only = args.guarantee == "exactly-once"
+    settle = args.settle if args.settle is not None else args.broker == "tansu"
+    if settle and args.member_log_level not in ("info", "debug"):
+        args.member_log_level = "info"  # settled() finds each member's /metrics in its log
     exact = committed_only and (args.no_kill or filters_aborted(cluster.bootstrap))
     started = time.monotonic()
     watching = threading.Event()
@@ -687,6 +719,9 @@ def main():
             elapsed = index / args.requests
             while plan and plan[0][0] <= elapsed:
                 _, action, slot = plan.pop(0)
+                if settle:
+                    waited = members.wait_settled(120)
+                    actions.append(f"settled in {waited} s" if waited is not None else "not settled in 120 s")
                 if action == "kill":
                     members.kill(slot)
                     members.start(slot)
