@@ -74,8 +74,9 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
         /// The outcome's result; absent while the request is in flight (an intent).
         public var result: OutcomeResult?
         public var completedAtMs: Int64?
-        /// A failure the processor decided (timeout, attempts exhausted, no controller) is
-        /// journaled before its outcome is published, with what rebuilds that outcome exactly:
+        /// A failure the processor decided (a final error, a retryable one that reached no billing
+        /// with no attempts left; an in-doubt request's expiry, result `pending`) is journaled
+        /// before its outcome (or dead letter) is published, with what rebuilds that outcome exactly:
         /// its error, controller and the record's offset. A restart that reads the same record
         /// again publishes the same outcome rather than asking billing again.
         public var error: PurchaseOutcomeEvent.Failure?

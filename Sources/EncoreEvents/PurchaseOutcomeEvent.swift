@@ -78,6 +78,10 @@ public struct PurchaseOutcomeEvent: EncoreEvent, Hashable {
     /// The record key: `"{app_id}:{app_user_id}"`.
     public var key: String { userKey(appID: appID, appUserID: appUserID) }
 
+    /// Whether it says its request is in doubt (`pending`, `outcome_unknown`): not final, the
+    /// request's one final outcome follows. Any other outcome is final (a `deferred` pending too).
+    public var isInDoubt: Bool { result == .pending && pendingReason == .outcomeUnknown }
+
     public init(jsonBytes: some Collection<UInt8>) throws(EventValidationError) {
         self = try Self.table.decode(jsonBytes)
     }

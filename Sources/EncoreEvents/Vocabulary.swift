@@ -19,10 +19,6 @@ public enum OutcomeResult: String, Sendable, CaseIterable {
     case pending
     case failed
     case notAttempted = "not_attempted"
-
-    /// Whether this is a request's final answer: every result but `pending`, which a final
-    /// outcome of the same `request_id` may follow.
-    public var isFinal: Bool { self != .pending }
 }
 
 /// Why an outcome is `pending`: the controller deferred it (Ask to Buy, SCA), or billing's answer

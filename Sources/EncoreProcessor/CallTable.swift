@@ -13,7 +13,8 @@ import EncoreEvents
 /// ``PurchaseControllerError/isOutcomeUnknown``), the request is *in doubt*
 /// (``Action/doubt(_:_:attempts:)``): the call stays here, waiting, and asks billing again with
 /// capped exponential backoff until billing gives a definite answer or the reconciliation time
-/// runs out (``Settlement/expired(_:)``). A waiting call holds its user's lane but no call slot.
+/// runs out (``Settlement/expired(_:)``). A call waiting to ask holds its user's lane but no call
+/// slot (a retry's backoff holds one).
 ///
 /// A pure state machine: the loop feeds it starts, durable intents, results and the time, and
 /// carries out the ``Action``s it returns.
@@ -85,7 +86,8 @@ struct CallTable<Item> {
         /// Call the controller (attempt `attempt`) and report with
         /// ``finished(_:attempt:_:now:retryUnit:retryDeadline:)``.
         case launch(call: Int, Item, attempt: Int)
-        /// Make the intent of attempt `attempt` durable, then report ``journaled(_:attempt:now:)``.
+        /// Make the intent of attempt `attempt` durable, then report
+        /// ``journaled(_:attempt:now:handOverDeadline:)`` (or ``intentLost(_:)``).
         case journal(call: Int, Item, attempt: Int)
         /// Nothing to do until the takeover's hold is over (``tick(now:slots:)`` journals it then).
         case wait(Item)
@@ -206,8 +208,9 @@ struct CallTable<Item> {
             return end(id, .notAttempted(.init(type: error.type, message: error.message, retryable: false)))
         case (_, .failure(let error as PurchaseControllerError)):
             failure = .init(type: error.type, message: error.message, retryable: error.isRetryable)
-            if !error.isRetryable { return end(id, .failed(failure)) }
+            // An unknown effect is never a definite failure, whatever else the error says.
             if error.isOutcomeUnknown { calls[id]!.mayHaveActed = true }
+            if !error.isRetryable && !error.isOutcomeUnknown { return end(id, .failed(failure)) }
             if !calls[id]!.mayHaveActed && call.attempt >= call.lastAttempt {
                 // Billing acted on no attempt: a definite failure.
                 return end(id, .failed(failure))
@@ -231,7 +234,7 @@ struct CallTable<Item> {
         // No attempts left and billing may have acted: in doubt, never failed.
         calls[id]!.reconciling = (now.advanced(by: reconcile.duration), 0)
         inDoubtCount += 1
-        _ = askAgain(id, failure: failure, now: now, unit: retryUnit)
+        waitToAsk(id, now: now, unit: retryUnit)
         return .doubt(call.item, failure, attempts: attempt)
     }
 
@@ -257,7 +260,7 @@ struct CallTable<Item> {
     private mutating func askAgain(
         _ id: Int, failure: PurchaseOutcomeEvent.Failure, now: ContinuousClock.Instant, unit: Double
     ) -> Action? {
-        guard let (deadline, asks) = calls[id]!.reconciling else { return nil }
+        guard let deadline = calls[id]!.reconciling?.deadline else { return nil }
         if now >= deadline {
             return end(
                 id,
@@ -268,12 +271,19 @@ struct CallTable<Item> {
                             "billing gave no definite answer within the reconciliation time (--reconcile-for, \(reconcile.duration)); last: \(failure.type): \(failure.message)",
                         retryable: false)))
         }
+        waitToAsk(id, now: now, unit: unit)
+        return nil
+    }
+
+    /// An in-doubt call waits, without a slot, for its next ask: the backoff after its asks so
+    /// far, and never past its reconciliation deadline (the last ask is made then).
+    private mutating func waitToAsk(_ id: Int, now: ContinuousClock.Instant, unit: Double) {
+        guard let (deadline, asks) = calls[id]?.reconciling else { return }
         let due = min(now.advanced(by: reconcile.interval(after: asks, unit: unit)), deadline)
         calls[id]!.reconciling = (deadline, asks + 1)
         calls[id]!.phase = .waiting(until: due, next: calls[id]!.attempt + 1, holdsSlot: false)
         idleCount += 1
         timers.schedule(id, at: due)
-        return nil
     }
 
     private mutating func end(_ id: Int, _ settlement: Settlement) -> Action {
@@ -290,9 +300,10 @@ struct CallTable<Item> {
     }
 
     /// Cancels attempts past their timeout and journals the attempts that are due (retries,
-    /// asks of calls in doubt, takeovers whose hold ended). `slots`: how many more calls may
-    /// hold a slot now; a wait without one that would exceed it stays due for a later tick.
-    mutating func tick(now: ContinuousClock.Instant, slots: Int = .max) -> [Action] {
+    /// asks of calls in doubt, takeovers whose hold ended). An ask or a takeover's call goes
+    /// ahead of the calls waiting for a slot: at most one per request in doubt or recovered, so
+    /// neither starves under load (the bound may be passed by that many).
+    mutating func tick(now: ContinuousClock.Instant) -> [Action] {
         var actions: [Action] = []
         // Entries of attempts that already ended are dropped as they reach the front, so the
         // queue holds about the attempts in flight.
@@ -305,28 +316,22 @@ struct CallTable<Item> {
             calls[first.call]!.phase = .cancelling(.timedOut)
             actions.append(.cancel(call: first.call, call.item))
         }
-        var free = slots
-        var deferred: [Int] = []
         for id in timers.popDue(now: now) {
             guard let call = calls[id], case .waiting(_, let next, let holdsSlot) = call.phase else { continue }
-            if !holdsSlot {
-                guard free > 0 else {
-                    deferred.append(id)
-                    continue
-                }
-                free -= 1
-                idleCount -= 1
-            }
+            if !holdsSlot { idleCount -= 1 }
             calls[id]!.phase = .journaling(attempt: next)
             actions.append(.journal(call: id, call.item, attempt: next))
         }
-        // Asked again on the next tick, once slots free up.
-        for id in deferred { timers.schedule(id, at: now) }
         return actions
     }
 
-    /// When the next timer (a retry, an ask, a hold's end) is due, if any.
-    var nextTimer: ContinuousClock.Instant? { timers.firstDue }
+    /// The intent of call `id`'s next attempt will not become durable (its transaction failed,
+    /// its partition is gone): the call is dropped, its record left to the next owner.
+    mutating func intentLost(_ id: Int) -> Action? {
+        guard let call = calls[id], case .journaling = call.phase else { return nil }
+        drop(id)
+        return .abandon(call.item)
+    }
 
     /// Partitions are being handed over by `deadline`: a retry that cannot end by then, and every
     /// wait without a slot (an in-doubt request, a takeover's hold), are dropped: their records

@@ -2,7 +2,8 @@ import EncoreEvents
 /// Decides which work items may start: one at a time per lane (user), in arrival order, and at
 /// most `maxInFlight` calls across lanes. Lanes waiting for a slot are served round-robin.
 ///
-/// A lane's item holds a slot while its call runs (``endCall(lane:)`` gives the slot back) and
+/// A lane's item holds a slot while its call runs, or while it is in doubt (billing is asked
+/// again; ``endCall(lane:)`` gives the slot back once it settles), and
 /// holds the lane until its outputs are acknowledged (``releaseLane(_:)``): a user's next request
 /// starts only after the previous one is answered on the broker, so a user's outputs keep their
 /// order even when a delivery is produced again.

@@ -111,6 +111,12 @@ public struct ProcessorConfiguration: Sendable {
         try require(reconciliation.duration > .zero, "reconcile-for", "must be positive")
         try require(reconciliation.maxInterval > .zero, "reconcile-max-interval-ms", "must be positive")
         try require(reconciliation.clockSkewMargin >= .zero, "clock-skew-margin-ms", "must not be negative")
+        // A request in doubt holds its partition's commit; a re-read of what follows it is answered
+        // by the journal, which must remember that long.
+        try require(
+            Int64(reconciliation.duration.milliseconds) <= journal.retentionMs, "reconcile-for",
+            "must not be longer than --dedupe-retention (\(journal.retentionMs) ms): a request in doubt holds its partition's commit, and what a restart reads again past it is answered by the journal"
+        )
         // An in-doubt request's journal entry is touched by every ask: it must outlive the waits.
         try require(
             Int64((reconciliation.maxInterval + callTimeout).milliseconds) < journal.retentionMs,

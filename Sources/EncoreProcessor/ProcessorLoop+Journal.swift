@@ -143,13 +143,13 @@ extension ProcessorLoop {
             return
         }
         item.journalingCall = nil
-        let now = clock.now
-        // A failing loop or a partition no longer owned makes no call: as if its hand-over were now.
-        let deadline =
-            failure == nil && ownership.owns(item.ref) ? ownership.deadline(of: item.ref.partition) : now
-        if let action = calls.journaled(id, attempt: attempt, now: now, handOverDeadline: deadline) {
-            perform(action)
-        }
+        // A failing loop or a partition no longer owned makes no call.
+        let action =
+            failure == nil && ownership.owns(item.ref)
+            ? calls.journaled(
+                id, attempt: attempt, now: clock.now, handOverDeadline: ownership.deadline(of: item.ref.partition))
+            : calls.intentLost(id)
+        if let action { perform(action) }
     }
 
     /// Starts the call of an item, unless the loop is failing or the call could not end before
@@ -158,8 +158,10 @@ extension ProcessorLoop {
     func startCall(_ item: WorkItem) {
         let now = clock.now
         let handOverDeadline = ownership.deadline(of: item.ref.partition)
+        // (A takeover's call starts once its hold is over.)
+        let startsAt = max(now, item.takeoverHold ?? now)
         guard failure == nil, ownership.owns(item.ref),
-            handOverDeadline.map({ now.advanced(by: configuration.callTimeout) <= $0 }) ?? true
+            handOverDeadline.map({ startsAt.advanced(by: configuration.callTimeout) <= $0 }) ?? true
         else {
             perform(.abandon(item))
             return

@@ -103,7 +103,15 @@ extension ProcessorLoop {
         transactions = state
         if let error {
             fail(transactionError(error))
-            for item in items { perform(.abandon(item)) }
+            for item in items {
+                // A retry or ask journaling in the call table leaves it; a first call never entered it.
+                if let (id, _) = item.journalingCall {
+                    item.journalingCall = nil
+                    calls.intentLost(id).map(perform)
+                } else {
+                    perform(.abandon(item))
+                }
+            }
             for (revocation, _) in handingOver { revocation.handOver([]) { _ in } }
             return
         }

@@ -526,7 +526,7 @@ final class ProcessorLoop {
         statistics.changesByKind = outputs.changesByKind
         recorder.publish(statistics)
         let now = clock.now
-        let due = calls.tick(now: now, slots: max(0, configuration.maxInFlight - calls.count))
+        let due = calls.tick(now: now)
         let cancelled = due.filter { if case .cancel = $0 { true } else { false } }.count
         if cancelled > 0 {
             logger.warning(

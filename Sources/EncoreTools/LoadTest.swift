@@ -213,14 +213,15 @@ final class LoadTestTracker: Sendable {
         state.withLock { state in
             guard let request = state.sent[requestID] else { return }
             let window = windowIndex(&state)
-            if result.isFinal, state.inDoubt.remove(requestID) != nil {
+            let inDoubt = result == .pending && pendingReason == .outcomeUnknown
+            if !inDoubt, state.inDoubt.remove(requestID) != nil {
                 // The in-doubt request's one final outcome: no repeat.
                 state.inDoubtResolved += 1
                 return
             }
             let count = state.outcomes[requestID, default: 0]
             state.outcomes[requestID] = count + 1
-            if count == 0, result == .pending, pendingReason == .outcomeUnknown {
+            if count == 0, inDoubt {
                 state.inDoubt.insert(requestID)
                 state.inDoubtOpened += 1
             }

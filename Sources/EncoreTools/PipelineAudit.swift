@@ -177,7 +177,7 @@ public struct PipelineAudit: Sendable {
             return
         }
         let request = requests[Int(index)]
-        if request.inDoubt && outcome.result.isFinal {
+        if request.inDoubt && !outcome.isInDoubt {
             // The one final outcome an in-doubt request may have after its `pending`.
             requests[Int(index)].inDoubt = false
             requests[Int(index)].outcome = outcome.result
@@ -195,7 +195,7 @@ public struct PipelineAudit: Sendable {
             return
         }
         requests[Int(index)].outcome = outcome.result
-        if outcome.result == .pending && outcome.pendingReason == .outcomeUnknown {
+        if outcome.isInDoubt {
             requests[Int(index)].inDoubt = true
             report.figures.inDoubtOpened += 1
         }

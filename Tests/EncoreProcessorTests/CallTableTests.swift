@@ -363,12 +363,10 @@ struct CallTableTests {
         }
         #expect(table.count == 0 && !table.isEmpty)
         #expect(table.tick(now: at(15.9)).isEmpty)
-        // Slots full: it stays due.
-        #expect(table.tick(now: at(16), slots: 0).isEmpty)
-        guard let id = table.calls.keys.first, relaunch(&table, id, attempt: 2, at: 16.2) else { return }
+        guard let id = table.calls.keys.first, relaunch(&table, id, attempt: 2, at: 16) else { return }
         #expect(table.count == 1)
         // A recovery that runs out of attempts on an unknown effect is in doubt even past the maximum.
-        _ = table.tick(now: at(26.2))
+        _ = table.tick(now: at(26))
         guard
             case .doubt("req-0", _, attempts: 2)? = table.finished(
                 id, attempt: 2, .failure(CancellationError()), now: at(27), retryUnit: 0, retryDeadline: { _ in nil })
@@ -456,5 +454,38 @@ struct CallTableTests {
             return
         }
         #expect(table.isEmpty && table.inDoubtCount == 0)
+    }
+
+    @Test("an error that says the effect is unknown is never a definite failure, even when it says not retryable")
+    func unknownWinsOverFinal() {
+        var table = inDoubtTable(maxAttempts: 1)
+        let id = launch(&table, "req-0")
+        let unknown = PurchaseControllerError(
+            type: "store_timeout", message: "the store did not answer", isRetryable: false, isOutcomeUnknown: true)
+        guard
+            case .doubt("req-0", let failure, attempts: 1)? = table.finished(
+                id, attempt: 1, .failure(unknown), now: at(1), retryUnit: 0, retryDeadline: { _ in nil })
+        else {
+            Issue.record("an unknown effect ended otherwise than in doubt")
+            return
+        }
+        #expect(failure.type == "store_timeout")
+    }
+
+    @Test("an attempt whose intent will never be durable leaves the table once, as an abandoned record")
+    func intentLost() {
+        var table = inDoubtTable()
+        guard
+            case .journal(let id, "req-0", attempt: 2) = table.start(
+                "req-0", partition: Self.partition, attempt: 2, now: at(0), journalAfter: at(0))
+        else {
+            Issue.record("expected the intent first")
+            return
+        }
+        guard case .abandon("req-0")? = table.intentLost(id) else {
+            Issue.record("expected the record left to the next owner")
+            return
+        }
+        #expect(table.intentLost(id) == nil && table.interrupt(where: { _ in true }).isEmpty && table.isEmpty)
     }
 }

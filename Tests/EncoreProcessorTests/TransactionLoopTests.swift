@@ -152,6 +152,41 @@ struct TransactionEndingTests {
         #expect(harness.statistics.abortedTransactions == 1)
     }
 
+    /// Commits the first `succeeding` transactions, refuses the others.
+    final class FailingLaterCommitter: TransactionCommitter {
+        let succeeding: Int
+        let commits = Mutex(0)
+        init(succeeding: Int) { self.succeeding = succeeding }
+        func commit(offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError) {
+            let number = commits.withLock {
+                $0 += 1
+                return $0
+            }
+            if number > succeeding {
+                throw KafkaError(code: .invalidConfiguration, message: "the transaction must be aborted")
+            }
+        }
+        func abort() async throws(KafkaError) {}
+    }
+
+    @Test(
+        "a retry whose intent's transaction fails leaves the call table once: the loop stops cleanly, the retry never called"
+    )
+    func retryIntentLost() async throws {
+        let controller = RecordingController(answer: { request in
+            if request.attempt == 1 { throw PurchaseControllerError.retryable("busy", "try later") }
+            return .purchased
+        })
+        let committer = FailingLaterCommitter(succeeding: 1)
+        let harness = LoopHarness(router: router(controller)) { _ in committer }
+        harness.assign(partitions: 1)
+        harness.feed(request(0, user: "u"))
+        let failure = await harness.ended()
+        #expect(failure?.code == .outputLost)
+        #expect(controller.snapshot.calls == 1, "the retry was called though its intent's transaction failed")
+        #expect(harness.producer.outcomes().isEmpty)
+    }
+
     @Test(
         "fenced (another producer took the transactional.id): the loop stops with an error naming --instance-id, never retrying into a fencing loop"
     )

@@ -142,7 +142,7 @@ struct PipelineAuditTests {
     )
     func inDoubt() {
         var topics = Topics()
-        let requests = (1...4).map { Self.request("d\($0)", user: "u\($0)") }
+        let requests = (1...5).map { Self.request("d\($0)", user: "u\($0)") }
         for (index, event) in requests.enumerated() {
             topics.append(.requests, event.jsonBytes(), key: event.key, at: 1000 + Int64(index))
         }
@@ -154,12 +154,15 @@ struct PipelineAuditTests {
                 ).jsonBytes(), key: request.key)
         }
         // d1: in doubt, then resolved. d2: in doubt, still open. d3: in doubt, expired (dead
-        // letter). d4: in doubt, resolved, then a second final that contradicts it.
+        // letter). d4: in doubt, resolved, then a second final that contradicts it. d5: in doubt,
+        // resolved by billing's own pending (deferred: final too).
         outcome(requests[0], .pending, reason: .outcomeUnknown)
         outcome(requests[1], .pending, reason: .outcomeUnknown)
         outcome(requests[2], .pending, reason: .outcomeUnknown)
         outcome(requests[3], .pending, reason: .outcomeUnknown)
+        outcome(requests[4], .pending, reason: .outcomeUnknown)
         outcome(requests[0], .purchased)
+        outcome(requests[4], .pending, reason: .deferred)
         outcome(requests[3], .cancelled)
         outcome(requests[3], .purchased)
         let expired = DeadLetterEvent(
@@ -169,10 +172,10 @@ struct PipelineAuditTests {
             attempts: 40, failedAtMs: 2000, requestID: "d3")
         topics.append(.deadLetters, expired.jsonBytes())
         let report = topics.audit()
-        #expect(report.figures.inDoubtOpened == 4)
+        #expect(report.figures.inDoubtOpened == 5)
         #expect(
-            report.figures.inDoubtResolved == 2
-                && report.figures.resolvedInDoubtByResult == ["purchased": 1, "cancelled": 1])
+            report.figures.inDoubtResolved == 3
+                && report.figures.resolvedInDoubtByResult == ["purchased": 1, "cancelled": 1, "pending": 1])
         #expect(report.figures.inDoubtExpired == 1 && report.figures.inDoubtOpen == 1)
         #expect(
             report.count(.conflictingOutcomes) == 1 && report.examples[.conflictingOutcomes]?.first?.requestID == "d4")
