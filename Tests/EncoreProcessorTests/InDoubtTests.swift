@@ -92,7 +92,7 @@ struct InDoubtTests {
     }
 
     @Test(
-        "a restart in the outage: the in-doubt records are read again, billing is asked only after the earlier calls could no longer run, and each gets its one final outcome"
+        "a restart in the outage: the in-doubt records are read again (their offsets were not committed), billing is asked again only with recovery calls, and each gets its one final outcome, no second pending"
     )
     func restartInTheOutage() async throws {
         let billing = OutageBilling(inOutage: true)
