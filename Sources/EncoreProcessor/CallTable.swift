@@ -130,10 +130,13 @@ struct CallTable<Item> {
     /// `attempt` (more than 1 when an earlier process started the request). Its intent is durable,
     /// unless `journalAfter` is given (a recovery found at takeover): then the attempt's intent is
     /// written at that time (an earlier owner's call may run until then) before it launches.
-    /// `inDoubtUntil`: the request is in doubt already (journaled so), reconciled until then.
+    /// `inDoubtUntil`: the request is in doubt already (journaled so), reconciled until then;
+    /// `inDoubtFor`: for how long, so that its asks go on backing off where they were (a
+    /// rebalance storm does not start them over).
     mutating func start(
         _ item: Item, partition: InputPartition, attempt: Int = 1, now: ContinuousClock.Instant,
-        journalAfter: ContinuousClock.Instant? = nil, inDoubtUntil: ContinuousClock.Instant? = nil
+        journalAfter: ContinuousClock.Instant? = nil, inDoubtUntil: ContinuousClock.Instant? = nil,
+        inDoubtFor: Duration = .zero
     ) -> Action {
         let id = nextID
         nextID += 1
@@ -142,7 +145,7 @@ struct CallTable<Item> {
             // A recovery past the attempts still gets its one call, in doubt if that is unknown too.
             lastAttempt: inDoubtUntil == nil ? max(retry.maxAttempts, attempt) : attempt, mayHaveActed: attempt > 1)
         if let inDoubtUntil {
-            call.reconciling = (inDoubtUntil, 0)
+            call.reconciling = (inDoubtUntil, reconcile.asks(within: inDoubtFor))
             inDoubtCount += 1
         }
         switch journalAfter {
@@ -396,6 +399,18 @@ public struct ReconcilePolicy: Sendable, Hashable {
         self.maxInterval = maxInterval
         self.initialInterval = initialInterval
         self.clockSkewMargin = clockSkewMargin
+    }
+
+    /// About how many asks backing off from the initial interval fit in `elapsed`: the
+    /// interval doubles with each, so the next wait after that long is about `elapsed`.
+    func asks(within elapsed: Duration) -> Int {
+        var asks = 0
+        var covered = Duration.zero
+        while asks < 30, covered + initialInterval * (1 << asks) <= elapsed {
+            covered += initialInterval * (1 << asks)
+            asks += 1
+        }
+        return asks
     }
 
     /// The wait before ask `asks + 1`: uniform in [cap/2, cap], cap doubling from the initial

@@ -101,6 +101,7 @@ extension ProcessorLoop {
         if let since = journaled.inDoubtSinceMs {
             let until = since + Int64(configuration.reconciliation.duration.milliseconds)
             item.inDoubtUntil = now.advanced(by: .milliseconds(until - nowMs))
+            item.inDoubtFor = .milliseconds(max(0, nowMs - since))
         }
         startCall(item)
         return nil
@@ -174,7 +175,8 @@ extension ProcessorLoop {
         }
         let action = calls.start(
             item, partition: item.ref.partition, attempt: item.firstAttempt, now: now,
-            journalAfter: isRecovery ? item.takeoverHold ?? now : nil, inDoubtUntil: item.inDoubtUntil)
+            journalAfter: isRecovery ? item.takeoverHold ?? now : nil, inDoubtUntil: item.inDoubtUntil,
+            inDoubtFor: item.inDoubtFor)
         perform(action)
         statistics.peakInFlight = max(statistics.peakInFlight, calls.count)
     }

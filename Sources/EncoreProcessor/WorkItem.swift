@@ -46,6 +46,7 @@ final class WorkItem {
     /// reconciled; `nil` while it is not in doubt.
     var inDoubtSinceMs: Int64? = nil
     var inDoubtUntil: ContinuousClock.Instant? = nil
+    var inDoubtFor: Duration = .zero
     /// The call whose attempt's intent is being written; it launches once that is durable.
     var journalingCall: (call: Int, attempt: Int)? = nil
 

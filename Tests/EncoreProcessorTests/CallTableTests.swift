@@ -488,4 +488,15 @@ struct CallTableTests {
         }
         #expect(table.intentLost(id) == nil && table.interrupt(where: { _ in true }).isEmpty && table.isEmpty)
     }
+
+    @Test("a request in doubt for a while before a restart goes on asking at the interval it had reached")
+    func asksResumeTheirBackoff() {
+        let policy = ReconcilePolicy(maxInterval: .seconds(300), initialInterval: .seconds(1))
+        // 1 + 2 + 4 + 8 = 15 s: four asks; 16 s not yet a fifth.
+        #expect(policy.asks(within: .zero) == 0 && policy.asks(within: .seconds(15)) == 4)
+        #expect(policy.asks(within: .seconds(30)) == 4 && policy.asks(within: .seconds(31)) == 5)
+        // After ten hours the cap: every ask 150 to 300 s apart.
+        let late = policy.interval(after: policy.asks(within: .seconds(36_000)), unit: 0)
+        #expect(late == .seconds(150))
+    }
 }
