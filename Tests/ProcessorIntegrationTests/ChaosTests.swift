@@ -16,7 +16,7 @@ struct ChaosTests {
                 "python3", repositoryRoot.appendingPathComponent("scripts/chaos.py").path, "--binary",
                 try processorBinary().path,
             ] + arguments)
-        let status = await script.waitForExit(timeout: .seconds(420))
+        let status = await script.waitForExit(timeout: .seconds(900))
         let report = try? JSONSerialization.jsonObject(with: Data(script.stdout.utf8)) as? [String: Any]
         #expect(status == 0, "chaos \(arguments): \(script.stdout.suffix(3000))\n\(script.stderr.suffix(3000))")
         return report
@@ -27,7 +27,7 @@ struct ChaosTests {
         let script = try ChildProcess(
             URL(fileURLWithPath: "/usr/bin/env"),
             ["python3", repositoryRoot.appendingPathComponent("scripts/chaos.py").path, "--self-test"])
-        let status = await script.waitForExit(timeout: .seconds(60))
+        let status = await script.waitForExit(timeout: .seconds(300))
         #expect(status == 0, "\(script.stdout)\(script.stderr)")
     }
 

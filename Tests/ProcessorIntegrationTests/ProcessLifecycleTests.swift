@@ -91,7 +91,7 @@ struct ProcessLifecycleTests {
         }
         #expect(underLoad, "\(processor.stderr.suffix(3000))")
         processor.signal(SIGTERM)
-        let status = await processor.waitForExit(timeout: .seconds(60))
+        let status = await processor.waitForExit(timeout: .seconds(300))
         #expect(status == 0, "\(processor.stderr.suffix(3000))")
 
         let lines = try String(contentsOf: log, encoding: .utf8).split(separator: "\n")
