@@ -169,6 +169,26 @@ struct InDoubtTests {
         await harness.stop()
     }
 
+    @Test(
+        "a revocation with requests in doubt hands the partition over at once, its commit at the first in-doubt record, and the buffer released"
+    )
+    func revokedInDoubt() async throws {
+        let billing = OutageBilling(inOutage: true)
+        let harness = LoopHarness(configure: Self.configure, router: router(billing))
+        harness.assign(partitions: 1)
+        for request in Self.requests() { harness.feed(request) }
+        #expect(await eventually(timeout: .seconds(120)) { harness.statistics.inDoubtOpen == Self.users.count })
+        // Every ask is waiting or hangs in the outage for at most the call timeout.
+        let offsets = await harness.revoke([0])
+        #expect(offsets.map(\.offset) == [0], "the hand-over's commit passed an in-doubt record")
+        #expect(await eventually(timeout: .seconds(60)) { harness.admission.held == 0 })
+        #expect(!harness.hasEnded, "the loop stopped as if a call were stuck")
+        billing.endOutage()
+        await harness.stop()
+        // Nothing final was published for them here: the next owner reads them again.
+        #expect(!harness.producer.outcomes().contains { !$0.isInDoubt })
+    }
+
     @Test("an open intent found at takeover holds the user until its call could no longer run, then one recovery call")
     func takeoverHold() async throws {
         let calledAt = CallTimes()
