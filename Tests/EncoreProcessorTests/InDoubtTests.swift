@@ -30,6 +30,16 @@ struct InDoubtTests {
         (0..<12).map { request($0, user: users[$0 % users.count]) }
     }
 
+    /// A loop on partition 0 whose billing is in its outage, fed ``requests()``: returns once each
+    /// user's first request is in doubt (whether that happened is expected here).
+    static func inDoubtHarness(_ billing: OutageBilling) async -> LoopHarness {
+        let harness = LoopHarness(configure: Self.configure, router: router(billing))
+        harness.assign(partitions: 1)
+        for request in requests() { harness.feed(request) }
+        #expect(await eventually(timeout: .seconds(120)) { harness.statistics.inDoubtOpen == users.count })
+        return harness
+    }
+
     /// What billing charged must be every request's final outcome, published once, after at most
     /// one `pending` (`outcome_unknown`) of the same request; nothing `failed`.
     static func expectOutcomesMatchBilling(
@@ -96,11 +106,8 @@ struct InDoubtTests {
     )
     func restartInTheOutage() async throws {
         let billing = OutageBilling(inOutage: true)
-        let first = LoopHarness(configure: Self.configure, router: router(billing))
-        first.assign(partitions: 1)
+        let first = await Self.inDoubtHarness(billing)
         let requests = Self.requests()
-        for request in requests { first.feed(request) }
-        #expect(await eventually(timeout: .seconds(120)) { first.statistics.inDoubtOpen == Self.users.count })
         // The in-doubt marks must be in the changelog before the "crash".
         #expect(
             await eventually(timeout: .seconds(60)) {
@@ -174,10 +181,7 @@ struct InDoubtTests {
     )
     func revokedInDoubt() async throws {
         let billing = OutageBilling(inOutage: true)
-        let harness = LoopHarness(configure: Self.configure, router: router(billing))
-        harness.assign(partitions: 1)
-        for request in Self.requests() { harness.feed(request) }
-        #expect(await eventually(timeout: .seconds(120)) { harness.statistics.inDoubtOpen == Self.users.count })
+        let harness = await Self.inDoubtHarness(billing)
         // Every ask is waiting or hangs in the outage for at most the call timeout.
         let offsets = await harness.revoke([0])
         #expect(offsets.map(\.offset) == [0], "the hand-over's commit passed an in-doubt record")
