@@ -751,7 +751,7 @@ def main():
                     finals.add(outcome["request_id"])
             return finals
 
-        # Re-send requests whose result the changelog records (in their users' journals): they
+        # Re-send requests whose result the changelog records (in the request journal): they
         # must not be called nor answered again.
         # (Waits, with a deadline, until the journals hold as many results as it re-sends: a loaded
         # machine may be far behind the producer here.)
@@ -760,8 +760,14 @@ def main():
         while True:
             recorded = set()
             for message in read_topic(cluster.bootstrap, STATE, committed_only):
-                state = json.loads(message.value())
-                recorded |= {e["request_id"] for e in state.get("requests") or [] if e.get("result")}
+                record = json.loads(message.value())
+                if (message.key() or b"").startswith(b":"):
+                    # A request journal record of its own (docs/ENGINE.md).
+                    if record.get("result"):
+                        recorded.add(record["request_id"])
+                else:
+                    # A state record of an earlier version, holding the user's journal.
+                    recorded |= {e["request_id"] for e in record.get("requests") or [] if e.get("result")}
             if len(recorded & set(ids)) >= wanted or time.monotonic() > deadline:
                 break
             time.sleep(1)

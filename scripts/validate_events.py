@@ -8,7 +8,7 @@
   validate_events.py verdicts EVENT FILE... print "<file>\t<valid|invalid>\t<field>" per file
 
 EVENT is a schema name: purchase-request, purchase-outcome, entitlement-change, dead-letter,
-entitlement-source, entitlement-state.
+entitlement-source, entitlement-state, request-journal.
 """
 import json
 import pathlib

@@ -17,6 +17,7 @@ public enum EventType: String, Sendable, CaseIterable {
     case entitlementChanged = "com.encorekit.entitlement.changed.v1"
     case entitlementSource = "com.encorekit.entitlement.source.v1"
     case entitlementState = "com.encorekit.entitlement.state.v1"
+    case requestJournal = "com.encorekit.request.journal.v1"
     case deadLetter = "com.encorekit.deadletter.v1"
 }
 

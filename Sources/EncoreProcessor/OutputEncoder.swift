@@ -13,6 +13,9 @@ struct OutputEncoder: Sendable {
     private let outcomeHeaders: HeaderTemplate
     private let changeHeaders: HeaderTemplate
     private let stateHeaders: HeaderTemplate
+    private let journalHeaders: HeaderTemplate
+    /// Journal slots per user (`--dedupe-per-user`): a journal record's key is its slot's.
+    let journalSlots: Int
     private let deadLetterHeaders: HeaderTemplate
     /// The last `ce_time` value: outputs of the same millisecond share it.
     private let lastTime = LastTime()
@@ -25,6 +28,8 @@ struct OutputEncoder: Sendable {
         outcomeHeaders = HeaderTemplate(source: configuration.source, type: .purchaseOutcome)
         changeHeaders = HeaderTemplate(source: configuration.source, type: .entitlementChanged)
         stateHeaders = HeaderTemplate(source: configuration.source, type: .entitlementState)
+        journalHeaders = HeaderTemplate(source: configuration.source, type: .requestJournal)
+        journalSlots = configuration.journal.perUserCap
         deadLetterHeaders = HeaderTemplate(source: configuration.source, type: .deadLetter)
     }
 
@@ -33,6 +38,7 @@ struct OutputEncoder: Sendable {
         case .outcome(let outcome, let trace): traced(record(for: outcome), trace)
         case .change(let change, let trace): traced(record(for: change), trace)
         case .state(let state, let partition): record(forState: state, partition: partition)
+        case .journal(let entry, let partition): record(forJournal: entry, partition: partition)
         case .deadLetter(let letter, let key, let trace): traced(record(for: letter, key: key), trace)
         case .record(let record): record
         }
@@ -100,6 +106,26 @@ struct OutputEncoder: Sendable {
         return KafkaProducerRecord(
             topic: stateTopic, partition: partition, key: key, value: state.jsonBytes(),
             headers: headers(stateHeaders, id: id, timeMs: state.updatedAtMs))
+    }
+
+    /// A request's journal entry, keyed by the user's slot, to the partition of the user's requests.
+    /// `ce_id` is `journal:{request_id}:{attempts}`, with `:{result}` once it has one.
+    func record(forJournal record: JournalRecord, partition: Int32) -> KafkaProducerRecord {
+        var id: [UInt8] = []
+        id.reserveCapacity(record.entry.requestID.utf8.count + 32)
+        id.append(contentsOf: "journal:".utf8)
+        id.append(contentsOf: record.entry.requestID.utf8)
+        id.append(UInt8(ascii: ":"))
+        id.append(contentsOf: String(record.entry.attempts).utf8)
+        if let result = record.entry.result {
+            id.append(UInt8(ascii: ":"))
+            id.append(contentsOf: result.rawValue.utf8)
+        }
+        return KafkaProducerRecord(
+            topic: stateTopic, partition: partition, key: record.key(slotCount: journalSlots),
+            value: record.jsonBytes(),
+            headers: headers(
+                journalHeaders, id: id, timeMs: record.entry.completedAtMs ?? record.entry.startedAtMs))
     }
 
     private func headers(_ template: HeaderTemplate, id: [UInt8], timeMs: Int64) -> [KafkaHeader] {

@@ -35,9 +35,14 @@ struct OutputTracker<Item> {
         /// The user (`state.key`, hashed once: the tracker looks the user up several times per output).
         let key: UserLane
         let state: EntitlementStateRecord
+        /// Whether the state record is written (the state changed), and the journal record.
+        let writesState: Bool
+        let journal: JournalRecord?
         let partition: Int32
         var unacknowledgedOutputs: Int
         var isWritten = false
+        /// Changelog records of this write not yet acknowledged (the last update of a write).
+        var unwrittenRecords = 0
         /// The item whose call waits for this record (an intent): reported when it is acknowledged.
         var intent: Item?
         /// The item whose result this is, reported by ``Event/resultReady(_:)`` once the outputs
@@ -48,13 +53,15 @@ struct OutputTracker<Item> {
         var covering = 0
 
         init(
-            ref: RecordRef?, key: UserLane, state: EntitlementStateRecord, partition: Int32, unacknowledgedOutputs: Int,
-            intent: Item?, result: Item?
+            ref: RecordRef?, key: UserLane, update: LedgerUpdate, unacknowledgedOutputs: Int, intent: Item?,
+            result: Item?
         ) {
             self.ref = ref
             self.key = key
-            self.state = state
-            self.partition = partition
+            self.state = update.state
+            self.writesState = update.writesState
+            self.journal = update.journal
+            self.partition = update.partition
             self.unacknowledgedOutputs = unacknowledgedOutputs
             self.intent = intent
             self.result = result
@@ -142,8 +149,8 @@ struct OutputTracker<Item> {
         nextUpdateID += 1
         let key = UserLane(key: update.key)
         updates[id] = PendingUpdate(
-            ref: ref, key: key, state: update.state, partition: update.partition,
-            unacknowledgedOutputs: alongside.count + update.changes.count, intent: intent, result: result)
+            ref: ref, key: key, update: update, unacknowledgedOutputs: alongside.count + update.changes.count,
+            intent: intent, result: result)
         updateOrder[key, default: FIFO()].append(id)
         // The changelog record is counted now, so the record cannot finish before it is written.
         if let ref { count(ref, item: item) }
@@ -262,6 +269,11 @@ struct OutputTracker<Item> {
             mayWrite(ofUser: update.key)
         }
         if case .entitlementState(let id) = slot.output, let record = updates[id] {
+            record.unwrittenRecords -= 1
+            guard record.unwrittenRecords == 0 else {
+                if let ref = slot.ref { outputAcknowledged(of: ref, into: &events) }
+                return
+            }
             let key = record.key
             // The record's updates are the user's oldest, in order.
             for _ in 0..<record.covering {
@@ -291,9 +303,11 @@ struct OutputTracker<Item> {
         }
     }
 
-    /// Writes the user's oldest unwritten changelog record when its outputs are acknowledged and
-    /// the user's earlier record is. Later updates that are ready too are written in the same
-    /// record: the latest state holds theirs (a result, and the intent of the next request).
+    /// Writes the user's oldest unwritten changelog records when their outputs are acknowledged and
+    /// the user's earlier ones are. Later updates that are ready too are written with them: the
+    /// latest state holds theirs; each journal record is written (a result, and the intent of the
+    /// next request). The state record goes first: on one partition, a journal record that is
+    /// durable means the state written before it is.
     private mutating func writeStateIfReady(ofUser key: UserLane) {
         guard let order = updateOrder[key], let first = order.first, let update = updates[first],
             update.unacknowledgedOutputs == 0, !update.isWritten
@@ -301,18 +315,38 @@ struct OutputTracker<Item> {
         var last = first
         var covering = 1
         var written = update
+        var writesState = update.writesState
+        var journal: [JournalRecord] = update.journal.map { [$0] } ?? []
         while sharesRecords, covering < order.count, let later = updates[order[covering]],
             later.unacknowledgedOutputs == 0
         {
             written.isWritten = true
             last = order[covering]
             written = later
+            writesState = writesState || later.writesState
+            if let record = later.journal {
+                // A later record of the same slot replaces the earlier one: only the last is written.
+                if let same = journal.lastIndex(where: { $0.seq == record.seq && $0.userKey == record.userKey }) {
+                    journal.remove(at: same)
+                }
+                journal.append(record)
+            }
             covering += 1
         }
         written.isWritten = true
         written.covering = covering
-        // Counted with its updates already (each acknowledged with the record).
-        enqueue(
-            .entitlementState(update: last), .state(written.state, partition: written.partition), for: nil, update: nil)
+        // Every update writes a record (a journal update journals; a state update changes it).
+        if journal.isEmpty { writesState = true }
+        written.unwrittenRecords = (writesState ? 1 : 0) + journal.count
+        // Counted with their updates already (each acknowledged with the last record).
+        if writesState {
+            enqueue(
+                .entitlementState(update: last), .state(written.state, partition: written.partition), for: nil,
+                update: nil)
+        }
+        for record in journal {
+            enqueue(
+                .entitlementState(update: last), .journal(record, partition: written.partition), for: nil, update: nil)
+        }
     }
 }

@@ -7,11 +7,11 @@ enum ProcessorInput: Sendable {
     /// Records already decoded (off the loop's thread).
     case records([IncomingRecord])
     /// Partitions assigned, with the offsets their previous owner finished beyond its commit, the
-    /// ledger state of their users, read back from the changelog (by requests partition), and the
+    /// ledger state and request journal of their users, read back from the changelog (by requests partition), and the
     /// commit each partition was assigned with (none when the group has none).
     case assigned(
         [KafkaTopicPartition], finished: [InputPartition: Set<Int64>],
-        restored: [Int32: [String: EntitlementStateRecord]], committed: [InputPartition: KafkaTopicPartitionOffset])
+        restored: [Int32: RestoredPartition], committed: [InputPartition: KafkaTopicPartitionOffset])
     /// Partitions being taken away; the hand-over gives them up with the offsets to commit.
     case revoked([KafkaTopicPartition], PartitionHandOver)
     /// The consumer failed for good.

@@ -17,7 +17,8 @@ extension ProcessorLoop {
         var ready: WorkItem? = first
         while let item = ready {
             ready = nil
-            let journaled = ledger.journalEntry(ofUser: item.lane.key, requestID: item.request.requestID)
+            let journaled = ledger.journalEntry(
+                ofUser: item.lane.key, requestID: item.request.requestID, partition: item.ref.partition.number)
             if let journaled, let digest = journaled.digest, digest != item.digest {
                 rejectConflict(item, journaled)
                 ready = scheduler.finish(lane: item.lane)

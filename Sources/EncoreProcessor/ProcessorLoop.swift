@@ -52,6 +52,8 @@ final class ProcessorLoop {
     /// generation for the broker to check (a transaction without offsets would fence no zombie).
     var assignedWith: [InputPartition: KafkaTopicPartitionOffset] = [:]
     var nextCommit: ContinuousClock.Instant
+    /// When the request journal next forgets what is past the dedupe retention.
+    var nextJournalPrune: ContinuousClock.Instant
     /// The commit in flight, if any; one at a time.
     var commitTask: Task<Void, Never>? = nil
     /// When the drain's overdue calls were last reported.
@@ -102,6 +104,7 @@ final class ProcessorLoop {
         encoder = OutputEncoder(configuration: configuration)
         ledger = EntitlementLedger(catalog: configuration.catalog, journal: configuration.journal)
         nextCommit = ContinuousClock.now.advanced(by: configuration.commitInterval)
+        nextJournalPrune = ContinuousClock.now.advanced(by: .seconds(60))
     }
 
     /// Handles a batch of inputs; while draining, checks whether everything is done.
@@ -132,8 +135,11 @@ final class ProcessorLoop {
         case .assigned(let partitions, let finished, let restored, let committed):
             // The ledger knows the partitions' users before any of their records is handled. A
             // partition still owned keeps what the loop knows: newer than what was read.
-            for (partition, states) in restored where ownership.generations[.requests(partition)] == nil {
-                for state in states.values { ledger.restore(state, partition: partition) }
+            // The journal's records first: an earlier version's journal in a state record is older.
+            let nowMs = currentTimeMs()
+            for (partition, restored) in restored where ownership.generations[.requests(partition)] == nil {
+                ledger.restore(journal: restored.journal, partition: partition)
+                for state in restored.states.values { ledger.restore(state, partition: partition, nowMs: nowMs) }
             }
             assign(partitions)
             assignedWith.merge(committed) { _, new in new }
@@ -542,6 +548,10 @@ final class ProcessorLoop {
         }
         outputs.tick(now: now)
         let nowMs = currentTimeMs()
+        if now >= nextJournalPrune {
+            nextJournalPrune = now.advanced(by: .seconds(60))
+            ledger.pruneJournals(nowMs: nowMs)
+        }
         if !ownership.isDraining, let due = ledger.nextExpiryMs, due <= nowMs {
             // Users of partitions being handed over are left to the next owner, which restores them.
             for update in ledger.expire(nowMs: nowMs)

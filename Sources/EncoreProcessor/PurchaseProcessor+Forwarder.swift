@@ -25,7 +25,7 @@ extension PurchaseProcessor {
                 // and the ledger state of their users.
                 let (finished, committed) = await Self.finishedOffsets(
                     of: partitions, configuration: configuration, consumer: consumer, logger: logger)
-                var restored: [Int32: [String: EntitlementStateRecord]] = [:]
+                var restored: [Int32: RestoredPartition] = [:]
                 // The users' state and request journals, before any of their records is handled.
                 vitals.update { $0.restoring += 1 }
                 defer { vitals.update { $0.restoring -= 1 } }
@@ -35,7 +35,7 @@ extension PurchaseProcessor {
                         of: partitions.filter { $0.topic == configuration.requestsTopic }.map(\.partition),
                         configuration: configuration, logger: logger)
                     let seconds = Double((ContinuousClock.now - started).wholeMicroseconds) / 1_000_000
-                    let users = restored.values.reduce(0) { $0 + $1.count }
+                    let users = restored.values.reduce(0) { $0 + $1.states.count }
                     vitals.update {
                         $0.joined = true
                         $0.restores += 1

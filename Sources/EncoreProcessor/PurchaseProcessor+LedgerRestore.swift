@@ -34,7 +34,7 @@ extension PurchaseProcessor {
     /// three attempts is an error, since going on without the state would overwrite it.
     static func restoreLedger(
         of partitions: [Int32], configuration: ProcessorConfiguration, logger: Logger
-    ) async throws(ProcessorError) -> [Int32: [String: EntitlementStateRecord]] {
+    ) async throws(ProcessorError) -> [Int32: RestoredPartition] {
         guard !partitions.isEmpty else { return [:] }
         let clock = ContinuousClock()
         let started = clock.now
@@ -57,17 +57,19 @@ extension PurchaseProcessor {
     static func readLedger(
         of partitions: [Int32], configuration: ProcessorConfiguration, logger: Logger,
         since started: ContinuousClock.Instant, clock: ContinuousClock
-    ) async throws(KafkaError) -> [Int32: [String: EntitlementStateRecord]] {
+    ) async throws(KafkaError) -> [Int32: RestoredPartition] {
         var kafka = configuration.kafka
         // Exactly-once: what an aborted (or still open) transaction wrote is not the users' state.
         if configuration.guarantee == .exactlyOnce { kafka.setDefault("isolation.level", "read_committed") }
+        let cap = configuration.journal.perUserCap
+        let horizon = currentTimeMs() - configuration.journal.retentionMs
         let (folded, records) = try await KafkaPartitionReader.fold(
             configuration: kafka, topic: configuration.stateTopic, partitions: partitions,
-            into: (latest: [Int32: [String: EntitlementStateRecord]](), invalid: [String]())
+            into: (latest: [Int32: RestoredPartition](), invalid: [String]())
         ) { folded, message in
-            do {
-                let state = try EntitlementStateRecord(jsonBytes: message.value)
-                folded.latest[message.partition, default: [:]][state.key] = state
+            do throws(EventValidationError) {
+                try folded.latest[message.partition, default: RestoredPartition(journalCap: cap)].fold(
+                    key: message.key, value: message.value, horizonMs: horizon)
             } catch {
                 folded.invalid.append("\(message.topic)[\(message.partition)]@\(message.offset): \(error)")
             }
@@ -81,9 +83,10 @@ extension PurchaseProcessor {
             )
         }
         let latest = folded.latest
-        let users = latest.values.reduce(0) { $0 + $1.count }
+        let users = latest.values.reduce(0) { $0 + $1.states.count }
+        let remembered = latest.values.reduce(0) { $0 + $1.journal.count }
         logger.info(
-            "restored the ledger state of \(users) users from \(records) changelog records of \(partitions.count) partitions in \(clock.now - started)"
+            "restored the ledger state of \(users) users and \(remembered) journaled requests from \(records) changelog records of \(partitions.count) partitions in \(clock.now - started)"
         )
         return latest
     }

@@ -8,6 +8,8 @@ enum UnsentOutput: Sendable {
     case outcome(PurchaseOutcomeEvent, trace: [KafkaHeader] = [])
     case change(EntitlementChangeEvent, trace: [KafkaHeader] = [])
     case state(EntitlementStateRecord, partition: Int32)
+    /// A request journal entry, to the changelog partition of the user's requests.
+    case journal(JournalRecord, partition: Int32)
     case deadLetter(DeadLetterEvent, key: [UInt8]?, trace: [KafkaHeader] = [])
     /// Already encoded (produced again after a failed delivery).
     case record(KafkaProducerRecord)

@@ -173,7 +173,9 @@ enum AuditCommand {
             configuration: kafka, topic: topic, partitions: Array(0..<Int32(partitions)), timeout: timeout,
             into: [String: [UInt8]]()
         ) { latest, message in
-            guard let key = message.key.map({ String(decoding: $0, as: UTF8.self) }),
+            // (The request journal's records share the changelog: not a user's state.)
+            guard !JournalRecord.isJournalKey(message.key),
+                let key = message.key.map({ String(decoding: $0, as: UTF8.self) }),
                 keeping?.contains(key) ?? true
             else { return }
             latest[key] = message.value.isEmpty ? nil : message.value

@@ -24,7 +24,7 @@ struct Sample: CustomTestStringConvertible, Sendable {
 /// Every schema in `schemas/`, by name.
 let eventNames = [
     "purchase-request", "purchase-outcome", "entitlement-change", "dead-letter", "entitlement-source",
-    "entitlement-state",
+    "entitlement-state", "request-journal",
 ]
 
 func allSamples() -> [Sample] {
@@ -61,6 +61,7 @@ func swiftVerdict(_ event: String, _ bytes: [UInt8]) -> Result<[UInt8], EventVal
     case "entitlement-change": return run(EntitlementChangeEvent.self)
     case "entitlement-source": return run(EntitlementSourceEvent.self)
     case "entitlement-state": return run(EntitlementStateRecord.self)
+    case "request-journal": return run(JournalRecord.self)
     default: return run(DeadLetterEvent.self)
     }
 }

@@ -14,6 +14,7 @@ struct FieldTableTests {
         ("entitlement-source", EntitlementSourceEvent.table.schema),
         ("entitlement-state", EntitlementStateRecord.table.schema),
         ("dead-letter", DeadLetterEvent.table.schema),
+        ("request-journal", JournalRecord.table.schema),
     ]
 
     @Test("every table has a schema in schemas/")

@@ -68,6 +68,7 @@ struct IndependentValidatorTests {
         try write("dead-letter", SampleEvents.deadLetters().map { $0.jsonBytes() })
         try write("entitlement-source", SampleEvents.sources(count: 20).map { $0.jsonBytes() })
         try write("entitlement-state", SampleEvents.states(count: 20).map { $0.jsonBytes() })
+        try write("request-journal", SampleEvents.journal(count: 30).map { $0.jsonBytes() })
         for event in eventNames {
             let (status, output) = try await runValidator([
                 "check", event, directory.appendingPathComponent("\(event).jsonl").path,
@@ -150,6 +151,24 @@ enum SampleEvents {
             records.append(record)
         }
         return records
+    }
+
+    /// Journal records: intents, results of every kind, decided failures, in-doubt marks.
+    static func journal(count: Int) -> [JournalRecord] {
+        (0..<count).map { index in
+            let result = index % 3 == 0 ? nil : OutcomeResult.allCases[index % OutcomeResult.allCases.count]
+            let failure =
+                result == .failed
+                ? PurchaseOutcomeEvent.Failure(type: "card_declined", message: "no \"funds\"\n", retryable: false) : nil
+            return JournalRecord(
+                appID: "app", appUserID: "user-\(index)\u{1F600}", seq: Int64(index * 7),
+                entry: .init(
+                    requestID: "req-\(index)", attempts: index % 5, startedAtMs: 1_764_475_643_000,
+                    result: result, completedAtMs: result == nil ? nil : 1_764_475_643_100, error: failure,
+                    controller: index % 2 == 0 ? "store" : nil, offset: index % 4 == 0 ? nil : Int64(index),
+                    inDoubtSinceMs: index % 6 == 0 ? 1_764_475_643_050 : nil,
+                    digest: index % 3 == 1 ? "00000000000000ff" : nil))
+        }
     }
 
     static func changes(count: Int) -> [EntitlementChangeEvent] {

@@ -111,9 +111,7 @@ struct InDoubtTests {
         // The in-doubt marks must be in the changelog before the "crash".
         #expect(
             await eventually(timeout: .seconds(60)) {
-                first.producer.produced.filter { $0.topic == "encore.entitlement-state" }.compactMap {
-                    try? EntitlementStateRecord(jsonBytes: $0.value)
-                }.flatMap(\.requests).filter { $0.inDoubtSinceMs != nil }.count >= Self.users.count
+                first.producer.journal().filter { $0.entry.inDoubtSinceMs != nil }.count >= Self.users.count
             })
         await first.stop()
         let committed = first.consumer.snapshot.stored.values.max() ?? 0
@@ -122,12 +120,7 @@ struct InDoubtTests {
 
         let second = LoopHarness(configure: Self.configure, router: router(billing))
         // The changelog so far, then the records from the committed offset, as a new owner reads them.
-        var latest: [String: EntitlementStateRecord] = [:]
-        for record in first.producer.produced where record.topic == "encore.entitlement-state" {
-            let state = try EntitlementStateRecord(jsonBytes: record.value)
-            latest[state.key] = state
-        }
-        second.assign(partitions: 1, finished: [:], restored: [0: Array(latest.values)])
+        second.assign(restored: LoopHarness.restore(first.producer.produced), partitions: 1)
         for request in requests { second.feed(request) }
         #expect(await eventually(timeout: .seconds(120)) { billing.snapshot.calls > beforeRestart })
         billing.endOutage()
@@ -168,10 +161,7 @@ struct InDoubtTests {
         let overlaps = billing.snapshot.overlaps
         #expect(!overlaps.isEmpty && overlaps.allSatisfy { $0 == "u: req-1 while req-0" }, "\(overlaps)")
         // Journaled closed: a re-send is a duplicate, never asked again.
-        let states = harness.producer.produced.filter { $0.topic == "encore.entitlement-state" }.compactMap {
-            try? EntitlementStateRecord(jsonBytes: $0.value)
-        }
-        let entry = states.last?.requests.first { $0.requestID == "req-0" }
+        let entry = harness.producer.journal().last { $0.entry.requestID == "req-0" }?.entry
         #expect(entry?.result == .pending && entry?.error?.type == "in_doubt_expired")
         await harness.stop()
     }

@@ -45,11 +45,11 @@ struct LedgerLoopTests {
                 harness.producer.handedOver.filter { $0.topic == "encore.entitlement-changes" }.count == 1
             })
         try await Task.sleep(for: .milliseconds(300))
-        // Only the intent, written before the call; not the state with the grant and the result.
-        let early = harness.producer.handedOver.filter { $0.topic == "encore.entitlement-state" }.map {
-            try! EntitlementStateRecord(jsonBytes: $0.value)
-        }
-        #expect(early.count == 1 && early.first?.requests.map(\.result) == [nil] && early.first?.grants == [])
+        // Only the intent's journal record, written before the call; not the state with the grant,
+        // nor the result.
+        let early = harness.producer.handedOver.filter { $0.topic == "encore.entitlement-state" }
+        #expect(early.count == 1 && early.allSatisfy { JournalRecord.isJournalKey($0.key) })
+        #expect(early.map { try! JournalRecord(jsonBytes: $0.value).entry.result } == [nil])
         #expect((harness.consumer.snapshot.stored.values.max() ?? 0) == 0)
         harness.producer.release("encore.entitlement-changes")
         #expect(await eventually { harness.consumer.snapshot.stored.values.first == 1 })
@@ -63,12 +63,16 @@ struct LedgerLoopTests {
         }
         #expect(changes.map(\.sequence) == [1, 2] && changes.map(\.access) == [nil, "pro"])
         #expect(changes.allSatisfy { $0.key == "app:u1" })
-        let states = produced.filter { $0.topic == "encore.entitlement-state" }
-        // The intent, then the grant with the result.
-        #expect(states.count == 2 && states.allSatisfy { $0.partition == 0 && $0.key == Array("app:u1".utf8) })
-        let state = try EntitlementStateRecord(jsonBytes: try #require(states.last).value)
+        let changelog = produced.filter { $0.topic == "encore.entitlement-state" }
+        // The intent, then the state with the grant, then the result (after the state: a durable
+        // result means a durable grant), all to the user's partition.
+        #expect(
+            changelog.map(\.key) == [Array(":0:app:u1".utf8), Array("app:u1".utf8), Array(":0:app:u1".utf8)]
+                && changelog.allSatisfy { $0.partition == 0 })
+        let state = try EntitlementStateRecord(jsonBytes: changelog[1].value)
         #expect(state.sequence == 2 && state.access == ["pro": true] && state.grants.count == 1)
-        #expect(state.requests.map(\.requestID) == ["req-0"] && state.requests.map(\.result) == [.purchased])
+        #expect(state.requests.isEmpty, "the journal is in records of its own")
+        #expect(harness.producer.journal().map(\.entry.result) == [nil, .purchased])
         // Change events carry a CloudEvents id naming user, sequence and a digest of the content.
         let changeRecords = produced.filter { $0.topic == "encore.entitlement-changes" }
         let ids = changeRecords.compactMap { $0.headers.first { $0.key == "ce_id" }?.stringValue }
@@ -99,15 +103,13 @@ struct LedgerLoopTests {
             try! EntitlementChangeEvent(jsonBytes: $0.value)
         }
         #expect(changes.map(\.change) == [.verified] && changes.map(\.sequence) == [8])
-        // Each request writes its intent and its result (the second records its result though it
-        // grants nothing new); the second's intent shares the first's result record, written once
-        // the first's outcome was acknowledged.
-        let states = harness.producer.produced.filter { $0.topic == "encore.entitlement-state" }.map {
-            try! EntitlementStateRecord(jsonBytes: $0.value)
-        }
+        // Each request journals its intent and its result; the state is written once, for the one
+        // request that changed it (the second grants nothing new).
+        let journal = harness.producer.journal()
         #expect(
-            states.map { $0.requests.suffix(2).map { $0.result != nil } } == [[false], [true, false], [true, true]],
-            "\(states.map(\.requests))")
+            journal.map { "\($0.entry.requestID):\($0.entry.result?.rawValue ?? "intent")" }
+                == ["req-0:intent", "req-0:purchased", "req-1:intent", "req-1:purchased"], "\(journal)")
+        #expect(harness.producer.states().map(\.sequence) == [8])
         #expect(harness.statistics.entitlementChanges == 1)
         await harness.stop()
     }

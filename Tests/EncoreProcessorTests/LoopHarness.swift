@@ -106,6 +106,20 @@ final class FakeProducer: OutputProducer {
     func deadLetters(topic: String = "encore.dead-letters") -> [DeadLetterEvent] {
         produced.filter { $0.topic == topic }.map { try! DeadLetterEvent(jsonBytes: $0.value) }
     }
+
+    /// The request journal's records on the changelog, in order.
+    func journal(topic: String = "encore.entitlement-state") -> [JournalRecord] {
+        produced.filter { $0.topic == topic && JournalRecord.isJournalKey($0.key) }.map {
+            try! JournalRecord(jsonBytes: $0.value)
+        }
+    }
+
+    /// The users' state records on the changelog, in order.
+    func states(topic: String = "encore.entitlement-state") -> [EntitlementStateRecord] {
+        produced.filter { $0.topic == topic && !JournalRecord.isJournalKey($0.key) }.map {
+            try! EntitlementStateRecord(jsonBytes: $0.value)
+        }
+    }
 }
 
 /// Set once, when the harness's loop has ended.
@@ -186,7 +200,9 @@ final class LoopHarness: Sendable {
                 finished: Dictionary(
                     uniqueKeysWithValues: finished.map { (InputPartition.requests($0.key), $0.value) }),
                 restored: restored.mapValues { states in
-                    Dictionary(states.map { ($0.key, $0) }, uniquingKeysWith: { $1 })
+                    var partition = RestoredPartition(journalCap: JournalPolicy().perUserCap)
+                    partition.states = Dictionary(states.map { ($0.key, $0) }, uniquingKeysWith: { $1 })
+                    return partition
                 },
                 committed: Dictionary(
                     uniqueKeysWithValues: committed.map { (InputPartition.requests($0.key), $0.value) })))
@@ -199,12 +215,27 @@ final class LoopHarness: Sendable {
     /// Assigns as the forwarder does after a restart or rebalance: the users' state and request
     /// journals restored from the latest changelog record of each user produced so far.
     func assignRestoringChangelog(partitions: Int32) {
-        var latest: [Int32: [String: EntitlementStateRecord]] = [:]
-        for record in producer.produced where record.topic == "encore.entitlement-state" {
-            let state = try! EntitlementStateRecord(jsonBytes: record.value)
-            latest[record.partition ?? 0, default: [:]][state.key] = state
+        assign(restored: Self.restore(producer.produced), partitions: partitions)
+    }
+
+    /// Assigns with a restore as the forwarder reads it (``restore(_:journal:)``).
+    func assign(restored: [Int32: RestoredPartition], partitions: Int32) {
+        inbox.post(
+            .assigned(
+                (0..<partitions).map { KafkaTopicPartition(topic: Self.topic, partition: $0) }, finished: [:],
+                restored: restored, committed: [:]))
+    }
+
+    /// The changelog records among `records`, folded as a restore reads them.
+    static func restore(
+        _ records: [KafkaProducerRecord], journal: JournalPolicy = JournalPolicy()
+    ) -> [Int32: RestoredPartition] {
+        var restored: [Int32: RestoredPartition] = [:]
+        for record in records where record.topic == "encore.entitlement-state" {
+            try! restored[record.partition ?? 0, default: RestoredPartition(journalCap: journal.perUserCap)].fold(
+                key: record.key, value: record.value, horizonMs: .min)
         }
-        assign(partitions: partitions, finished: [:], restored: latest.mapValues { Array($0.values) })
+        return restored
     }
 
     /// Revokes `partitions` of the requests topic as the consumer would; returns the offsets the

@@ -19,63 +19,141 @@ struct RequestJournalTests {
         PurchaseOutcomeEvent(request: request(index, user: user), result: result, attempts: attempts, completedAtMs: ms)
     }
 
-    @Test("an intent, then its result: the entry keeps its start, takes the outcome's attempts and time")
+    @Test("an intent, then its result: one small journal record each, under the same slot; no state record")
     func intentThenResult() {
         var ledger = EntitlementLedger(catalog: EntitlementCatalog())
         let intent = ledger.recordIntent(request(0, user: "u"), attempt: 1, partition: 3, nowMs: Self.t0)
-        #expect(intent.partition == 3 && intent.changes.isEmpty)
-        #expect(intent.state.requests == [.init(requestID: "req-0", attempts: 1, startedAtMs: Self.t0)])
+        #expect(intent.partition == 3 && intent.changes.isEmpty && !intent.writesState)
+        #expect(
+            intent.journal
+                == JournalRecord(
+                    appID: "app", appUserID: "u", seq: 0,
+                    entry: .init(requestID: "req-0", attempts: 1, startedAtMs: Self.t0)))
         #expect(ledger.journalEntry(ofUser: "app:u", requestID: "req-0")?.result == nil)
         let done = ledger.complete(
             outcome(0, .purchased, attempts: 2, at: Self.t0 + 50), entitlement: nil, partition: 3)
+        #expect(!done.writesState, "nothing granted (no entitlement offered): the state is not written")
         #expect(
-            done.state.requests == [
-                .init(
-                    requestID: "req-0", attempts: 2, startedAtMs: Self.t0, result: .purchased,
-                    completedAtMs: Self.t0 + 50)
-            ])
+            done.journal
+                == JournalRecord(
+                    appID: "app", appUserID: "u", seq: 0,
+                    entry: .init(
+                        requestID: "req-0", attempts: 2, startedAtMs: Self.t0, result: .purchased,
+                        completedAtMs: Self.t0 + 50)))
         #expect(ledger.journalEntry(ofUser: "app:u", requestID: "req-0")?.result == .purchased)
         #expect(ledger.journalEntry(ofUser: "app:u", requestID: "req-1") == nil)
         #expect(ledger.journalEntry(ofUser: "app:v", requestID: "req-0") == nil)
-        // Without grants (--no-ledger) the result is still recorded, and nothing is granted.
-        var bare = EntitlementLedger(catalog: EntitlementCatalog())
+        // The next request of the user takes the next slot.
+        #expect(ledger.recordIntent(request(1, user: "u"), attempt: 1, partition: 3, nowMs: Self.t0).journal?.seq == 1)
+        // A grant writes the state (without the journal) beside the journal record.
+        var granting = EntitlementLedger(catalog: EntitlementCatalog())
         var event = request(1, user: "u")
         event.entitlement = Entitlement(type: .freeTrial, value: 7, unit: .days)
+        let granted = granting.complete(
+            PurchaseOutcomeEvent(request: event, result: .purchased, attempts: 1, completedAtMs: Self.t0),
+            entitlement: event.entitlement, partition: 0)
+        #expect(granted.writesState && granted.state.grants.count == 1 && granted.state.requests.isEmpty)
+        #expect(granted.journal?.entry.result == .purchased)
+        // Without grants (--no-ledger) the result is still recorded, and nothing is granted.
+        var bare = EntitlementLedger(catalog: EntitlementCatalog())
         let update = bare.complete(
             PurchaseOutcomeEvent(request: event, result: .purchased, attempts: 1, completedAtMs: Self.t0),
             entitlement: event.entitlement, partition: 0, grants: false)
-        #expect(update.changes.isEmpty && update.state.grants.isEmpty && update.state.requests.count == 1)
+        #expect(update.changes.isEmpty && update.state.grants.isEmpty && !update.writesState)
+        #expect(update.journal?.entry.result == .purchased)
     }
 
-    @Test("entries past the retention are dropped at the user's next write; past the cap, the oldest results first")
+    @Test("past the cap a new request takes the slot of the one cap requests older; past the retention, entries go")
     func retentionAndCap() {
         var ledger = EntitlementLedger(
             catalog: EntitlementCatalog(), journal: JournalPolicy(retentionMs: 7 * Self.day, perUserCap: 3))
-        _ = ledger.complete(outcome(0, .purchased, at: Self.t0), entitlement: nil, partition: 0)
-        _ = ledger.recordIntent(request(1, user: "u"), attempt: 1, partition: 0, nowMs: Self.t0 + 1)
-        _ = ledger.complete(outcome(2, .cancelled, at: Self.t0 + 2), entitlement: nil, partition: 0)
-        _ = ledger.complete(outcome(3, .failed, at: Self.t0 + 3), entitlement: nil, partition: 0)
-        // Four entries, cap 3: the oldest result (req-0) goes; the older intent (req-1) stays
-        // (the journal lists results first, then intents).
-        var ids = ledger.state(ofUser: "app:u")!.requests.map(\.requestID)
-        #expect(ids == ["req-2", "req-3", "req-1"])
-        // Seven days on, a write drops what was last touched more than seven days before.
-        let later = Self.t0 + 7 * Self.day + 2
+        func remembered() -> [String] {
+            (0..<8).map { "req-\($0)" }.filter { ledger.journalEntry(ofUser: "app:u", requestID: $0) != nil }
+        }
+        for index in 0..<3 {
+            _ = ledger.complete(outcome(index, .purchased, at: Self.t0 + Int64(index)), entitlement: nil, partition: 0)
+        }
+        #expect(remembered() == ["req-0", "req-1", "req-2"])
+        // The fourth request's intent takes req-0's slot (its record replaces req-0's on the changelog).
+        let intent = ledger.recordIntent(request(3, user: "u"), attempt: 1, partition: 0, nowMs: Self.t0 + 3)
+        #expect(intent.journal?.seq == 3 && intent.journal?.key(slotCount: 3) == Array(":0:app:u".utf8))
+        #expect(remembered() == ["req-1", "req-2", "req-3"])
+        _ = ledger.complete(outcome(3, .failed, at: Self.t0 + 4), entitlement: nil, partition: 0)
+        #expect(remembered() == ["req-1", "req-2", "req-3"])
+        // Seven days on, what was last touched more than seven days before goes.
+        let later = Self.t0 + 7 * Self.day + 3
         _ = ledger.complete(outcome(4, .purchased, at: later), entitlement: nil, partition: 0)
-        ids = ledger.state(ofUser: "app:u")!.requests.map(\.requestID)
-        #expect(ids == ["req-2", "req-3", "req-4"])
-        _ = ledger.complete(outcome(5, .purchased, at: later + 2), entitlement: nil, partition: 0)
-        ids = ledger.state(ofUser: "app:u")!.requests.map(\.requestID)
-        #expect(ids == ["req-4", "req-5"], "req-3 was last touched at t0+3, more than 7 days before")
+        #expect(remembered() == ["req-2", "req-3", "req-4"])
+        ledger.pruneJournals(nowMs: later)
+        #expect(remembered() == ["req-3", "req-4"], "req-2 was last touched at t0+2, more than 7 days before")
+        // Other users are not touched by u's cap.
+        _ = ledger.complete(outcome(0, user: "v", .purchased, at: later), entitlement: nil, partition: 0)
+        #expect(ledger.journalEntry(ofUser: "app:v", requestID: "req-0") != nil && remembered() == ["req-3", "req-4"])
     }
 
-    @Test("the journal round-trips through the changelog record")
+    @Test(
+        "journal records round-trip through the changelog: a restore remembers what the loop did, the latest record of a slot winning"
+    )
     func roundTrip() throws {
+        var ledger = EntitlementLedger(
+            catalog: EntitlementCatalog(), journal: JournalPolicy(retentionMs: 7 * Self.day, perUserCap: 2))
+        var records: [JournalRecord] = []
+        records.append(
+            ledger.complete(outcome(0, .notAttempted, attempts: 0, at: Self.t0), entitlement: nil, partition: 0)
+                .journal!)
+        records.append(
+            ledger.recordIntent(request(1, user: "u"), attempt: 3, partition: 0, nowMs: Self.t0 + 9, digest: "00ff")
+                .journal!)
+        records.append(
+            ledger.recordInDoubt(request(1, user: "u"), attempts: 4, partition: 0, nowMs: Self.t0 + 10).journal!)
+        records.append(
+            ledger.complete(outcome(2, .purchased, at: Self.t0 + 11), entitlement: nil, partition: 0).journal!)
+        var restored = RestoredPartition(journalCap: 2)
+        for record in records {
+            #expect(try JournalRecord(jsonBytes: record.jsonBytes()) == record)
+            try restored.fold(key: record.key(slotCount: 2), value: record.jsonBytes(), horizonMs: .min)
+        }
+        var second = EntitlementLedger(
+            catalog: EntitlementCatalog(), journal: JournalPolicy(retentionMs: 7 * Self.day, perUserCap: 2))
+        second.restore(journal: restored.journal, partition: 0)
+        for id in ["req-0", "req-1", "req-2"] {
+            #expect(
+                second.journalEntry(ofUser: "app:u", requestID: id)
+                    == ledger.journalEntry(ofUser: "app:u", requestID: id),
+                "\(id)")
+        }
+        #expect(second.journalEntry(ofUser: "app:u", requestID: "req-0") == nil, "req-2 took req-0's slot")
+        #expect(second.journalEntry(ofUser: "app:u", requestID: "req-1")?.inDoubtSinceMs == Self.t0 + 10)
+        // The next request continues the user's counter.
+        #expect(second.recordIntent(request(3, user: "u"), attempt: 1, partition: 0, nowMs: Self.t0).journal?.seq == 3)
+    }
+
+    @Test("an earlier version's journal in a state record is read (migration), under the newer journal records")
+    func migratesStateRecordJournal() throws {
+        var restored = RestoredPartition(journalCap: 100)
+        let newer = JournalRecord(
+            appID: "app", appUserID: "u", seq: 0,
+            entry: .init(
+                requestID: "req-1", attempts: 2, startedAtMs: Self.t0 + 5, result: .purchased,
+                completedAtMs: Self.t0 + 6))
+        try restored.fold(key: newer.key(slotCount: 100), value: newer.jsonBytes(), horizonMs: .min)
+        let old = EntitlementStateRecord(
+            appID: "app", appUserID: "u",
+            requests: [
+                .init(
+                    requestID: "req-0", attempts: 1, startedAtMs: Self.t0, result: .cancelled, completedAtMs: Self.t0),
+                .init(requestID: "req-1", attempts: 1, startedAtMs: Self.t0 + 5),
+            ])
+        try restored.fold(key: Array(old.key.utf8), value: old.jsonBytes(), horizonMs: .min)
         var ledger = EntitlementLedger(catalog: EntitlementCatalog())
-        _ = ledger.complete(outcome(0, .notAttempted, attempts: 0, at: Self.t0), entitlement: nil, partition: 0)
-        let update = ledger.recordIntent(request(1, user: "u"), attempt: 3, partition: 0, nowMs: Self.t0 + 9)
-        let decoded = try EntitlementStateRecord(jsonBytes: update.state.jsonBytes())
-        #expect(decoded == update.state && decoded.requests.count == 2)
+        ledger.restore(journal: restored.journal, partition: 0)
+        for state in restored.states.values { ledger.restore(state, partition: 0, nowMs: Self.t0 + 7) }
+        #expect(ledger.journalEntry(ofUser: "app:u", requestID: "req-0")?.result == .cancelled)
+        #expect(ledger.journalEntry(ofUser: "app:u", requestID: "req-1")?.result == .purchased, "the newer record wins")
+        // Past the retention, an old entry is not taken.
+        var late = EntitlementLedger(catalog: EntitlementCatalog(), journal: JournalPolicy(retentionMs: Self.day))
+        late.restore(old, partition: 0, nowMs: Self.t0 + 2 * Self.day)
+        #expect(late.journalEntry(ofUser: "app:u", requestID: "req-0") == nil)
     }
 
     // MARK: The loop with a restored journal
@@ -123,12 +201,9 @@ struct RequestJournalTests {
         let outcome = try #require(harness.producer.outcomes().first)
         #expect(outcome.result == .purchased && outcome.attempts == 3)
         #expect(harness.statistics.recovered == 1 && harness.statistics.recoveryCalls == 1)
-        // The intent was rewritten with the new attempt before the call, then the result.
-        let states = harness.producer.produced.filter { $0.topic == "encore.entitlement-state" }.map {
-            try! EntitlementStateRecord(jsonBytes: $0.value)
-        }
-        #expect(states.map { $0.requests.map(\.attempts) } == [[3], [3]])
-        #expect(states.map { $0.requests.map(\.result) } == [[nil], [.purchased]])
+        // The intent was journaled with the new attempt before the call, then the result.
+        let journal = harness.producer.journal()
+        #expect(journal.map(\.entry.attempts) == [3, 3] && journal.map(\.entry.result) == [nil, .purchased])
         await harness.stop()
     }
 
@@ -161,20 +236,25 @@ struct RequestJournalTests {
         }
     }
 
-    @Test("a journal at its cap, with the longest request ids, is still a restorable record")
+    @Test("a user at the largest cap, with the longest request ids: each journal record stays small, 1,000 remembered")
     func journalAtCap() throws {
+        let cap = EntitlementStateRecord.RequestEntry.maximumCount
         var ledger = EntitlementLedger(
-            catalog: EntitlementCatalog(),
-            journal: JournalPolicy(retentionMs: Self.day, perUserCap: EntitlementStateRecord.RequestEntry.maximumCount))
-        var state: EntitlementStateRecord? = nil
-        for index in 0..<EntitlementStateRecord.RequestEntry.maximumCount {
+            catalog: EntitlementCatalog(), journal: JournalPolicy(retentionMs: Self.day, perUserCap: cap))
+        func id(_ index: Int) -> String { String(repeating: "r", count: 240) + String(index) }
+        for index in 0...cap {
             var event = request(index, user: "u")
-            event.requestID = String(repeating: "r", count: 240) + String(index)
-            state = ledger.recordIntent(event, attempt: 1, partition: 0, nowMs: Self.t0 + Int64(index)).state
+            event.requestID = id(index)
+            let update = ledger.recordIntent(event, attempt: 1, partition: 0, nowMs: Self.t0 + Int64(index))
+            #expect(try #require(update.journal).jsonBytes().count < 512 && !update.writesState)
+            _ = ledger.complete(
+                PurchaseOutcomeEvent(
+                    request: event, result: .purchased, attempts: 1, completedAtMs: Self.t0 + Int64(index)),
+                entitlement: nil, partition: 0)
         }
-        let bytes = try #require(state).jsonBytes()
-        #expect(bytes.count > 200_000)
-        #expect(try EntitlementStateRecord(jsonBytes: bytes).requests.count == 1000)
+        #expect(ledger.journalEntry(ofUser: "app:u", requestID: id(0)) == nil, "the 1,001st took the first's slot")
+        #expect((1...cap).allSatisfy { ledger.journalEntry(ofUser: "app:u", requestID: id($0)) != nil })
+        #expect(ledger.journalFigures.requests == cap)
     }
 
     @Test(
@@ -191,16 +271,14 @@ struct RequestJournalTests {
         #expect(await eventually { first.producer.outcomes().count == 1 })
         let firstOutcome = try #require(first.producer.outcomes().first)
         #expect(firstOutcome.result == .failed && firstOutcome.error?.type == "card_declined")
-        // The changelog: the intent, the failure (written before the outcome), the final state.
-        let states = first.producer.produced.filter { $0.topic == "encore.entitlement-state" }.map {
-            try! EntitlementStateRecord(jsonBytes: $0.value)
-        }
-        #expect(states.count >= 2 && states[1].requests.first?.error?.type == "card_declined")
-        // "Crash" before the final state: a second process restores the failure's record.
+        // The changelog: the intent, the failure (written before the outcome), the final result.
+        let changelog = first.producer.produced.filter { $0.topic == "encore.entitlement-state" }
+        let journal = first.producer.journal()
+        #expect(journal.count >= 2 && journal[1].entry.error?.type == "card_declined")
+        // "Crash" before the final result: a second process restores up to the failure's record.
         let billing = RecordingController()
         let second = LoopHarness(router: router(billing))
-        let latest: [Int32: [EntitlementStateRecord]] = [0: [states[1]]]
-        second.assign(partitions: 1, finished: [:], restored: latest)
+        second.assign(restored: LoopHarness.restore(Array(changelog.prefix(2))), partitions: 1)
         second.feed(request(0, user: "u"))  // the same record, offset 0
         second.feed(request(0, user: "u"))  // a re-send, offset 1
         #expect(await second.waitForFinished(2))

@@ -167,8 +167,12 @@ struct EntitlementStoryTests {
         let values = try await readTopic(bootstrap: bootstrap, topic: Topics.entitlements, partitions: Self.partitions)
             .map(\.value)
         #expect(try await validateWithPython("entitlement-change", values) == nil)
-        let states = try await readTopic(bootstrap: bootstrap, topic: Topics.state, partitions: Self.partitions)
-            .map(\.value)
+        // The changelog holds the users' states and the request journal's records.
+        let changelog = try await readTopic(bootstrap: bootstrap, topic: Topics.state, partitions: Self.partitions)
+        let journal = changelog.filter { JournalRecord.isJournalKey($0.key) }.map(\.value)
+        #expect(!journal.isEmpty)
+        #expect(try await validateWithPython("request-journal", journal) == nil)
+        let states = changelog.filter { !JournalRecord.isJournalKey($0.key) }.map(\.value)
         #expect(try await validateWithPython("entitlement-state", states) == nil)
 
         // The query command reads carol's latest state back from the changelog.

@@ -2,7 +2,8 @@ import EncoreEvents
 import Foundation
 
 /// What one mutation of a user's ledger state gives: the change events to publish (in order,
-/// possibly none) and the user's new state for the changelog.
+/// possibly none), the user's state, whether the state record must be written (its grants,
+/// sources or access changed), and the request journal's record, if the journal changed.
 public struct LedgerUpdate: Sendable, Equatable {
     public var changes: [EntitlementChangeEvent]
     /// (Set within the module only, without changing its user: `key` is its key.)
@@ -11,17 +12,31 @@ public struct LedgerUpdate: Sendable, Equatable {
     public var partition: Int32
     /// The user's key (`state.key`), built once.
     public let key: String
+    /// Whether the user's state record is written (journal v2: only when the state changed).
+    public var writesState: Bool
+    /// The journal entry this update writes, a small record of its own.
+    public var journal: JournalRecord?
 
-    public init(changes: [EntitlementChangeEvent], state: EntitlementStateRecord, partition: Int32) {
-        self.init(changes: changes, state: state, partition: partition, key: state.key)
+    public init(
+        changes: [EntitlementChangeEvent], state: EntitlementStateRecord, partition: Int32, writesState: Bool = true,
+        journal: JournalRecord? = nil
+    ) {
+        self.init(
+            changes: changes, state: state, partition: partition, key: state.key, writesState: writesState,
+            journal: journal)
     }
 
     /// `key` must be `state.key`.
-    init(changes: [EntitlementChangeEvent], state: EntitlementStateRecord, partition: Int32, key: String) {
+    init(
+        changes: [EntitlementChangeEvent], state: EntitlementStateRecord, partition: Int32, key: String,
+        writesState: Bool = true, journal: JournalRecord? = nil
+    ) {
         self.changes = changes
         self.state = state
         self.partition = partition
         self.key = key
+        self.writesState = writesState
+        self.journal = journal
     }
 }
 
@@ -44,6 +59,8 @@ public struct EntitlementLedger: Sendable {
     public let catalog: EntitlementCatalog
     public let journal: JournalPolicy
     private var users: [String: UserEntry] = [:]
+    /// The request journal's memory, per requests partition.
+    private var journals: [Int32: RequestMemory] = [:]
     /// Upcoming expiries (grants and source states), earliest first; at most one live entry per
     /// user (the one at its `scheduledAtMs`), so the queue grows with users, not with updates.
     private var expiries = TimerQueue<Int64, String>()
@@ -67,22 +84,67 @@ public struct EntitlementLedger: Sendable {
     // MARK: Restore and hand-over
 
     /// Takes a user's state read back from the changelog (the latest record of the key wins).
-    public mutating func restore(_ state: EntitlementStateRecord, partition: Int32) {
+    /// Entries the state keeps in its journal (an earlier version's) are remembered under the
+    /// journal records restored first (``restore(journal:partition:)``), which are newer.
+    public mutating func restore(_ state: EntitlementStateRecord, partition: Int32, nowMs: Int64? = nil) {
         let key = state.key
         users[key] = UserEntry(state: state, partition: partition)
         schedule(key)
+        guard !state.journal.isEmpty else { return }
+        let horizon = nowMs.map { $0 - journal.retentionMs } ?? .min
+        withJournal(partition) { memory in
+            for entry in state.journal.entries where entry.lastTouchedMs >= horizon {
+                memory.recordLegacy(userKey: key, entry)
+            }
+        }
+    }
+
+    /// Takes a partition's request journal read back from the changelog.
+    mutating func restore(journal memory: RequestMemory, partition: Int32) {
+        journals[partition] = memory
+    }
+
+    /// Takes one journal record read back from the changelog (in changelog order).
+    public mutating func restore(journal record: JournalRecord, partition: Int32) {
+        withJournal(partition) { $0.record(userKey: record.userKey, seq: record.seq, record.entry) }
     }
 
     /// Forgets the users of partitions this processor no longer owns.
     public mutating func remove(partitions: Set<Int32>) {
         users = users.filter { !partitions.contains($0.value.partition) }
+        for partition in partitions { journals[partition] = nil }
+    }
+
+    /// Forgets journal entries past the retention at `nowMs`.
+    public mutating func pruneJournals(nowMs: Int64) {
+        let horizon = nowMs - journal.retentionMs
+        for partition in journals.keys { journals[partition]!.prune(untouchedBefore: horizon) }
+    }
+
+    /// Requests the journal remembers, and about how many bytes each takes.
+    public var journalFigures: (requests: Int, bytesPerRequest: Double) {
+        let count = journals.values.reduce(0) { $0 + $1.count }
+        guard count > 0 else { return (0, 0) }
+        let bytes = journals.values.reduce(0.0) { $0 + $1.bytesPerRequest * Double($1.count) }
+        return (count, bytes / Double(count))
+    }
+
+    private mutating func withJournal<R>(_ partition: Int32, _ body: (inout RequestMemory) -> R) -> R {
+        body(&journals[partition, default: RequestMemory(cap: journal.perUserCap)])
     }
 
     // MARK: Request journal
 
     /// The journal's latest entry for `requestID` of user `key`: an intent (no result) or a result.
-    public func journalEntry(ofUser key: String, requestID: String) -> EntitlementStateRecord.RequestEntry? {
-        users[key]?.state.journal.entry(requestID: requestID)
+    public func journalEntry(
+        ofUser key: String, requestID: String, partition: Int32? = nil
+    ) -> EntitlementStateRecord.RequestEntry? {
+        let requestKey = RequestMemory.Key(userKey: key, requestID: requestID)
+        if let partition { return journals[partition]?.entry(requestKey, requestID: requestID) }
+        for memory in journals.values {
+            if let entry = memory.entry(requestKey, requestID: requestID) { return entry }
+        }
+        return nil
     }
 
     /// Records that call `attempt` of `request` is about to start: the intent, which must be
@@ -92,7 +154,7 @@ public struct EntitlementLedger: Sendable {
         _ request: PurchaseRequestEvent, attempt: Int, partition: Int32, nowMs: Int64, offset: Int64? = nil,
         digest: String? = nil
     ) -> LedgerUpdate {
-        replaceEntry(of: request, partition: partition, nowMs: nowMs) { earlier in
+        replaceEntry(of: request, partition: partition) { earlier in
             .init(
                 requestID: request.requestID, attempts: attempt, startedAtMs: nowMs, offset: offset ?? earlier?.offset,
                 inDoubtSinceMs: earlier?.inDoubtSinceMs, digest: digest ?? earlier?.digest)
@@ -104,7 +166,7 @@ public struct EntitlementLedger: Sendable {
     public mutating func recordInDoubt(
         _ request: PurchaseRequestEvent, attempts: Int, partition: Int32, nowMs: Int64
     ) -> LedgerUpdate {
-        replaceEntry(of: request, partition: partition, nowMs: nowMs) { earlier in
+        replaceEntry(of: request, partition: partition) { earlier in
             .init(
                 requestID: request.requestID, attempts: attempts, startedAtMs: earlier?.startedAtMs ?? nowMs,
                 offset: earlier?.offset, inDoubtSinceMs: nowMs, digest: earlier?.digest)
@@ -119,7 +181,7 @@ public struct EntitlementLedger: Sendable {
         _ request: PurchaseRequestEvent, attempts: Int, error: PurchaseOutcomeEvent.Failure, controller: String?,
         offset: Int64, partition: Int32, nowMs: Int64, result: OutcomeResult = .failed
     ) -> LedgerUpdate {
-        replaceEntry(of: request, partition: partition, nowMs: nowMs) { earlier in
+        replaceEntry(of: request, partition: partition) { earlier in
             .init(
                 requestID: request.requestID, attempts: attempts, startedAtMs: earlier?.startedAtMs ?? nowMs,
                 result: result, completedAtMs: nowMs, error: error, controller: controller, offset: offset,
@@ -127,23 +189,33 @@ public struct EntitlementLedger: Sendable {
         }
     }
 
-    /// Replaces the journal entry of `request` with `entry(earlier entry)`.
+    /// Replaces the journal entry of `request` with `entry(earlier entry)`: the journal record
+    /// to write, under the request's slot (a new one for a request not journaled yet).
     private mutating func replaceEntry(
-        of request: PurchaseRequestEvent, partition: Int32, nowMs: Int64,
+        of request: PurchaseRequestEvent, partition: Int32,
         _ entry: (EntitlementStateRecord.RequestEntry?) -> EntitlementStateRecord.RequestEntry
     ) -> LedgerUpdate {
-        let policy = journal
         let key = request.key
-        let update = mutate(key, request.appID, request.appUserID, partition: partition, nowMs: nowMs) {
-            state, _ in
-            let new = entry(state.journal.entry(requestID: request.requestID))
-            state.journal.remove(requestID: request.requestID)
-            state.journal.append(new)
-            policy.prune(&state.journal, nowMs: nowMs)
-            return true
+        let record = journalRecord(
+            userKey: key, appID: request.appID, appUserID: request.appUserID, requestID: request.requestID,
+            partition: partition, entry)
+        return LedgerUpdate(
+            changes: [],
+            state: users[key]?.state ?? EntitlementStateRecord(appID: request.appID, appUserID: request.appUserID),
+            partition: partition, key: key, writesState: false, journal: record)
+    }
+
+    private mutating func journalRecord(
+        userKey key: String, appID: String, appUserID: String, requestID: String, partition: Int32,
+        _ entry: (EntitlementStateRecord.RequestEntry?) -> EntitlementStateRecord.RequestEntry
+    ) -> JournalRecord {
+        withJournal(partition) { memory in
+            let requestKey = RequestMemory.Key(userKey: key, requestID: requestID)
+            let new = entry(memory.entry(requestKey, requestID: requestID))
+            let seq = memory.seq(of: requestKey) ?? memory.allocate(userKey: key)
+            memory.record(userKey: key, seq: seq, new)
+            return JournalRecord(appID: appID, appUserID: appUserID, seq: seq, entry: new)
         }
-        // A journal entry always changes the state: its attempt number or time is new.
-        return update ?? LedgerUpdate(changes: [], state: users[key]!.state, partition: partition, key: key)
     }
 
     /// Records a request's outcome: its result in the journal and, with `grants`, what it grants
@@ -159,31 +231,36 @@ public struct EntitlementLedger: Sendable {
             case .cancelled, .failed, .notAttempted: nil
             }
         let entitlement = grants && status != nil ? offered ?? catalog.entitlement(for: outcome.productID) : nil
-        let policy = journal
         let now = outcome.completedAtMs
         let key = outcome.key
-        let update = mutate(key, outcome.appID, outcome.appUserID, partition: partition, nowMs: now) {
-            state, changes in
-            if let status, let entitlement {
+        var update: LedgerUpdate? = nil
+        if let status, let entitlement {
+            update = mutate(key, outcome.appID, outcome.appUserID, partition: partition, nowMs: now) {
+                state, changes in
                 Self.grant(
                     outcome, entitlement, status: status, campaignID: campaignID, offerID: offerID, to: &state,
                     changes: &changes)
             }
-            let earlier = state.journal.entry(requestID: outcome.requestID)
-            // A failure journaled before its outcome stays as it was (it rebuilds the outcome).
-            let replaced = earlier?.result == nil || earlier?.error == nil
-            if replaced {
-                state.journal.remove(requestID: outcome.requestID)
-                state.journal.append(
-                    .init(
-                        requestID: outcome.requestID, attempts: outcome.attempts,
-                        startedAtMs: earlier?.startedAtMs ?? now, result: outcome.result, completedAtMs: now,
-                        offset: earlier?.offset, inDoubtSinceMs: earlier?.inDoubtSinceMs, digest: earlier?.digest))
-            }
-            let pruned = policy.prune(&state.journal, nowMs: now)
-            return replaced || pruned
         }
-        return update ?? LedgerUpdate(changes: [], state: users[key]!.state, partition: partition, key: key)
+        let record = journalRecord(
+            userKey: key, appID: outcome.appID, appUserID: outcome.appUserID, requestID: outcome.requestID,
+            partition: partition
+        ) { earlier in
+            // A failure journaled before its outcome stays as it was (it rebuilds the outcome).
+            if let earlier, earlier.result != nil, earlier.error != nil { return earlier }
+            return .init(
+                requestID: outcome.requestID, attempts: outcome.attempts, startedAtMs: earlier?.startedAtMs ?? now,
+                result: outcome.result, completedAtMs: now, offset: earlier?.offset,
+                inDoubtSinceMs: earlier?.inDoubtSinceMs, digest: earlier?.digest)
+        }
+        var result =
+            update
+            ?? LedgerUpdate(
+                changes: [],
+                state: users[key]?.state ?? EntitlementStateRecord(appID: outcome.appID, appUserID: outcome.appUserID),
+                partition: partition, key: key, writesState: false)
+        result.journal = record
+        return result
     }
 
     // MARK: Rules
@@ -216,7 +293,6 @@ public struct EntitlementLedger: Sendable {
             Self.grant(
                 outcome, entitlement, status: status, campaignID: campaignID, offerID: offerID, to: &state,
                 changes: &changes)
-            return false
         }
     }
 
@@ -269,7 +345,6 @@ public struct EntitlementLedger: Sendable {
         return mutate(key, event.appID, event.appUserID, partition: partition, nowMs: nowMs) { state, _ in
             state.sources.removeAll { $0.source == event.source && $0.entitlementID == event.entitlementID }
             state.sources.append(EntitlementStateRecord.Source(event))
-            return false
         }
     }
 
@@ -283,7 +358,7 @@ public struct EntitlementLedger: Sendable {
             users[key]?.scheduledAtMs = nil
             defer { schedule(key, after: nowMs) }
             return mutate(key, entry.state.appID, entry.state.appUserID, partition: entry.partition, nowMs: nowMs) {
-                _, _ in false
+                _, _ in
             }
         }
     }
@@ -291,24 +366,16 @@ public struct EntitlementLedger: Sendable {
     // MARK: Internals
 
     /// Runs `body` on the user's state after settling expiries due at `nowMs`, re-evaluates the
-    /// access rules, and returns the update when the state changed. `body` says whether it changed
-    /// the journal (the journal is not compared: keeping a copy to compare with would copy it).
+    /// access rules, and returns the update when the state changed.
     private mutating func mutate(
         _ key: String, _ appID: String, _ appUserID: String, partition: Int32, nowMs: Int64,
-        _ body: (inout EntitlementStateRecord, inout [EntitlementChangeEvent]) -> Bool
+        _ body: (inout EntitlementStateRecord, inout [EntitlementChangeEvent]) -> Void
     ) -> LedgerUpdate? {
         let index = users.index(forKey: key)
         var state = EntitlementStateRecord(appID: appID, appUserID: appUserID)
         // Taken out of the table while it changes, so that the table's copy does not make the
-        // journal copy itself (an update still being written may share it, and then it does).
+        // grants copy themselves.
         if let index { swap(&state, &users.values[index].state) }
-        // (Checked in debug builds: a body that changes the journal says so.)
-        var journalBefore: RequestJournal? = nil
-        assert(
-            {
-                journalBefore = state.journal
-                return true
-            }())
         let before = (
             grants: state.grants, sources: state.sources, access: state.access, updatedAtMs: state.updatedAtMs
         )
@@ -320,8 +387,7 @@ public struct EntitlementLedger: Sendable {
             changes.append(Self.change(.expired, state.grants[index], state: state, at: expiresAt))
         }
         let grantsExpired = !changes.isEmpty
-        let journalChanged = body(&state, &changes)
-        assert(journalChanged || journalBefore == state.journal, "a ledger update changed the journal unannounced")
+        body(&state, &changes)
         let answers = accessAnswers(state, nowMs: nowMs)
         for rule in catalog.accessRules {
             let answer = answers[rule.name] ?? (false, [])
@@ -341,9 +407,7 @@ public struct EntitlementLedger: Sendable {
         if state.access.contains(where: { name, _ in !catalog.accessRules.contains { $0.name == name } }) {
             state.access = state.access.filter { name, _ in catalog.accessRules.contains { $0.name == name } }
         }
-        guard
-            journalChanged || state.grants != before.grants || state.sources != before.sources
-                || state.access != before.access
+        guard state.grants != before.grants || state.sources != before.sources || state.access != before.access
         else {
             if let index { swap(&state, &users.values[index].state) }
             return nil
@@ -353,6 +417,8 @@ public struct EntitlementLedger: Sendable {
             changes[index].sequence = state.sequence
         }
         state.updatedAtMs = max(state.updatedAtMs, nowMs)
+        // An earlier version's journal in the state, rewritten with it until its entries age out.
+        if !state.journal.isEmpty { journal.prune(&state.journal, nowMs: nowMs) }
         if let index {
             users.values[index].state = state
             users.values[index].partition = partition

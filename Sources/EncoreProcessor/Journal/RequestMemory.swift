@@ -1,0 +1,287 @@
+import EncoreEvents
+
+/// One partition's remembered requests (journal v2): what deduplicates a re-sent request, finds a
+/// request an earlier process left open, and rebuilds a failure the processor decided.
+///
+/// Settled requests live in one flat table of fixed 48-byte entries (a 128-bit key, the content
+/// digest, the record's offset, the time, the attempts and result), found through an index of
+/// 32-bit positions: no string or JSON per entry. The few requests that need more (an open intent,
+/// a request in doubt, a decided failure with its error) are kept whole beside it.
+///
+/// Each user has a journal counter (`seq`); a request's records go to the user's slot `seq % cap`,
+/// so a new request replaces the one `cap` requests older, here as on the changelog. A request in
+/// flight or in doubt is never replaced: its user's lane is held, so no newer request of the user
+/// is journaled meanwhile. Entries untouched for longer than the retention go at ``prune(nowMs:)``.
+struct RequestMemory: Sendable {
+    /// A request's identity: two independent 64-bit hashes of its user key and request id.
+    struct Key: Hashable, Sendable {
+        var low: UInt64
+        var high: UInt64
+
+        init(userKey: String, requestID: String) {
+            var first = Hasher()
+            first.combine(userKey)
+            first.combine(requestID)
+            var second = Hasher()
+            second.combine(UInt8(0x5b))
+            second.combine(userKey)
+            second.combine(requestID)
+            low = UInt64(bitPattern: Int64(first.finalize()))
+            high = UInt64(bitPattern: Int64(second.finalize()))
+        }
+    }
+
+    /// A settled request: 48 bytes.
+    struct Settled: Sendable {
+        var key: Key
+        /// The content digest's 64 bits (`PurchaseRequestEvent.contentDigest`); 0: none journaled.
+        var digest: UInt64
+        /// The request record's offset; -1: not journaled.
+        var offset: Int64
+        var completedAtMs: Int64
+        /// The user's index in `users`; -1: an entry of an earlier journal version (no slot).
+        var user: Int32
+        /// Where the user's ring points at this entry (`seq % cap`).
+        var ringSlot: UInt16
+        /// Attempts (up to 4,095) in the low 12 bits, the result's index above them.
+        var attemptsAndResult: UInt16
+
+        var result: OutcomeResult { OutcomeResult.allCases[Int(attemptsAndResult >> 12)] }
+        var attempts: Int { Int(attemptsAndResult & 0xfff) }
+    }
+
+    /// What is kept whole: open intents, in-doubt requests, decided failures.
+    struct Detail: Sendable {
+        /// The journal counter of the request's slot; `nil` for an entry of an earlier journal
+        /// version (a new slot is taken when it is written again).
+        var seq: Int64?
+        var entry: EntitlementStateRecord.RequestEntry
+    }
+
+    private struct User: Sendable {
+        var key: String
+        var nextSeq: Int64 = 0
+        /// Settled entries' positions by slot (`seq % cap`); -1: empty. Grows up to `cap`.
+        var ring: [Int32] = []
+    }
+
+    let cap: Int
+    private var settled: [Settled] = []
+    /// Open addressing, linear probing: positions in `settled`, -1 empty; at most half full.
+    private var index: [Int32] = Array(repeating: -1, count: 16)
+    private var details: [Key: Detail] = [:]
+    private var users: [User] = []
+    private var userIDs: [String: Int32] = [:]
+    private var freeUsers: [Int32] = []
+
+    init(cap: Int) {
+        precondition((1...4096).contains(cap), "the per-user cap is 1 to 4,096")
+        self.cap = cap
+    }
+
+    /// Requests remembered (settled and whole).
+    var count: Int { settled.count + details.count }
+    var settledCount: Int { settled.count }
+
+    /// About how many bytes the table takes per remembered request (entries, index, users).
+    var bytesPerRequest: Double {
+        guard count > 0 else { return 0 }
+        let bytes =
+            settled.capacity * MemoryLayout<Settled>.stride + index.count * 4 + details.count * 256
+            + users.reduce(0) { $0 + 64 + $1.key.utf8.count + $1.ring.capacity * 4 }
+        return Double(bytes) / Double(count)
+    }
+
+    // MARK: Reading
+
+    /// The journal's entry for `requestID` of the user, if remembered.
+    func entry(userKey: String, requestID: String) -> EntitlementStateRecord.RequestEntry? {
+        entry(Key(userKey: userKey, requestID: requestID), requestID: requestID)
+    }
+
+    func entry(_ key: Key, requestID: String) -> EntitlementStateRecord.RequestEntry? {
+        if let detail = details[key] { return detail.entry }
+        guard let position = find(key) else { return nil }
+        let entry = settled[position]
+        return .init(
+            requestID: requestID, attempts: entry.attempts, startedAtMs: entry.completedAtMs, result: entry.result,
+            completedAtMs: entry.completedAtMs, offset: entry.offset >= 0 ? entry.offset : nil,
+            digest: entry.digest == 0 ? nil : Self.hex(entry.digest))
+    }
+
+    /// The journal counter of the request's open entry, if it has one.
+    func seq(of key: Key) -> Int64? { details[key]?.seq }
+
+    // MARK: Writing
+
+    /// Takes the user's next journal counter: its slot's older request is forgotten (its record
+    /// is replaced on the changelog by the one this counter writes).
+    mutating func allocate(userKey: String) -> Int64 {
+        let user = intern(userKey)
+        let seq = users[Int(user)].nextSeq
+        users[Int(user)].nextSeq += 1
+        let slot = Int(seq % Int64(cap))
+        if slot < users[Int(user)].ring.count, users[Int(user)].ring[slot] >= 0 {
+            remove(at: Int(users[Int(user)].ring[slot]))
+        }
+        return seq
+    }
+
+    /// Records a journal entry the processor wrote (or read back from the changelog) under `seq`.
+    mutating func record(userKey: String, seq: Int64?, _ entry: EntitlementStateRecord.RequestEntry) {
+        let key = Key(userKey: userKey, requestID: entry.requestID)
+        let needsDetail = entry.result == nil || entry.error != nil || entry.attempts > 0xfff
+        if let position = find(key) { remove(at: position) }
+        if needsDetail {
+            details[key] = Detail(seq: seq, entry: entry)
+        } else {
+            details[key] = nil
+        }
+        guard let result = entry.result else { return }
+        var user: Int32 = -1
+        var slot = 0
+        if let seq {
+            user = intern(userKey)
+            users[Int(user)].nextSeq = max(users[Int(user)].nextSeq, seq + 1)
+            slot = Int(seq % Int64(cap))
+            while users[Int(user)].ring.count <= slot { users[Int(user)].ring.append(-1) }
+            // (Read back: a later record of the slot replaces an earlier one.)
+            let occupant = users[Int(user)].ring[slot]
+            if occupant >= 0 { remove(at: Int(occupant)) }
+        }
+        let resultIndex = UInt16(OutcomeResult.allCases.firstIndex(of: result)!)
+        let position = Int32(settled.count)
+        settled.append(
+            Settled(
+                key: key, digest: entry.digest.flatMap { UInt64($0, radix: 16) } ?? 0, offset: entry.offset ?? -1,
+                completedAtMs: entry.completedAtMs ?? entry.startedAtMs, user: user, ringSlot: UInt16(slot),
+                attemptsAndResult: resultIndex << 12 | UInt16(min(entry.attempts, 0xfff))))
+        insertIntoIndex(position)
+        if user >= 0 { users[Int(user)].ring[slot] = position }
+    }
+
+    /// An entry of the journal kept in a state record by an earlier version: remembered unless a
+    /// newer record of the same request is (it is older than every journal record), with no slot.
+    mutating func recordLegacy(userKey: String, _ entry: EntitlementStateRecord.RequestEntry) {
+        let key = Key(userKey: userKey, requestID: entry.requestID)
+        guard details[key] == nil, find(key) == nil else { return }
+        record(userKey: userKey, seq: nil, entry)
+    }
+
+    /// Forgets what was last touched before `horizonMs` (the dedupe retention), and users with
+    /// nothing left. Whether it forgot anything.
+    @discardableResult
+    mutating func prune(untouchedBefore horizonMs: Int64) -> Bool {
+        let before = count
+        var position = settled.count - 1
+        while position >= 0 {
+            if settled[position].completedAtMs < horizonMs { remove(at: position) }
+            position -= 1
+        }
+        details = details.filter { $0.value.entry.lastTouchedMs >= horizonMs }
+        var live = Set<Int32>()
+        for entry in settled where entry.user >= 0 { live.insert(entry.user) }
+        for (id, user) in userIDs where !live.contains(user) {
+            userIDs[id] = nil
+            users[Int(user)] = User(key: "")
+            freeUsers.append(user)
+        }
+        return count < before
+    }
+
+    // MARK: Internals
+
+    private mutating func intern(_ userKey: String) -> Int32 {
+        if let user = userIDs[userKey] { return user }
+        let user: Int32
+        if let free = freeUsers.popLast() {
+            user = free
+            users[Int(free)] = User(key: userKey)
+        } else {
+            user = Int32(users.count)
+            users.append(User(key: userKey))
+        }
+        userIDs[userKey] = user
+        return user
+    }
+
+    private func home(_ key: Key) -> Int { Int(truncatingIfNeeded: key.low) & (index.count - 1) }
+
+    private func find(_ key: Key) -> Int? {
+        var bucket = home(key)
+        let mask = index.count - 1
+        while true {
+            let position = index[bucket]
+            if position < 0 { return nil }
+            if settled[Int(position)].key == key { return Int(position) }
+            bucket = (bucket + 1) & mask
+        }
+    }
+
+    /// The bucket holding `position`.
+    private func bucket(of position: Int) -> Int {
+        var bucket = home(settled[position].key)
+        let mask = index.count - 1
+        while index[bucket] != Int32(position) { bucket = (bucket + 1) & mask }
+        return bucket
+    }
+
+    private mutating func insertIntoIndex(_ position: Int32) {
+        if settled.count * 2 > index.count {
+            index = Array(repeating: -1, count: index.count * 2)
+            for existing in settled.indices where existing != Int(position) { place(Int32(existing)) }
+        }
+        place(position)
+    }
+
+    private mutating func place(_ position: Int32) {
+        var bucket = home(settled[Int(position)].key)
+        let mask = index.count - 1
+        while index[bucket] >= 0 { bucket = (bucket + 1) & mask }
+        index[bucket] = position
+    }
+
+    /// Removes the settled entry at `position` (and its whole copy): the last entry moves into its
+    /// place, and the index closes the gap by shifting back (no tombstones).
+    private mutating func remove(at position: Int) {
+        let removed = settled[position]
+        details[removed.key] = nil
+        if removed.user >= 0, Int(removed.ringSlot) < users[Int(removed.user)].ring.count,
+            users[Int(removed.user)].ring[Int(removed.ringSlot)] == Int32(position)
+        {
+            users[Int(removed.user)].ring[Int(removed.ringSlot)] = -1
+        }
+        let mask = index.count - 1
+        var gap = bucket(of: position)
+        var next = gap
+        while true {
+            next = (next + 1) & mask
+            let occupant = index[next]
+            if occupant < 0 { break }
+            let wanted = home(settled[Int(occupant)].key)
+            // An entry stays when its home lies cyclically in (gap, next].
+            let stays = gap <= next ? (gap < wanted && wanted <= next) : (gap < wanted || wanted <= next)
+            if stays { continue }
+            index[gap] = occupant
+            gap = next
+        }
+        index[gap] = -1
+        let last = settled.count - 1
+        if position != last {
+            let moved = settled[last]
+            index[bucket(of: last)] = Int32(position)
+            settled[position] = moved
+            if moved.user >= 0, Int(moved.ringSlot) < users[Int(moved.user)].ring.count,
+                users[Int(moved.user)].ring[Int(moved.ringSlot)] == Int32(last)
+            {
+                users[Int(moved.user)].ring[Int(moved.ringSlot)] = Int32(position)
+            }
+        }
+        settled.removeLast()
+    }
+
+    private static func hex(_ value: UInt64) -> String {
+        let digits = String(value, radix: 16)
+        return String(repeating: "0", count: 16 - digits.count) + digits
+    }
+}

@@ -1,0 +1,27 @@
+import EncoreEvents
+
+/// What a partition's changelog holds, read back in offset order: the latest state record of each
+/// user, and the request journal's records folded into a memory (a later record of a slot
+/// replaces the earlier one; entries past the retention are left out).
+struct RestoredPartition: Sendable {
+    var states: [String: EntitlementStateRecord] = [:]
+    var journal: RequestMemory
+    var journalRecords = 0
+
+    init(journalCap: Int) {
+        journal = RequestMemory(cap: journalCap)
+    }
+
+    /// Folds one changelog record: a journal entry (its key starts with `:`) or a user's state.
+    mutating func fold(key: [UInt8]?, value: [UInt8], horizonMs: Int64) throws(EventValidationError) {
+        if JournalRecord.isJournalKey(key) {
+            let record = try JournalRecord(jsonBytes: value)
+            journalRecords += 1
+            guard record.entry.lastTouchedMs >= horizonMs else { return }
+            journal.record(userKey: record.userKey, seq: record.seq, record.entry)
+        } else {
+            let state = try EntitlementStateRecord(jsonBytes: value)
+            states[state.key] = state
+        }
+    }
+}
