@@ -55,11 +55,23 @@ peer_row() { # broker bootstrap count extra-consumer-config
     "$(python3 -c "print(f'{${peer:-0}/$limit:.1%}')")" "-" "-" "$cpu" \
     "$(python3 -c "print(f'{${cpu:-0}/$3*1e6:.1f}')")" "-"
 }
+# The journaling Python peer (scripts/peer_journal.py: an acked intent record before the call,
+# then outcome and result record); sets journal_peer and prints its row.
+journal_peer_row() { # broker bootstrap count extra-consumer-config
+  local out
+  out=$(IN_TOPIC=bench.requests OUT_TOPIC=bench.peer-outcomes JOURNAL_TOPIC=bench.peer-journal GROUP=peer-journal \
+    CCONF="$4" python3 scripts/peer_journal.py "$2" "$3" 2>/dev/null | grep RESULT || true)
+  journal_peer=$(echo "$out" | grep -o ' rate=[0-9]*' | cut -d= -f2 || true)
+  local cpu; cpu=$(echo "$out" | grep -o 'client_cpu_s=[0-9.]*' | cut -d= -f2 || true)
+  row "$1" "Python peer with a journal (acked intent, result record)" "${journal_peer:-?}/s" \
+    "$(python3 -c "print(f'{${journal_peer:-0}/$limit:.1%}')")" "-" "-" "$cpu" \
+    "$(python3 -c "print(f'{${cpu:-0}/$3*1e6:.1f}')")" "-"
+}
 # A backlog row: throughput, ratio to limit.c and to the peer, CPU and RSS of one `bench` report.
 backlog_row() { # broker label report
   local rate; rate=$(echo "$3" | field 'd["throughput"]')
   row "$1" "$2" "$(printf %.0f "$rate")/s" \
-    "$(python3 -c "print(f'{$rate/$limit:.1%}' + (f', {$rate/${peer:-0}:.2f}x peer' if '${peer:-}' else ''))")" "-" "-" \
+    "$(python3 -c "print(f'{$rate/$limit:.1%}' + (f', {$rate/${peer:-0}:.2f}x peer' if '${peer:-}' else '') + (f', {$rate/${journal_peer:-0}:.2f}x journaling peer' if '${journal_peer:-}' else ''))")" "-" "-" \
     "$(echo "$3" | field 'd["cpu_s"]')" "$(echo "$3" | field 'd["cpu_us_per_request"]')" \
     "$(echo "$3" | field 'd["peak_rss_mb"]')"
 }
@@ -88,6 +100,7 @@ fresh_mock mock "$N_MOCK"
 limit=$(GROUP=limit-g IN_TOPIC=bench.requests OUT_TOPIC=bench.limit-outcomes PARTS=$PARTS_MOCK .build/limit run "$bs" "$N_MOCK" 2>/dev/null | limit_rate)
 row mock "limit.c consume→produce→commit" "$limit/s" "" "" "" "" "" ""
 peer_row mock "$bs" "$N_MOCK" ""
+journal_peer_row mock "$bs" "$N_MOCK" ""
 noop=$($B bench --bootstrap-servers "$bs" --prefilled-topic bench.requests --count "$N_MOCK" --partitions "$PARTS_MOCK" \
   $W --json)
 noop_rate=$(echo "$noop" | field 'd["throughput"]')
@@ -141,6 +154,7 @@ limit=$(GROUP=limit-g IN_TOPIC=bench.requests OUT_TOPIC=bench.limit-outcomes PAR
   CCONF=fetch.queue.backoff.ms=10 .build/limit run "127.0.0.1:$PORT" "$N_TANSU" 2>/dev/null | limit_rate)
 row tansu "limit.c consume→produce→commit" "$limit/s" "" "" "" "" "" ""
 peer_row tansu "127.0.0.1:$PORT" "$N_TANSU" "fetch.queue.backoff.ms=10"
+journal_peer_row tansu "127.0.0.1:$PORT" "$N_TANSU" "fetch.queue.backoff.ms=10"
 noop=$($B bench --bootstrap-servers "127.0.0.1:$PORT" --prefilled-topic bench.requests --count "$N_TANSU" \
   --partitions "$PARTS" $W --json)
 noop_rate=$(echo "$noop" | field 'd["throughput"]')

@@ -213,7 +213,7 @@ public struct EntitlementLedger: Sendable {
             let requestKey = RequestMemory.Key(userKey: key, requestID: requestID)
             let new = entry(memory.entry(requestKey, requestID: requestID))
             let seq = memory.seq(of: requestKey) ?? memory.allocate(userKey: key)
-            memory.record(userKey: key, seq: seq, new)
+            memory.record(requestKey, userKey: key, seq: seq, new)
             return JournalRecord(appID: appID, appUserID: appUserID, seq: seq, entry: new)
         }
     }

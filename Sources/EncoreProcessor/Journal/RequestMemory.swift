@@ -129,7 +129,11 @@ struct RequestMemory: Sendable {
 
     /// Records a journal entry the processor wrote (or read back from the changelog) under `seq`.
     mutating func record(userKey: String, seq: Int64?, _ entry: EntitlementStateRecord.RequestEntry) {
-        let key = Key(userKey: userKey, requestID: entry.requestID)
+        record(Key(userKey: userKey, requestID: entry.requestID), userKey: userKey, seq: seq, entry)
+    }
+
+    /// `key` must be the key of `userKey` and the entry's request id.
+    mutating func record(_ key: Key, userKey: String, seq: Int64?, _ entry: EntitlementStateRecord.RequestEntry) {
         let needsDetail = entry.result == nil || entry.error != nil || entry.attempts > 0xfff
         if let position = find(key) { remove(at: position) }
         if needsDetail {
@@ -165,7 +169,7 @@ struct RequestMemory: Sendable {
     mutating func recordLegacy(userKey: String, _ entry: EntitlementStateRecord.RequestEntry) {
         let key = Key(userKey: userKey, requestID: entry.requestID)
         guard details[key] == nil, find(key) == nil else { return }
-        record(userKey: userKey, seq: nil, entry)
+        record(key, userKey: userKey, seq: nil, entry)
     }
 
     /// Forgets what was last touched before `horizonMs` (the dedupe retention), and users with

@@ -1,0 +1,104 @@
+import EncoreEvents
+import Foundation
+import Testing
+
+@testable import EncoreProcessor
+
+/// The request journal's flat table against a plain model: what it remembers after many users'
+/// requests, slot replacements, retention and moves inside the table.
+@Suite("Request memory: the flat table of journal v2 (no Kafka)")
+struct RequestMemoryTests {
+    typealias Entry = EntitlementStateRecord.RequestEntry
+    static let t0: Int64 = 1_764_475_643_000
+
+    /// What a settled entry reads back as: its start is its completion (the table keeps one time).
+    static func readBack(_ entry: Entry) -> Entry {
+        var expected = entry
+        expected.startedAtMs = entry.completedAtMs ?? entry.startedAtMs
+        return expected
+    }
+
+    @Test("20,000 requests of 300 users, cap 3: exactly each user's last 3 are remembered, as journaled")
+    func matchesModel() {
+        var memory = RequestMemory(cap: 3)
+        var random = SplitMix64(seed: 29)
+        // Per user, the settled entries in journal order; every request id ever issued.
+        var model: [String: [Entry]] = [:]
+        var issued: [(user: String, id: String)] = []
+        for step in 0..<20_000 {
+            let user = "app:u\(random.next() % 300)"
+            let id = "req-\(step)"
+            issued.append((user, id))
+            let seq = memory.allocate(userKey: user)
+            let started = Self.t0 + Int64(step)
+            memory.record(userKey: user, seq: seq, Entry(requestID: id, attempts: 1, startedAtMs: started))
+            #expect(memory.entry(userKey: user, requestID: id)?.result == nil)
+            let results: [OutcomeResult] = [.purchased, .cancelled, .pending, .notAttempted]
+            let result = Entry(
+                requestID: id, attempts: Int(random.next() % 5), startedAtMs: started,
+                result: results[Int(random.next() % 4)], completedAtMs: started + 7,
+                offset: random.next() % 3 == 0 ? nil : Int64(step), digest: String(format: "%016llx", step + 1))
+            memory.record(userKey: user, seq: seq, result)
+            model[user, default: []].append(result)
+            if model[user]!.count > 3 { model[user]!.removeFirst() }
+        }
+        func check(_ label: String) {
+            var remembered = 0
+            for (user, id) in issued {
+                let expected = model[user]?.first { $0.requestID == id }
+                #expect(memory.entry(userKey: user, requestID: id) == expected.map(Self.readBack), "\(label) \(id)")
+                if expected != nil { remembered += 1 }
+            }
+            #expect(memory.count == remembered, "\(label)")
+        }
+        check("after the writes")
+        // Retention: everything completed before the horizon goes, the rest stays in place.
+        let horizon = Self.t0 + 12_000
+        memory.prune(untouchedBefore: horizon)
+        for user in model.keys { model[user]!.removeAll { $0.completedAtMs! < horizon } }
+        check("after the prune")
+        // The users left continue their counters: a new request replaces their oldest.
+        for user in model.keys where model[user]!.count == 3 {
+            let seq = memory.allocate(userKey: user)
+            model[user]!.removeFirst()
+            let entry = Entry(
+                requestID: "new-\(user)", attempts: 1, startedAtMs: Self.t0, result: .purchased,
+                completedAtMs: Self.t0 + 20_000)
+            memory.record(userKey: user, seq: seq, entry)
+            model[user]!.append(entry)
+            issued.append((user, "new-\(user)"))
+        }
+        check("after new requests")
+        #expect(memory.bytesPerRequest > 0 && MemoryLayout<RequestMemory.Settled>.stride == 48)
+    }
+
+    @Test("open intents, in-doubt marks and decided failures are kept whole; a legacy entry never hides a newer one")
+    func wholeEntries() {
+        var memory = RequestMemory(cap: 2)
+        let failure = PurchaseOutcomeEvent.Failure(type: "card_declined", message: "declined", retryable: false)
+        let failed = Entry(
+            requestID: "r0", attempts: 1, startedAtMs: Self.t0, result: .failed, completedAtMs: Self.t0 + 1,
+            error: failure, controller: "store", offset: 4, digest: "00000000000000aa")
+        memory.record(userKey: "app:u", seq: memory.allocate(userKey: "app:u"), failed)
+        #expect(memory.entry(userKey: "app:u", requestID: "r0") == failed)
+        let inDoubt = Entry(requestID: "r1", attempts: 4, startedAtMs: Self.t0, offset: 5, inDoubtSinceMs: Self.t0 + 9)
+        let seq = memory.allocate(userKey: "app:u")
+        memory.record(userKey: "app:u", seq: seq, inDoubt)
+        #expect(
+            memory.entry(userKey: "app:u", requestID: "r1") == inDoubt
+                && memory.seq(of: .init(userKey: "app:u", requestID: "r1")) == seq)
+        // An earlier version's entry for r1 does not replace the newer one; one for r9 is taken.
+        memory.recordLegacy(userKey: "app:u", Entry(requestID: "r1", attempts: 1, startedAtMs: Self.t0))
+        memory.recordLegacy(
+            userKey: "app:u",
+            Entry(requestID: "r9", attempts: 1, startedAtMs: Self.t0, result: .cancelled, completedAtMs: Self.t0))
+        #expect(memory.entry(userKey: "app:u", requestID: "r1") == inDoubt)
+        #expect(memory.entry(userKey: "app:u", requestID: "r9")?.result == .cancelled)
+        // The third request takes r0's slot: r0 and its error are forgotten; the intent stays.
+        memory.record(
+            userKey: "app:u", seq: memory.allocate(userKey: "app:u"),
+            Entry(requestID: "r2", attempts: 1, startedAtMs: Self.t0, result: .purchased, completedAtMs: Self.t0))
+        #expect(memory.entry(userKey: "app:u", requestID: "r0") == nil)
+        #expect(memory.entry(userKey: "app:u", requestID: "r1") == inDoubt)
+    }
+}
