@@ -189,6 +189,25 @@ if [ "$N_BACKLOG" -gt 0 ]; then
     "$(echo "$long" | field 'd["cpu_us_per_request"]')" "$(echo "$long" | field 'd["peak_rss_mb"]')"
 fi
 
+# Scale-out: 1, 2 and 3 instances in one group on Tansu, 12 partitions (scripts/scale_bench.py):
+# the aggregate rate once all work, and the pause of the rebalance the last one's join causes.
+# SCALE=0 leaves it out.
+if [ "${SCALE:-1}" != 0 ]; then
+  while read -r line; do
+    [ -n "$line" ] || continue
+    n=$(echo "$line" | field 'd["instances"]')
+    if echo "$line" | grep -q '"error"'; then
+      row tansu "scale-out: $n instances, 12 partitions" "?" "$(echo "$line" | field 'd["error"]')" "-" "-" "-" "-" "-"
+      continue
+    fi
+    rate=$(echo "$line" | field 'd["throughput"]')
+    row tansu "scale-out: $n instances, 12 partitions" "$rate/s" \
+      "$(python3 -c "print(f'{$rate/$limit:.1%}, pause {$(echo "$line" | field 'd["pause_ms"]')} ms')")" "-" "-" "-" \
+      "$(echo "$line" | field 'd["cpu_us"]')" "-"
+  done < <(env ${JEMALLOC:+LD_PRELOAD=$JEMALLOC} python3 scripts/scale_bench.py --binary .build/release/encore-processor \
+    --limit .build/limit --bootstrap-servers "127.0.0.1:$PORT" --count "$N_TANSU" --workers "$WORKERS" || true)
+fi
+
 echo "(p50/p99: end-to-end latency under a steady offered load, the processor to its outcome acknowledged, the peer to its outcome read; backlog runs have none to report)"
 printf '%-8s %-52s %14s %22s %9s %9s %9s %9s %9s\n' broker scenario throughput ratio "p50 ms" "p99 ms" "CPU s" \
   "CPU µs/r" "RSS MB"

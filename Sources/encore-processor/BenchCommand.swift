@@ -106,6 +106,12 @@ enum BenchCommand {
             ("users", "\(benchmark.users)"), ("journal per user", "\(benchmark.journalPerUserCap)"),
             ("throughput", String(format: "%.0f/s", report.throughput)),
             ("cpu", String(format: "%.2f s, %.1f µs per request", report.cpuSeconds, report.cpuMicrosecondsPerRequest)),
+            (
+                "journal",
+                String(
+                    format: "%d requests remembered, %.1f bytes each", report.rememberedRequests,
+                    report.journalBytesPerRequest)
+            ),
         ]
         if options.flag("json") {
             let json: [String: Any] = [
@@ -114,6 +120,8 @@ enum BenchCommand {
                 "dedupe_per_user": benchmark.journalPerUserCap, "elapsed_s": report.elapsedSeconds,
                 "throughput": report.throughput, "cpu_s": report.cpuSeconds,
                 "cpu_us_per_request": report.cpuMicrosecondsPerRequest,
+                "remembered_requests": report.rememberedRequests,
+                "journal_bytes_per_request": report.journalBytesPerRequest,
             ]
             let data = try JSONSerialization.data(withJSONObject: json, options: [.sortedKeys])
             print(String(decoding: data, as: UTF8.self))

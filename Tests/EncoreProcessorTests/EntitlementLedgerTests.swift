@@ -53,7 +53,7 @@ struct EntitlementLedgerTests {
     func purchasedTrial() throws {
         var ledger = try Story.ledger()
         let update = try required(
-            ledger.apply(
+            ledger.applied(
                 outcome: Story.outcome("u1", "trial", .purchased, at: Story.start), entitlement: Story.trial,
                 campaignID: "cmp", offerID: "offer", partition: 3))
         #expect(update.changes.map(summary) == ["granted freeTrial verified active #1"])
@@ -64,7 +64,7 @@ struct EntitlementLedgerTests {
         #expect(update.partition == 3 && update.state.sequence == 1)
         // The same grant again: nothing observable, no state to write.
         #expect(
-            ledger.apply(
+            ledger.applied(
                 outcome: Story.outcome("u1", "trial", .purchased, at: Story.start + 5), entitlement: Story.trial,
                 partition: 3) == nil)
     }
@@ -73,17 +73,17 @@ struct EntitlementLedgerTests {
     func pendingThenPurchased() throws {
         var ledger = try Story.ledger()
         let pending = try required(
-            ledger.apply(
+            ledger.applied(
                 outcome: Story.outcome("u1", "trial", .pending, at: Story.start), entitlement: Story.trial,
                 partition: 0))
         #expect(pending.changes.map(summary) == ["granted freeTrial provisional active #1"])
         // Pending again: nothing new.
         #expect(
-            ledger.apply(
+            ledger.applied(
                 outcome: Story.outcome("u1", "trial", .pending, at: Story.start + 1), entitlement: Story.trial,
                 partition: 0) == nil)
         let verified = try required(
-            ledger.apply(
+            ledger.applied(
                 outcome: Story.outcome("u1", "trial", .purchased, at: Story.start + Story.day),
                 entitlement: Story.trial, partition: 0))
         #expect(verified.changes.map(summary) == ["verified freeTrial verified active #2"])
@@ -94,11 +94,11 @@ struct EntitlementLedgerTests {
     @Test("a purchased outcome for the pending request verifies it even under another product id")
     func verifiedBySameRequest() throws {
         var ledger = try Story.ledger()
-        _ = ledger.apply(
+        _ = ledger.applied(
             outcome: Story.outcome("u1", "trial", .pending, at: Story.start, request: "r1"), entitlement: Story.trial,
             partition: 0)
         let update = try required(
-            ledger.apply(
+            ledger.applied(
                 outcome: Story.outcome("u1", "trial.v2", .purchased, at: Story.start + 1, request: "r1"),
                 entitlement: Story.trial, partition: 0))
         #expect(update.changes.map(summary) == ["verified freeTrial verified active #2"])
@@ -112,13 +112,13 @@ struct EntitlementLedgerTests {
     func noGrant(_ result: OutcomeResult) throws {
         var ledger = try Story.ledger()
         #expect(
-            ledger.apply(
+            ledger.applied(
                 outcome: Story.outcome("u1", "trial", result, at: Story.start), entitlement: Story.trial,
                 partition: 0) == nil)
-        _ = ledger.apply(
+        _ = ledger.applied(
             outcome: Story.outcome("u1", "trial", .purchased, at: Story.start), entitlement: Story.trial, partition: 0)
         #expect(
-            ledger.apply(
+            ledger.applied(
                 outcome: Story.outcome("u1", "trial", result, at: Story.start + 1), entitlement: Story.trial,
                 partition: 0) == nil)
         #expect(ledger.state(ofUser: "app:u1")?.grants.first?.isActive == true)
@@ -142,25 +142,25 @@ struct EntitlementLedgerTests {
 
         var ledger = EntitlementLedger(catalog: catalog)
         let discount = try required(
-            ledger.apply(
+            ledger.applied(
                 outcome: Story.outcome("u1", "rc_monthly", .purchased, at: Story.start), entitlement: nil, partition: 0)
         )
         // Discounts and credits carry their value and do not expire.
         #expect(discount.changes.first?.entitlement?.value == 20 && discount.changes.first?.expiresAtMs == nil)
         // The request's own entitlement wins over the catalog.
         let offered = try required(
-            ledger.apply(
+            ledger.applied(
                 outcome: Story.outcome("u2", "rc_monthly", .purchased, at: Story.start), entitlement: Story.trial,
                 partition: 0))
         #expect(offered.changes.first?.entitlement == Story.trial)
         // Neither the request nor the catalog names an entitlement: nothing to grant.
         #expect(
-            ledger.apply(
+            ledger.applied(
                 outcome: Story.outcome("u3", "sk_x", .purchased, at: Story.start), entitlement: nil, partition: 0)
                 == nil)
         // Months are calendar months (UTC).
         let month = try required(
-            ledger.apply(
+            ledger.applied(
                 outcome: Story.outcome("u4", "rc_trial_a", .purchased, at: Story.start), entitlement: nil, partition: 0)
         )
         #expect(month.changes.first?.expiresAtMs == Story.start + 31 * Story.day)
@@ -197,7 +197,7 @@ struct EntitlementLedgerTests {
     @Test("a trial expires once, when its time passes")
     func expiry() throws {
         var ledger = try Story.ledger()
-        _ = ledger.apply(
+        _ = ledger.applied(
             outcome: Story.outcome("u1", "trial", .purchased, at: Story.start), entitlement: Story.trial, partition: 0)
         let expiresAt = Story.start + 7 * Story.day
         #expect(ledger.nextExpiryMs == expiresAt)
@@ -208,7 +208,7 @@ struct EntitlementLedgerTests {
         #expect(ledger.expire(nowMs: expiresAt + 10_000).isEmpty)
         // After it expired, buying again grants anew.
         let again = try required(
-            ledger.apply(
+            ledger.applied(
                 outcome: Story.outcome("u1", "trial", .purchased, at: expiresAt + 20_000), entitlement: Story.trial,
                 partition: 0))
         #expect(again.changes.map(summary) == ["granted freeTrial verified active #3"])
@@ -218,7 +218,7 @@ struct EntitlementLedgerTests {
     func expiryAcrossRestart() throws {
         var before = try Story.ledger(rules: ["pro = encore:freeTrial"])
         let granted = try required(
-            before.apply(
+            before.applied(
                 outcome: Story.outcome("u1", "trial", .purchased, at: Story.start), entitlement: Story.trial,
                 partition: 2))
         #expect(
@@ -252,7 +252,7 @@ struct EntitlementLedgerTests {
         #expect(sources.map(\.isActive) == [true, false, false])
         // An Encore trial on top: the grant is a change, the access answer does not flip.
         let trial = try required(
-            ledger.apply(
+            ledger.applied(
                 outcome: Story.outcome("u1", "trial", .purchased, at: Story.start + 1000), entitlement: Story.trial,
                 partition: 0))
         #expect(trial.changes.map(summary) == ["granted freeTrial verified active #2"])
@@ -310,13 +310,13 @@ struct EntitlementLedgerTests {
     func scopes() throws {
         var ledger = try Story.ledger(rules: ["all = encore:*", "paid = encore:freeTrial@verified"])
         let pending = try required(
-            ledger.apply(
+            ledger.applied(
                 outcome: Story.outcome("u1", "trial", .pending, at: Story.start), entitlement: Story.trial,
                 partition: 0))
         #expect(
             pending.changes.map(summary) == ["granted freeTrial provisional active #1", "granted access:all active #2"])
         let purchased = try required(
-            ledger.apply(
+            ledger.applied(
                 outcome: Story.outcome("u1", "trial", .purchased, at: Story.start + 1), entitlement: Story.trial,
                 partition: 0))
         #expect(
@@ -328,8 +328,8 @@ struct EntitlementLedgerTests {
     @Test("users of revoked partitions are forgotten")
     func handOver() throws {
         var ledger = try Story.ledger()
-        _ = ledger.apply(outcome: Story.outcome("u1", "t", .purchased, at: 1), entitlement: Story.trial, partition: 0)
-        _ = ledger.apply(outcome: Story.outcome("u2", "t", .purchased, at: 1), entitlement: Story.trial, partition: 1)
+        _ = ledger.applied(outcome: Story.outcome("u1", "t", .purchased, at: 1), entitlement: Story.trial, partition: 0)
+        _ = ledger.applied(outcome: Story.outcome("u2", "t", .purchased, at: 1), entitlement: Story.trial, partition: 1)
         ledger.remove(partitions: [0])
         #expect(ledger.state(ofUser: "app:u1") == nil && ledger.state(ofUser: "app:u2") != nil)
         #expect(ledger.userCount == 1)
@@ -360,5 +360,18 @@ struct ExpiryQueueTests {
         #expect(ledger.expire(nowMs: 60_000).isEmpty)
         #expect(ledger.nextExpiryMs == nil && ledger.pendingExpiries == 0)
         #expect(ledger.expire(nowMs: 70_000).isEmpty)
+    }
+}
+
+extension EntitlementLedger {
+    /// What the processor does with an outcome (``complete(_:entitlement:campaignID:offerID:partition:grants:)``),
+    /// as the update that changes the user's state; `nil` when the state does not change.
+    mutating func applied(
+        outcome: PurchaseOutcomeEvent, entitlement: Entitlement?, campaignID: String? = nil, offerID: String? = nil,
+        partition: Int32
+    ) -> LedgerUpdate? {
+        let update = complete(
+            outcome, entitlement: entitlement, campaignID: campaignID, offerID: offerID, partition: partition)
+        return update.writesState ? update : nil
     }
 }

@@ -219,7 +219,7 @@ public struct EntitlementLedger: Sendable {
     }
 
     /// Records a request's outcome: its result in the journal and, with `grants`, what it grants
-    /// (as ``apply(outcome:entitlement:campaignID:offerID:partition:)``).
+    /// (rules above).
     public mutating func complete(
         _ outcome: PurchaseOutcomeEvent, entitlement offered: Entitlement?, campaignID: String? = nil,
         offerID: String? = nil, partition: Int32, grants: Bool = true
@@ -264,37 +264,6 @@ public struct EntitlementLedger: Sendable {
     }
 
     // MARK: Rules
-
-    /// Applies a purchase outcome. `nil` when the user's state does not change.
-    public mutating func apply(
-        outcome: PurchaseOutcomeEvent, entitlement offered: Entitlement?, campaignID: String? = nil,
-        offerID: String? = nil, partition: Int32
-    ) -> LedgerUpdate? {
-        let status: EntitlementStatus
-        switch outcome.result {
-        case .purchased: status = .verified
-        case .pending: status = .provisional
-        case .cancelled, .failed, .notAttempted: return nil
-        }
-        guard let entitlement = offered ?? catalog.entitlement(for: outcome.productID) else { return nil }
-        let now = outcome.completedAtMs
-        let key = outcome.key
-        // The common case: the same grant again, nothing due to expire. Nothing to build.
-        if let held = users[key]?.state,
-            held.grants.contains(where: {
-                $0.isActive && $0.productID == outcome.productID && $0.entitlement == entitlement
-                    && ($0.status == .verified || status == .provisional)
-            }),
-            !held.grants.contains(where: { $0.isActive && ($0.expiresAtMs.map { $0 <= now } ?? false) })
-        {
-            return nil
-        }
-        return mutate(key, outcome.appID, outcome.appUserID, partition: partition, nowMs: now) { state, changes in
-            Self.grant(
-                outcome, entitlement, status: status, campaignID: campaignID, offerID: offerID, to: &state,
-                changes: &changes)
-        }
-    }
 
     /// What `outcome` grants, applied to `state` (a pending or completed purchase).
     private static func grant(

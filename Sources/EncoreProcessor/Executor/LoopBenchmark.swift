@@ -25,6 +25,9 @@ public enum LoopBenchmark {
         /// CPU of the whole process over the run (the loop, the decoding, the acknowledging thread).
         public let cpuSeconds: Double
         public let elapsedSeconds: Double
+        /// Requests the journal remembers at the end, and about how many bytes each takes.
+        public let rememberedRequests: Int
+        public let journalBytesPerRequest: Double
 
         public var cpuMicrosecondsPerRequest: Double { cpuSeconds / Double(max(1, processed)) * 1e6 }
         public var throughput: Double { Double(processed) / max(elapsedSeconds, 1e-9) }
@@ -46,8 +49,10 @@ public enum LoopBenchmark {
         let loop = ProcessorLoop(
             configuration: configuration, router: router, recorder: recorder, consumer: NoConsumer(),
             producer: producer, inbox: inbox, admission: admission, logger: Logger(label: "encore.bench"))
+        // The loop lives in this task; what its journal remembers is read there at the end.
         let pump = Task { [loop] in
             while !loop.isFinished { loop.handle(await inbox.next()) }
+            return loop.ledger.journalFigures
         }
         let ticker = Task {
             while !Task.isCancelled {
@@ -94,13 +99,14 @@ public enum LoopBenchmark {
         let elapsed = ContinuousClock.now - started
         let cpu = processCPUSeconds() - cpuBefore
         inbox.post(.shutdown)
-        await pump.value
+        let journal = await pump.value
         ticker.cancel()
         producer.stop()
         let statistics = recorder.snapshot
         return Report(
             processed: statistics.finished, outcomes: statistics.outcomes.values.reduce(0, +), cpuSeconds: cpu,
-            elapsedSeconds: Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
+            elapsedSeconds: Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18,
+            rememberedRequests: journal.requests, journalBytesPerRequest: journal.bytesPerRequest)
     }
 
     static func processCPUSeconds() -> Double {
