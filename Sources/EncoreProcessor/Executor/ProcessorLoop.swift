@@ -27,7 +27,7 @@ final class ProcessorLoop {
     var ownership: PartitionOwnership<PartitionHandOver>
     var scheduler: LaneScheduler<WorkItem, UserLane>
     var calls: CallTable<WorkItem>
-    /// Items whose intent is durable, waiting for a call slot (`maxInFlight` calls at once).
+    /// Items whose intent is durable, waiting for a call slot (``CallTable/hasFreeSlot``).
     var waitingForSlot = FIFO<WorkItem>()
     /// Calls a controller answered without suspending (``PurchaseController/immediateAnswer(to:)``),
     /// handled after the input, or the batch's hand-over and drain checks, that launched them.
@@ -93,11 +93,13 @@ final class ProcessorLoop {
         self.producer = producer
         self.inbox = inbox
         self.logger = logger
-        // Lanes bound the requests being processed (one per user); `maxInFlight` bounds the calls
-        // among them (``startCall(_:)``), so a request waiting for its intent holds no call slot.
-        scheduler = LaneScheduler(maxInFlight: max(configuration.maxInFlight, configuration.bufferCapacity))
+        // Lanes keep one request per user running; the records held (`--buffer-size`, admitted by
+        // the consumer's reader) bound how many. The call table owns the call bound
+        // (`maxInFlight`), so a request waiting for its intent holds no call slot.
+        scheduler = LaneScheduler(maxInFlight: configuration.bufferCapacity)
         calls = CallTable(
-            timeout: configuration.callTimeout, retry: configuration.retry, reconcile: configuration.reconciliation)
+            timeout: configuration.callTimeout, retry: configuration.retry, reconcile: configuration.reconciliation,
+            limit: configuration.maxInFlight)
         ownership = PartitionOwnership(
             reportInterval: configuration.drainTimeout, stuckAfter: configuration.stuckCallLimit)
         self.admission = admission

@@ -170,7 +170,7 @@ extension ProcessorLoop {
         }
         let isRecovery = item.firstAttempt > 1
         // A takeover's hold takes no slot while it lasts.
-        guard calls.count < configuration.maxInFlight || item.takeoverHold.map({ $0 > now }) == true else {
+        guard calls.hasFreeSlot || item.takeoverHold.map({ $0 > now }) == true else {
             waitingForSlot.append(item)
             return
         }
@@ -184,7 +184,7 @@ extension ProcessorLoop {
 
     /// A call left the table: the items waiting for a slot start, up to the bound.
     func startWaitingCalls() {
-        while calls.count < configuration.maxInFlight, let item = waitingForSlot.popFirst() { startCall(item) }
+        while calls.hasFreeSlot, let item = waitingForSlot.popFirst() { startCall(item) }
     }
 
     /// A failed call (or one that cannot be made): journaled first, published once that is

@@ -106,6 +106,9 @@ struct CallTable<Item> {
     let timeout: Duration
     let retry: RetryPolicy
     let reconcile: ReconcilePolicy
+    /// The call bound (`--max-in-flight`, this worker's share): the one place it is kept. Calls
+    /// holding a slot never exceed it; the loop starts a call only when ``hasFreeSlot``.
+    let limit: Int
     private(set) var calls: [Int: Call] = [:]
     private var nextID = 0
     /// Running attempts by deadline; with one timeout for all, launch order is deadline order.
@@ -116,7 +119,9 @@ struct CallTable<Item> {
     /// Calls in doubt (waiting or asking).
     private(set) var inDoubtCount = 0
 
-    init(timeout: Duration, retry: RetryPolicy, reconcile: ReconcilePolicy = ReconcilePolicy()) {
+    init(timeout: Duration, retry: RetryPolicy, reconcile: ReconcilePolicy = ReconcilePolicy(), limit: Int = .max) {
+        precondition(limit > 0)
+        self.limit = limit
         self.timeout = timeout
         self.retry = retry
         self.reconcile = reconcile
@@ -125,6 +130,8 @@ struct CallTable<Item> {
     var isEmpty: Bool { calls.isEmpty }
     /// Calls holding a slot: running, cancelling, journaling or backing off to retry.
     var count: Int { calls.count - idleCount }
+    /// Whether a call may start now without passing the bound.
+    var hasFreeSlot: Bool { count < limit }
 
     /// Starts a call for `item`, whose record belongs to `partition`, with attempt number
     /// `attempt` (more than 1 when an earlier process started the request). Its intent is durable,
