@@ -168,12 +168,9 @@ final class LoopHarness: Sendable {
                 configuration: configuration, router: router, recorder: recorder, consumer: consumer,
                 producer: producer, inbox: inbox, admission: admission, logger: Logger(label: "test.loop"),
                 committer: committer)
-            while !loop.isFinished { loop.handle(await inbox.next()) }
-            finishedFlag.set()
-            loop.cancelRemainingCalls()
-            // As a processor's worker ends: the commit in flight returns, an open transaction aborts.
-            await loop.commitTask?.value
-            await loop.abortOpenTransaction()
+            // The driver of production: as a processor's worker ends, the commit in flight
+            // returns and an open transaction aborts.
+            await loop.run(stopped: { finishedFlag.set() })
             endedFlag.set()
             return loop.failure
         }

@@ -51,7 +51,7 @@ public enum LoopBenchmark {
             producer: producer, inbox: inbox, admission: admission, logger: Logger(label: "encore.bench"))
         // The loop lives in this task; what its journal remembers is read there at the end.
         let pump = Task { [loop] in
-            while !loop.isFinished { loop.handle(await inbox.next()) }
+            await loop.run()
             return loop.ledger.journalFigures
         }
         let ticker = Task {

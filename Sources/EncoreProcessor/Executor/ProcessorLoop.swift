@@ -109,6 +109,21 @@ final class ProcessorLoop {
         nextJournalPrune = ContinuousClock.now.advanced(by: .seconds(60))
     }
 
+    /// The one driver of a loop, in production, the tests and `bench --no-kafka`: handles its
+    /// inbox until the loop ends, then ends it as every worker ends: calls still running are
+    /// cancelled, the outputs handed over reach the producer, the commit in flight returns, and an
+    /// open transaction aborts. `stopped` runs as soon as the loop stops handling inputs, and
+    /// `beforeAbort` before the transaction's abort (which may wait on the broker).
+    func run(stopped: () -> Void = {}, beforeAbort: () -> Void = {}) async {
+        while !isFinished { handle(await inbox.next()) }
+        stopped()
+        cancelRemainingCalls()
+        await waitForOutputs()
+        await commitTask?.value
+        beforeAbort()
+        await abortOpenTransaction()
+    }
+
     /// Handles a batch of inputs; while draining, checks whether everything is done.
     func handle(_ batch: [ProcessorInput]) {
         for event in batch {

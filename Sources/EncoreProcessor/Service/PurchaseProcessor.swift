@@ -137,16 +137,13 @@ public final class PurchaseProcessor: Sendable {
                         producer: clients.producer(of: index), inbox: worker.inbox, admission: admission,
                         logger: logger, committer: committers?[index])
                     await withTaskCancellationHandler {
-                        while !loop.isFinished { loop.handle(await worker.inbox.next()) }
+                        await loop.run(beforeAbort: {
+                            // The others stop now, not after this worker's abort (it may wait on the broker).
+                            if loop.failure != nil { for inbox in inboxes { inbox.post(.shutdown) } }
+                        })
                     } onCancel: {
                         worker.inbox.post(.shutdown)
                     }
-                    loop.cancelRemainingCalls()
-                    await loop.waitForOutputs()
-                    await loop.commitTask?.value
-                    // The others stop now, not after this worker's abort (it may wait on the broker).
-                    if loop.failure != nil { for inbox in inboxes { inbox.post(.shutdown) } }
-                    await loop.abortOpenTransaction()
                     return (loop.failure, loop.finalCommitOffsets)
                 }
             }
