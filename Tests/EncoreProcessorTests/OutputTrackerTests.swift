@@ -103,6 +103,62 @@ struct OutputTrackerTests {
         #expect(done(acknowledge(alone, in: &tracker)) == ["req-2"])
     }
 
+    func journaled(_ seq: Int64, _ id: String, result: OutcomeResult?) -> JournalRecord {
+        JournalRecord(
+            appID: "app", appUserID: "u", seq: seq,
+            entry: .init(requestID: id, attempts: 1, startedAtMs: 1, result: result, completedAtMs: result.map { _ in 2 }))
+    }
+
+    func journal(_ sent: [(token: UInt, output: UnsentOutput)]) -> [String] {
+        sent.map { entry in
+            switch entry.output {
+            case .journal(let record, _): "\(record.entry.requestID):\(record.entry.result?.rawValue ?? "intent")"
+            case .state(let state, _): "state \(state.sequence)"
+            default: "other"
+            }
+        }
+    }
+
+    @Test(
+        "journal v2: a result that changed the state writes the state, then its journal record; the record is done only when both are acknowledged"
+    )
+    func stateThenJournalRecord() {
+        var tracker = OutputTracker<String>()
+        var result = update(user: "u", sequences: [3])
+        result.journal = journaled(0, "req-0", result: .purchased)
+        tracker.publish(
+            result, for: ref(0), item: "req-0",
+            alongside: [(.outcome(.purchased, requestedAtMs: 0), outcome(0, user: "u"))], result: "req-0")
+        _ = acknowledge(tracker.takeUnsent(), in: &tracker)
+        // The next request's intent is ready at once: one write, the state first.
+        var intent = update(user: "u", sequences: [])
+        intent.writesState = false
+        intent.journal = journaled(1, "req-1", result: nil)
+        tracker.publish(intent, for: nil, intent: "req-1")
+        let written = tracker.takeUnsent()
+        #expect(journal(written) == ["state 3", "req-0:purchased", "req-1:intent"])
+        // The state and the result acknowledged, not yet the intent: nothing finishes.
+        var events = acknowledge(Array(written.prefix(2)), in: &tracker)
+        #expect(done(events).isEmpty && !events.contains { if case .intentWritten = $0 { true } else { false } })
+        events = acknowledge(Array(written.suffix(1)), in: &tracker)
+        #expect(done(events) == ["req-0"])
+        #expect(events.compactMap { if case .intentWritten(let item) = $0 { item } else { nil } } == ["req-1"])
+        #expect(!tracker.hasStateUpdates && tracker.pendingRecords == 0)
+        // An update that changes nothing but the journal writes its record alone; two records of
+        // one slot in a write (a retry's intent over the first) write the last only.
+        var first = update(user: "u", sequences: [])
+        first.writesState = false
+        first.journal = journaled(1, "req-1", result: nil)
+        var again = first
+        again.journal!.entry.attempts = 2
+        tracker.publish(first, for: nil, intent: "a")
+        tracker.publish(again, for: nil, intent: "b")
+        let retried = tracker.takeUnsent()
+        #expect(journal(retried) == ["req-1:intent"])
+        guard case .journal(let record, _) = retried.first?.output else { return }
+        #expect(record.entry.attempts == 2)
+    }
+
     @Test("without shared records (exactly-once) each ready update is written alone, at once")
     func unsharedRecords() {
         var tracker = OutputTracker<String>(sharesRecords: false)

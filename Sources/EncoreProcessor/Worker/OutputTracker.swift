@@ -326,9 +326,8 @@ struct OutputTracker<Item> {
             writesState = writesState || later.writesState
             if let record = later.journal {
                 // A later record of the same slot replaces the earlier one: only the last is written.
-                if let same = journal.lastIndex(where: { $0.seq == record.seq && $0.userKey == record.userKey }) {
-                    journal.remove(at: same)
-                }
+                // (Updates of one user: the same seq is the same slot.)
+                if let same = journal.lastIndex(where: { $0.seq == record.seq }) { journal.remove(at: same) }
                 journal.append(record)
             }
             covering += 1
