@@ -171,6 +171,13 @@ half=$(python3 -c "print(int($noop_rate/2))")
 steady=$($B bench --bootstrap-servers "127.0.0.1:$PORT" --count $((half * 10)) --partitions "$PARTS" --rate "$half" $W \
   --json)
 steady_row tansu "processor at $half/s offered, at-least-once" "$steady"
+# The broker's own tail at that rate on Tansu: the Python peer under the same steady load.
+peer_steady=$(python3 scripts/peer_latency.py --binary .build/release/encore-processor --peer "$PEER_PY" \
+  --bootstrap-servers "127.0.0.1:$PORT" --rate "$half" --count $((half * 10)) 2>/dev/null || true)
+[ -n "$peer_steady" ] || peer_steady='{}'
+row tansu "Python peer at $half/s offered (the broker's own)" "$(echo "$peer_steady" | field 'd.get("answered", "?")') answered" "" \
+  "$(echo "$peer_steady" | field 'd.get("visible_ms", {}).get("p50", "?")')" \
+  "$(echo "$peer_steady" | field 'd.get("visible_ms", {}).get("p99", "?")')" "-" "-" "-"
 # Exactly-once is not measured on Tansu: its read_committed consumers stall (see README).
 
 # Memory with a long backlog, default settings: about 100 requests per user (limit.c's 10,000

@@ -106,7 +106,8 @@ struct OutputTrackerTests {
     func journaled(_ seq: Int64, _ id: String, result: OutcomeResult?) -> JournalRecord {
         JournalRecord(
             appID: "app", appUserID: "u", seq: seq,
-            entry: .init(requestID: id, attempts: 1, startedAtMs: 1, result: result, completedAtMs: result.map { _ in 2 }))
+            entry: .init(
+                requestID: id, attempts: 1, startedAtMs: 1, result: result, completedAtMs: result.map { _ in 2 }))
     }
 
     func journal(_ sent: [(token: UInt, output: UnsentOutput)]) -> [String] {
@@ -131,7 +132,9 @@ struct OutputTrackerTests {
             alongside: [(.outcome(.purchased, requestedAtMs: 0), outcome(0, user: "u"))], result: "req-0")
         _ = acknowledge(tracker.takeUnsent(), in: &tracker)
         // The next request's intent is ready at once: one write, the state first.
-        var intent = update(user: "u", sequences: [])
+        // (The intent's state is the user's latest: it holds the result's grant.)
+        var intent = update(user: "u", sequences: [3])
+        intent.changes = []
         intent.writesState = false
         intent.journal = journaled(1, "req-1", result: nil)
         tracker.publish(intent, for: nil, intent: "req-1")
@@ -144,19 +147,26 @@ struct OutputTrackerTests {
         #expect(done(events) == ["req-0"])
         #expect(events.compactMap { if case .intentWritten(let item) = $0 { item } else { nil } } == ["req-1"])
         #expect(!tracker.hasStateUpdates && tracker.pendingRecords == 0)
-        // An update that changes nothing but the journal writes its record alone; two records of
-        // one slot in a write (a retry's intent over the first) write the last only.
-        var first = update(user: "u", sequences: [])
-        first.writesState = false
-        first.journal = journaled(1, "req-1", result: nil)
-        var again = first
+        // Two records of one slot ready together write the last only, and finish both updates.
+        var settled = update(user: "u", sequences: [])
+        settled.writesState = false
+        settled.journal = journaled(2, "req-2", result: .failed)
+        tracker.publish(
+            settled, for: ref(2), item: "req-2",
+            alongside: [(.outcome(.failed, requestedAtMs: 0), outcome(2, user: "u"))])
+        var again = settled
         again.journal!.entry.attempts = 2
-        tracker.publish(first, for: nil, intent: "a")
         tracker.publish(again, for: nil, intent: "b")
-        let retried = tracker.takeUnsent()
-        #expect(journal(retried) == ["req-1:intent"])
-        guard case .journal(let record, _) = retried.first?.output else { return }
+        let outcomeOnly = tracker.takeUnsent()
+        #expect(journal(outcomeOnly) == ["other"], "the records wait for the outcome")
+        events = acknowledge(outcomeOnly, in: &tracker)
+        let both = tracker.takeUnsent()
+        #expect(journal(both) == ["req-2:failed"])
+        guard case .journal(let record, _) = both.first?.output else { return }
         #expect(record.entry.attempts == 2)
+        events = acknowledge(both, in: &tracker)
+        #expect(done(events) == ["req-2"])
+        #expect(events.compactMap { if case .intentWritten(let item) = $0 { item } else { nil } } == ["b"])
     }
 
     @Test("without shared records (exactly-once) each ready update is written alone, at once")

@@ -8,17 +8,12 @@ extension ProcessorLoop {
     /// order, so one user's outputs keep their order. Answers come back with the token.
     func flushOutputs() {
         guard outputs.hasUnsent else { return }
-        if let state = transactions {
-            // While a transaction commits, outputs wait for the next one.
-            guard state.phase == .open, !state.isClosed else { return }
-        }
+        // While a transaction commits, outputs wait for the next one.
+        if let state = transactions, !state.acceptsOutputs { return }
         let unsent = outputs.takeUnsent()
         // (Changelog records that turned out not to be ready yet: nothing to produce.)
         guard !unsent.isEmpty else { return }
-        if transactions != nil {
-            transactions!.unanswered += unsent.count
-            transactions!.produced = true
-        }
+        transactions?.handed(unsent.count)
         let (encoder, producer, inbox) = (self.encoder, self.producer, self.inbox)
         outputQueue.async(execute: { Self.produce(unsent, encoder: encoder, producer: producer, inbox: inbox) })
     }

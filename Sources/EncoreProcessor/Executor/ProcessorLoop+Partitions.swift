@@ -128,7 +128,8 @@ extension ProcessorLoop {
         let actions = ownership.poll(now: clock.now) { partition in
             // A periodic commit still in flight could land after the hand-over's and set offsets back;
             // ledger updates of no record (expiries) must reach the changelog before the next owner reads it.
-            commitTask != nil || (partition.topic == .requests && outputs.hasUpdates(ofPartition: partition.number))
+            commitTask != nil || transactionCommit != nil
+                || (partition.topic == .requests && outputs.hasUpdates(ofPartition: partition.number))
         }
         for action in actions {
             switch action {
@@ -169,7 +170,7 @@ extension ProcessorLoop {
             if state.isClosed {
                 revocation.handOver([]) { _ in }
             } else {
-                transactions!.handOvers.append((revocation, offsets))
+                transactions?.hold(handOver: (revocation, offsets))
                 transactionTick(now: clock.now)
             }
             return

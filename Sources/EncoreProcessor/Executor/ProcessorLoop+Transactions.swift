@@ -8,56 +8,27 @@ protocol TransactionCommitter: Sendable {
     func abort() async throws(KafkaError)
 }
 
-/// Exactly-once mode: what the loop produces goes into one Kafka transaction at a time, committed
-/// with the consumer offsets of the records whose outputs it holds.
-///
-/// A call starts only once the transaction holding its intent committed, so an aborted
-/// transaction can only erase intents of calls never made, and every state an intent's record
-/// carries is committed too. While a transaction commits, new outputs wait (they belong to the
-/// next one). A failed delivery or commit stops the processor: a transaction that cannot commit
-/// takes other records' outputs with it, so the restart redoes everything uncommitted.
-struct TransactionState {
-    enum Phase { case open, committing }
-    var phase = Phase.open
-    /// Outputs handed to the producer in this transaction and not yet answered.
-    var unanswered = 0
-    /// Whether anything was produced in this transaction.
-    var produced = false
-    /// Items whose intents this transaction holds: their calls start when it commits.
-    var intents: [WorkItem] = []
-    /// Items of the transaction being committed.
-    var committing: [WorkItem] = []
-    /// Revocations whose offsets go into the next commit; handed over once it committed.
-    var handOvers: [(PartitionOwnership<PartitionHandOver>.Revocation, [KafkaTopicPartitionOffset])] = []
-    var handingOver: [(PartitionOwnership<PartitionHandOver>.Revocation, [KafkaTopicPartitionOffset])] = []
-    /// The final transaction (shutdown) committed, or the loop ended and its transaction was
-    /// aborted (or found committed): nothing more is produced.
-    var isClosed = false
-    /// The commit in flight, with its error: read when the loop ends before handling its end.
-    var commit: Task<KafkaError?, Never>? = nil
-}
+/// A revocation waiting for the transaction that carries its offsets.
+typealias TransactionHandOver = (
+    revocation: PartitionOwnership<PartitionHandOver>.Revocation, offsets: [KafkaTopicPartitionOffset]
+)
 
 extension ProcessorLoop {
-    /// Starts committing when a commit is due (the interval passed, intents wait for it, or a
-    /// hand-over needs its offsets) and nothing is committing; the commit itself starts once every
-    /// output of the transaction is answered.
+    /// Exactly-once: a commit starts when ``TransactionProtocol`` says one is due and every output
+    /// of the transaction is answered.
     func transactionTick(now: ContinuousClock.Instant, force: Bool = false) {
-        guard var state = transactions, state.phase == .open, !state.isClosed, commitTask == nil, failure == nil
-        else { return }
-        let due = now >= nextCommit || !state.intents.isEmpty || !state.handOvers.isEmpty || force
+        guard transactions != nil, transactionCommit == nil, failure == nil else { return }
         let offsetsChanged = ownership.generations.keys.contains { partition in
             commitOffsets(for: [partition]).first.map { landed[partition] != $0 } ?? false
         }
-        guard due, state.produced || offsetsChanged || !state.handOvers.isEmpty || force else { return }
-        state.phase = .committing
-        transactions = state
+        transactions?.tick(isDue: now >= nextCommit, offsetsChanged: offsetsChanged, force: force)
         commitTransactionIfAnswered()
     }
 
-    /// Commits once everything produced in the transaction has been answered.
+    /// Commits the transaction once the protocol says so: due, and everything produced answered.
     func commitTransactionIfAnswered() {
-        guard var state = transactions, state.phase == .committing, state.unanswered == 0, commitTask == nil,
-            failure == nil, let committer
+        guard transactionCommit == nil, failure == nil, let committer,
+            let handingOver = transactions?.startCommit()
         else { return }
         nextCommit = clock.now.advanced(by: configuration.commitInterval)
         // Every owned partition's offset, changed or not (revoked ones too until handed over): the
@@ -67,13 +38,9 @@ extension ProcessorLoop {
         let changed = ownership.generations.keys.sorted().compactMap { partition in
             (commitOffsets(for: [partition]).first ?? assignedWith[partition]).map { (partition, $0) }
         }
-        state.handingOver = state.handOvers
-        state.handOvers = []
-        state.committing = state.intents
-        state.intents = []
-        let offsets = changed.map(\.1) + state.handingOver.flatMap(\.1)
+        let offsets = changed.map(\.1) + handingOver.flatMap(\.offsets)
         let inbox = self.inbox
-        let commit = Task { () -> KafkaError? in
+        transactionCommit = Task { () -> KafkaError? in
             do throws(KafkaError) {
                 try await committer.commit(offsets: offsets)
                 inbox.post(.transactionFinished(landed: Dictionary(changed, uniquingKeysWith: { $1 }), error: nil))
@@ -83,24 +50,14 @@ extension ProcessorLoop {
                 return error
             }
         }
-        state.commit = commit
-        transactions = state
-        commitTask = Task { _ = await commit.value }
         statistics.transactions += 1
     }
 
     /// The transaction ended: calls whose intents it held start, revocations are handed over, and
     /// the outputs waiting for the next transaction go out.
     func transactionFinished(landed accepted: [InputPartition: KafkaTopicPartitionOffset], error: KafkaError?) {
-        commitTask = nil
-        guard var state = transactions else { return }
-        state.commit = nil
-        let (items, handingOver) = (state.committing, state.handingOver)
-        state.committing = []
-        state.handingOver = []
-        state.phase = .open
-        state.produced = false
-        transactions = state
+        transactionCommit = nil
+        guard let (items, handingOver) = transactions?.commitEnded() else { return }
         if let error {
             fail(transactionError(error))
             for item in items {
@@ -112,7 +69,7 @@ extension ProcessorLoop {
                     perform(.abandon(item))
                 }
             }
-            for (revocation, _) in handingOver { revocation.handOver([]) { _ in } }
+            for handOver in handingOver { handOver.revocation.handOver([]) { _ in } }
             return
         }
         for (partition, offset) in accepted where ownership.generations[partition] != nil {
@@ -120,9 +77,9 @@ extension ProcessorLoop {
         }
         for item in items { intentDurable(item) }
         // The offsets were committed in the transaction: the consumer commits nothing.
-        for (revocation, _) in handingOver { revocation.handOver([]) { _ in } }
+        for handOver in handingOver { handOver.revocation.handOver([]) { _ in } }
         // The shutdown's last transaction: nothing is left to produce.
-        if ownership.isDraining && calls.isEmpty && outputs.isIdle { transactions?.isClosed = true }
+        if ownership.isDraining && calls.isEmpty && outputs.isIdle { transactions?.close() }
     }
 
     /// Why a transaction cannot commit; fenced, that another live producer has this instance's
@@ -141,9 +98,9 @@ extension ProcessorLoop {
     /// owner: none of its offsets committed.
     func abortOpenTransaction() async {
         guard let committer, let state = transactions, !state.isClosed else { return }
-        transactions?.isClosed = true
+        transactions?.close()
         // A commit still in flight when the loop ended reports to an inbox no one reads any more.
-        if let commit = state.commit {
+        if let commit = transactionCommit {
             if let error = await commit.value {
                 fail(transactionError(error))
             } else {

@@ -59,7 +59,9 @@ final class ProcessorLoop {
     /// When the drain's overdue calls were last reported.
     var drainReportedAt: ContinuousClock.Instant? = nil
     /// Exactly-once mode: the transaction in progress, and how to commit it; `nil` otherwise.
-    var transactions: TransactionState? = nil
+    var transactions: TransactionProtocol<WorkItem, TransactionHandOver>? = nil
+    /// Exactly-once: the transaction's commit in flight, with its error.
+    var transactionCommit: Task<KafkaError?, Never>? = nil
     let committer: (any TransactionCommitter)?
 
     /// Counters kept here and published on each tick (and when the loop ends).
@@ -81,7 +83,7 @@ final class ProcessorLoop {
     ) {
         self.committer = committer
         if committer != nil {
-            transactions = TransactionState()
+            transactions = TransactionProtocol()
             // In a transaction every changelog record is written as soon as it is ready, as before
             // records were shared (nothing measured calls for more there).
             outputs = OutputTracker(sharesRecords: false)
@@ -120,6 +122,7 @@ final class ProcessorLoop {
         cancelRemainingCalls()
         await waitForOutputs()
         await commitTask?.value
+        _ = await transactionCommit?.value
         beforeAbort()
         await abortOpenTransaction()
     }
@@ -475,7 +478,7 @@ final class ProcessorLoop {
     func delivered(_ answers: [KafkaDelivery]) {
         var deliveries = answers
         if transactions != nil {
-            transactions!.unanswered -= deliveries.count
+            transactions?.answered(deliveries.count)
             // A failed delivery dooms its transaction: never produced again, it stops the processor.
             for index in deliveries.indices {
                 guard let error = deliveries[index].error else { continue }

@@ -131,7 +131,7 @@ extension ProcessorLoop {
         if item.decidedFailure != nil {
             publishDecidedFailure(item)
         } else if transactions != nil {
-            transactions!.intents.append(item)
+            transactions?.hold(intent: item)
         } else {
             intentDurable(item)
         }
