@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Scale-out of `make bench`: 1, 2 and 3 processor instances in one group on one broker (Tansu in
-scripts/bench.sh), on a backlog of N requests in 12 partitions, 0 ms simulated controller.
+scripts/bench.sh), on a backlog of N requests in 12 partitions (limit.c's, PRODUCTION-shaped: the simulated
+controller is allowed to answer them), 0 ms simulated controller.
 
 For n instances, n-1 start first; once their outcomes flow, the n-th joins. Reported per n:
   throughput   outcomes per second from the end of the join's pause to the last outcome (all n
@@ -59,7 +60,7 @@ def main():
                            "enable.auto.commit": False, "auto.offset.reset": "earliest"})
         reader.assign([TopicPartition(topics["outcomes"], p, 0) for p in range(args.partitions)])
         command = [args.binary, "run", "--bootstrap-servers", bootstrap, *flags, "--controller", "simulated",
-                   "--simulated-latency-ms", "0", "--simulated-outcomes", "purchased=1", "--group-id", prefix,
+                   "--simulated-latency-ms", "0", "--simulated-outcomes", "purchased=1", "--allow-simulated-production", "--group-id", prefix,
                    "--workers", str(args.workers), "--log-level", "error"]
         members = []
 
