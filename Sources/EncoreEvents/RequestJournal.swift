@@ -96,13 +96,14 @@ public struct RequestJournal: Sendable, Hashable {
         keepSettled { !removed[$0] }
     }
 
-    /// Drops entries untouched since before `horizonMs`, then the oldest results beyond `cap` (at
-    /// least one entry stays; open intents always stay). Whether it dropped any.
+    /// Drops results untouched since before `horizonMs`, then the oldest results beyond `cap` (at
+    /// least one entry stays). Open intents always stay: a request in flight or in doubt must be
+    /// found by a restart however long ago it started. Whether it dropped any.
     @discardableResult
     public mutating func prune(untouchedBefore horizonMs: Int64, cap: Int) -> Bool {
         let counted = count
-        if values.contains(where: { $0.lastTouchedMs < horizonMs }) {
-            values.removeAll { $0.lastTouchedMs < horizonMs }
+        if values.contains(where: { $0.result != nil && $0.lastTouchedMs < horizonMs }) {
+            values.removeAll { $0.result != nil && $0.lastTouchedMs < horizonMs }
         }
         if settled.contains(where: { $0.lastTouchedMs < horizonMs }) {
             let touched = settled.map(\.lastTouchedMs)
@@ -237,8 +238,19 @@ public struct JournalRecord: EncoreEvent, Hashable {
         return key
     }
 
-    /// Whether a changelog record's key is a journal entry's (else it is a user's state).
-    public static func isJournalKey(_ key: [UInt8]?) -> Bool { key?.first == UInt8(ascii: ":") }
+    /// Whether a changelog record's key is a journal entry's, `:{digits}:…` (else it is a user's
+    /// state: a state record written when an `app_id` could still hold `:` may start with one, but
+    /// not with a slot number between two).
+    public static func isJournalKey(_ key: [UInt8]?) -> Bool {
+        guard let key, key.first == UInt8(ascii: ":") else { return false }
+        var digits = 0
+        for byte in key.dropFirst() {
+            if byte == UInt8(ascii: ":") { return digits > 0 }
+            guard (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte) else { return false }
+            digits += 1
+        }
+        return false
+    }
 
     /// The user key (`{app_id}:{app_user_id}`).
     public var userKey: String { EncoreEvents.userKey(appID: appID, appUserID: appUserID) }

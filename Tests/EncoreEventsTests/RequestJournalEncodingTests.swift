@@ -70,7 +70,8 @@ struct RequestJournalEncodingTests {
 
     /// The pruning the journal replaced, on a plain list.
     static func plainPrune(_ entries: inout [Entry], horizon: Int64, cap: Int) {
-        entries.removeAll { $0.lastTouchedMs < horizon }
+        // Open intents stay however old: a restart must find them.
+        entries.removeAll { $0.result != nil && $0.lastTouchedMs < horizon }
         // Open intents stay whatever the cap: a restart must find a request in flight or in doubt.
         while entries.count > max(1, cap), let oldestResult = entries.firstIndex(where: { $0.result != nil }) {
             entries.remove(at: oldestResult)

@@ -128,6 +128,38 @@ struct RequestJournalTests {
         #expect(second.recordIntent(request(3, user: "u"), attempt: 1, partition: 0, nowMs: Self.t0).journal?.seq == 3)
     }
 
+    @Test(
+        "an earlier version's entry settled by a journal record leaves the state once that record is durable; one superseded at restore at once"
+    )
+    func legacyEntriesLeaveTheState() throws {
+        let open = EntitlementStateRecord.RequestEntry(requestID: "req-0", attempts: 1, startedAtMs: Self.t0)
+        let old = EntitlementStateRecord(appID: "app", appUserID: "u", requests: [open])
+        var ledger = EntitlementLedger(catalog: EntitlementCatalog())
+        ledger.restore(old, partition: 0, nowMs: Self.t0)
+        #expect(ledger.takeLegacyCleanups().isEmpty && !ledger.hasLegacySettled)
+        // Its recovery's intent supersedes the old entry; it leaves once the result is durable.
+        _ = ledger.recordIntent(request(0, user: "u"), attempt: 2, partition: 0, nowMs: Self.t0 + 1)
+        #expect(ledger.hasLegacySettled)
+        let done = ledger.complete(outcome(0, .purchased, attempts: 2, at: Self.t0 + 2), entitlement: nil, partition: 0)
+        #expect(done.state.requests == [open], "not before the result's record is durable")
+        #expect(ledger.hasLegacySettled)
+        let dropped = ledger.dropLegacyEntry(userKey: "app:u", requestID: "req-0")
+        let cleanup = try #require(dropped)
+        #expect(cleanup.writesState && cleanup.state.requests.isEmpty && !ledger.hasLegacySettled)
+        let again = ledger.dropLegacyEntry(userKey: "app:u", requestID: "req-0")
+        #expect(again == nil)
+        // A restore that finds a newer record of an old entry writes the state without it at once.
+        var restored = RestoredPartition(journalCap: 100)
+        let record = try #require(done.journal)
+        try restored.fold(key: record.key(slotCount: 100), value: record.jsonBytes(), horizonMs: .min)
+        var second = EntitlementLedger(catalog: EntitlementCatalog())
+        second.restore(journal: restored.journal, partition: 0)
+        second.restore(old, partition: 0, nowMs: Self.t0 + 3)
+        let cleanups = second.takeLegacyCleanups()
+        #expect(cleanups.count == 1 && cleanups.first?.state.requests.isEmpty == true)
+        #expect(second.journalEntry(ofUser: "app:u", requestID: "req-0")?.result == .purchased)
+    }
+
     @Test("an earlier version's journal in a state record is read (migration), under the newer journal records")
     func migratesStateRecordJournal() throws {
         var restored = RestoredPartition(journalCap: 100)

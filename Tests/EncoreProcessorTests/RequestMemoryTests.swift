@@ -101,4 +101,33 @@ struct RequestMemoryTests {
         #expect(memory.entry(userKey: "app:u", requestID: "r0") == nil)
         #expect(memory.entry(userKey: "app:u", requestID: "r1") == inDoubt)
     }
+
+    @Test("an open intent is never forgotten for the retention, on restore or prune, and its user's counter goes on")
+    func openIntentsOutliveRetention() throws {
+        let old = Entry(requestID: "r0", attempts: 2, startedAtMs: Self.t0, offset: 3)
+        var restored = RestoredPartition(journalCap: 3)
+        let intent = JournalRecord(appID: "app", appUserID: "u", seq: 7, entry: old)
+        let result = JournalRecord(
+            appID: "app", appUserID: "v", seq: 0,
+            entry: Entry(requestID: "r1", attempts: 1, startedAtMs: Self.t0, result: .purchased, completedAtMs: Self.t0)
+        )
+        let horizon = Self.t0 + 30 * 86_400_000
+        for record in [intent, result] {
+            try restored.fold(key: record.key(slotCount: 3), value: record.jsonBytes(), horizonMs: horizon)
+        }
+        var memory = restored.journal
+        #expect(memory.entry(userKey: "app:u", requestID: "r0") == old, "a call may have reached billing")
+        #expect(memory.entry(userKey: "app:v", requestID: "r1") == nil, "a result past the retention goes")
+        memory.prune(untouchedBefore: horizon)
+        #expect(memory.entry(userKey: "app:u", requestID: "r0") == old)
+        // The user's counter went past the intent's: the next request takes a later slot.
+        #expect(memory.allocate(userKey: "app:u") == 8)
+    }
+
+    @Test("a journal key is ':{slot}:…'; an earlier state key starting with ':' is not one")
+    func journalKeys() {
+        #expect(JournalRecord.isJournalKey(Array(":12:app:u".utf8)))
+        #expect(!JournalRecord.isJournalKey(Array(":x:u".utf8)) && !JournalRecord.isJournalKey(Array("::u".utf8)))
+        #expect(!JournalRecord.isJournalKey(Array("app:u".utf8)) && !JournalRecord.isJournalKey(nil))
+    }
 }

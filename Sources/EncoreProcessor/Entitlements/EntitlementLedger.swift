@@ -61,6 +61,14 @@ public struct EntitlementLedger: Sendable {
     private var users: [String: UserEntry] = [:]
     /// The request journal's memory, per requests partition.
     private var journals: [Int32: RequestMemory] = [:]
+    /// Requests of an earlier version's journal (in their user's state) that journal records now
+    /// supersede, by user: taken out of the state once the request's result is durable
+    /// (``dropLegacyEntry(userKey:requestID:)``), so that a restart never reads the older entry back
+    /// after the newer record's slot is reused.
+    private var legacySettled: [String: Set<String>] = [:]
+    /// Users whose state was restored with journal entries that newer records supersede: the
+    /// state is written again without them (``takeLegacyCleanups()``).
+    private var legacyCleanups: [String] = []
     /// Upcoming expiries (grants and source states), earliest first; at most one live entry per
     /// user (the one at its `scheduledAtMs`), so the queue grows with users, not with updates.
     private var expiries = TimerQueue<Int64, String>()
@@ -92,21 +100,45 @@ public struct EntitlementLedger: Sendable {
         schedule(key)
         guard !state.journal.isEmpty else { return }
         let horizon = nowMs.map { $0 - journal.retentionMs } ?? .min
-        withJournal(partition) { memory in
-            for entry in state.journal.entries where entry.lastTouchedMs >= horizon {
-                memory.recordLegacy(userKey: key, entry)
+        let superseded = withJournal(partition) { memory in
+            state.journal.entries.filter { entry in
+                (entry.result == nil || entry.lastTouchedMs >= horizon) && !memory.recordLegacy(userKey: key, entry)
             }
         }
+        guard !superseded.isEmpty else { return }
+        // Their journal records are durable (read back): the state may drop them at once.
+        for entry in superseded { users[key]?.state.journal.remove(requestID: entry.requestID) }
+        legacyCleanups.append(key)
+    }
+
+    /// The state updates that write restored users' states without the earlier version's entries
+    /// that newer journal records supersede.
+    public mutating func takeLegacyCleanups() -> [LedgerUpdate] {
+        defer { legacyCleanups.removeAll() }
+        return legacyCleanups.compactMap { key in
+            users[key].map { LedgerUpdate(changes: [], state: $0.state, partition: $0.partition, key: key) }
+        }
+    }
+
+    /// Whether a journal record settled a request of an earlier version's journal.
+    public var hasLegacySettled: Bool { !legacySettled.isEmpty }
+
+    /// The request's journal record is durable: its earlier version's entry leaves the user's state,
+    /// written again (`nil`: the state holds no such entry).
+    public mutating func dropLegacyEntry(userKey key: String, requestID: String) -> LedgerUpdate? {
+        guard legacySettled[key]?.remove(requestID) != nil else { return nil }
+        if legacySettled[key]?.isEmpty == true { legacySettled[key] = nil }
+        guard let index = users.index(forKey: key),
+            users.values[index].state.journal.entry(requestID: requestID) != nil
+        else { return nil }
+        users.values[index].state.journal.remove(requestID: requestID)
+        let entry = users.values[index]
+        return LedgerUpdate(changes: [], state: entry.state, partition: entry.partition, key: key)
     }
 
     /// Takes a partition's request journal read back from the changelog.
     mutating func restore(journal memory: RequestMemory, partition: Int32) {
         journals[partition] = memory
-    }
-
-    /// Takes one journal record read back from the changelog (in changelog order).
-    public mutating func restore(journal record: JournalRecord, partition: Int32) {
-        withJournal(partition) { $0.record(userKey: record.userKey, seq: record.seq, record.entry) }
     }
 
     /// Forgets the users of partitions this processor no longer owns.
@@ -118,7 +150,7 @@ public struct EntitlementLedger: Sendable {
     /// Forgets journal entries past the retention at `nowMs`.
     public mutating func pruneJournals(nowMs: Int64) {
         let horizon = nowMs - journal.retentionMs
-        for partition in journals.keys { journals[partition]!.prune(untouchedBefore: horizon) }
+        for partition in Array(journals.keys) { journals[partition]?.prune(untouchedBefore: horizon) }
     }
 
     /// Requests the journal remembers, and about how many bytes each takes.
@@ -209,13 +241,17 @@ public struct EntitlementLedger: Sendable {
         userKey key: String, appID: String, appUserID: String, requestID: String, partition: Int32,
         _ entry: (EntitlementStateRecord.RequestEntry?) -> EntitlementStateRecord.RequestEntry
     ) -> JournalRecord {
-        withJournal(partition) { memory in
+        let (record, settlesLegacy) = withJournal(partition) { memory in
             let requestKey = RequestMemory.Key(userKey: key, requestID: requestID)
             let new = entry(memory.entry(requestKey, requestID: requestID))
+            // (Its first journal record supersedes an earlier version's entry: a recovery's intent.)
+            let settlesLegacy = memory.isLegacyOpen(requestKey)
             let seq = memory.seq(of: requestKey) ?? memory.allocate(userKey: key)
             memory.record(requestKey, userKey: key, seq: seq, new)
-            return JournalRecord(appID: appID, appUserID: appUserID, seq: seq, entry: new)
+            return (JournalRecord(appID: appID, appUserID: appUserID, seq: seq, entry: new), settlesLegacy)
         }
+        if settlesLegacy { legacySettled[key, default: []].insert(requestID) }
+        return record
     }
 
     /// Records a request's outcome: its result in the journal and, with `grants`, what it grants

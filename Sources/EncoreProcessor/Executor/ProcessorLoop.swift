@@ -161,6 +161,7 @@ final class ProcessorLoop {
                 ledger.restore(journal: restored.journal, partition: partition)
                 for state in restored.states.values { ledger.restore(state, partition: partition, nowMs: nowMs) }
             }
+            for update in ledger.takeLegacyCleanups() { outputs.publish(update, for: nil) }
             assign(partitions)
             assignedWith.merge(committed) { _, new in new }
             for (partition, offsets) in finished where !offsets.isEmpty {
@@ -528,6 +529,12 @@ final class ProcessorLoop {
     func recordDone(_ ref: RecordRef, _ item: WorkItem?) {
         ownership.endWork(ref)
         finish(ref)
+        // Its result's journal record is durable: an earlier version's entry of it leaves the state.
+        if let item, ledger.hasLegacySettled,
+            let update = ledger.dropLegacyEntry(userKey: item.lane.key, requestID: item.request.requestID)
+        {
+            outputs.publish(update, for: nil)
+        }
         if let item, !item.laneReleased, let next = scheduler.releaseLane(item.lane) { start(next) }
     }
 

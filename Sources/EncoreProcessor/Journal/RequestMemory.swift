@@ -56,6 +56,8 @@ struct RequestMemory: Sendable {
         /// version (a new slot is taken when it is written again).
         var seq: Int64?
         var entry: EntitlementStateRecord.RequestEntry
+        /// The user's index in `users` (kept while the user has an entry); -1 with no slot.
+        var user: Int32
     }
 
     private struct User: Sendable {
@@ -136,24 +138,23 @@ struct RequestMemory: Sendable {
     mutating func record(_ key: Key, userKey: String, seq: Int64?, _ entry: EntitlementStateRecord.RequestEntry) {
         let needsDetail = entry.result == nil || entry.error != nil || entry.attempts > 0xfff
         if let position = find(key) { remove(at: position) }
-        if needsDetail {
-            details[key] = Detail(seq: seq, entry: entry)
-        } else {
-            details[key] = nil
-        }
-        guard let result = entry.result else { return }
         var user: Int32 = -1
-        var slot = 0
         if let seq {
+            // (A restored intent moves the counter on too: the next request takes a later slot.)
             user = intern(userKey)
             users[Int(user)].nextSeq = max(users[Int(user)].nextSeq, seq + 1)
+        }
+        details[key] = needsDetail ? Detail(seq: seq, entry: entry, user: user) : nil
+        guard let result = entry.result else { return }
+        var slot = 0
+        if let seq {
             slot = Int(seq % Int64(cap))
             while users[Int(user)].ring.count <= slot { users[Int(user)].ring.append(-1) }
             // (Read back: a later record of the slot replaces an earlier one.)
             let occupant = users[Int(user)].ring[slot]
             if occupant >= 0 { remove(at: Int(occupant)) }
         }
-        let resultIndex = UInt16(OutcomeResult.allCases.firstIndex(of: result)!)
+        let resultIndex = UInt16(Self.resultIndex[result] ?? 0)
         let position = Int32(settled.count)
         settled.append(
             Settled(
@@ -166,14 +167,22 @@ struct RequestMemory: Sendable {
 
     /// An entry of the journal kept in a state record by an earlier version: remembered unless a
     /// newer record of the same request is (it is older than every journal record), with no slot.
-    mutating func recordLegacy(userKey: String, _ entry: EntitlementStateRecord.RequestEntry) {
+    /// Whether it was taken: `false` when a journal record of the request is remembered.
+    @discardableResult
+    mutating func recordLegacy(userKey: String, _ entry: EntitlementStateRecord.RequestEntry) -> Bool {
         let key = Key(userKey: userKey, requestID: entry.requestID)
-        guard details[key] == nil, find(key) == nil else { return }
+        guard details[key] == nil, find(key) == nil else { return false }
         record(key, userKey: userKey, seq: nil, entry)
+        return true
     }
 
-    /// Forgets what was last touched before `horizonMs` (the dedupe retention), and users with
-    /// nothing left. Whether it forgot anything.
+    /// Whether the request's entry is an earlier version's open one or decided failure (it has no
+    /// slot yet).
+    func isLegacyOpen(_ key: Key) -> Bool { details[key].map { $0.seq == nil } ?? false }
+
+    /// Forgets the results last touched before `horizonMs` (the dedupe retention), and users with
+    /// nothing left; an open intent stays however old (only a recovery call may ask billing about
+    /// it again). Whether it forgot anything.
     @discardableResult
     mutating func prune(untouchedBefore horizonMs: Int64) -> Bool {
         let before = count
@@ -182,9 +191,10 @@ struct RequestMemory: Sendable {
             if settled[position].completedAtMs < horizonMs { remove(at: position) }
             position -= 1
         }
-        details = details.filter { $0.value.entry.lastTouchedMs >= horizonMs }
+        details = details.filter { $0.value.entry.result == nil || $0.value.entry.lastTouchedMs >= horizonMs }
         var live = Set<Int32>()
         for entry in settled where entry.user >= 0 { live.insert(entry.user) }
+        for detail in details.values where detail.user >= 0 { live.insert(detail.user) }
         for (id, user) in userIDs where !live.contains(user) {
             userIDs[id] = nil
             users[Int(user)] = User(key: "")
@@ -283,6 +293,10 @@ struct RequestMemory: Sendable {
         }
         settled.removeLast()
     }
+
+    /// Each result's index in the bits a settled entry keeps of it.
+    private static let resultIndex = Dictionary(
+        uniqueKeysWithValues: OutcomeResult.allCases.enumerated().map { ($0.element, $0.offset) })
 
     private static func hex(_ value: UInt64) -> String {
         let digits = String(value, radix: 16)

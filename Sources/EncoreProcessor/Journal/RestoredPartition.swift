@@ -17,7 +17,9 @@ struct RestoredPartition: Sendable {
         if JournalRecord.isJournalKey(key) {
             let record = try JournalRecord(jsonBytes: value)
             journalRecords += 1
-            guard record.entry.lastTouchedMs >= horizonMs else { return }
+            // Results past the retention are forgotten; an open intent never is (its call may have
+            // reached billing: only a recovery call may ask again).
+            guard record.entry.result == nil || record.entry.lastTouchedMs >= horizonMs else { return }
             journal.record(userKey: record.userKey, seq: record.seq, record.entry)
         } else {
             let state = try EntitlementStateRecord(jsonBytes: value)

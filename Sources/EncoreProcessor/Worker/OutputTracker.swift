@@ -4,10 +4,12 @@ import Kafka
 /// The outputs of one loop between being sent and being acknowledged: which record each belongs
 /// to (a record is done when all of its outputs are), and the order of a user's outputs.
 ///
-/// Outputs are handed out as tokens (``takeUnsent()``) and come back as ``KafkaDelivery``s. A user
-/// has at most one output in flight per topic, so a retriable failure, produced again after
-/// `redeliveryDelay`, is still ahead of the user's later outputs: outcomes by the user's lane (held
-/// until its outputs are acknowledged), changelog records by the update order, change events here.
+/// Outputs are handed out as tokens (``takeUnsent()``) and come back as ``KafkaDelivery``s. A
+/// retriable failure is produced again after `redeliveryDelay`, still ahead of the user's later
+/// outputs: outcomes by the user's lane (held until its outputs are acknowledged), change events
+/// here (one of a user's in flight at a time), changelog records by the update order (one write of
+/// a user's in flight at a time; in a write, the state record alone first, then the journal
+/// records, whose order does not matter: each is another request's, under its own key).
 /// Any other failure is fatal: the record never finishes, so its offset is never committed. A state
 /// machine with no I/O; `Item` is what the loop keeps with a record (its work item). Its pending
 /// updates are objects: a copy of a tracker shares them, so it is never copied.
@@ -43,6 +45,8 @@ struct OutputTracker<Item> {
         var isWritten = false
         /// Changelog records of this write not yet acknowledged (the last update of a write).
         var unwrittenRecords = 0
+        /// The write's journal records, produced once its state record is acknowledged.
+        var deferredJournal: [JournalRecord] = []
         /// The item whose call waits for this record (an intent): reported when it is acknowledged.
         var intent: Item?
         /// The item whose result this is, reported by ``Event/resultReady(_:)`` once the outputs
@@ -270,6 +274,16 @@ struct OutputTracker<Item> {
         }
         if case .entitlementState(let id) = slot.output, let record = updates[id] {
             record.unwrittenRecords -= 1
+            if !record.deferredJournal.isEmpty {
+                // The state is durable: the journal records that claim it follow.
+                let journal = record.deferredJournal
+                record.deferredJournal = []
+                for entry in journal {
+                    enqueue(
+                        .entitlementState(update: id), .journal(entry, partition: record.partition), for: nil,
+                        update: nil)
+                }
+            }
             guard record.unwrittenRecords == 0 else {
                 if let ref = slot.ref { outputAcknowledged(of: ref, into: &events) }
                 return
@@ -306,8 +320,8 @@ struct OutputTracker<Item> {
     /// Writes the user's oldest unwritten changelog records when their outputs are acknowledged and
     /// the user's earlier ones are. Later updates that are ready too are written with them: the
     /// latest state holds theirs; each journal record is written (a result, and the intent of the
-    /// next request). The state record goes first: on one partition, a journal record that is
-    /// durable means the state written before it is.
+    /// next request). A state record goes first, alone, and the journal records only once it is
+    /// acknowledged (even after a redelivery): a durable result never claims a state that is not.
     private mutating func writeStateIfReady(ofUser key: UserLane) {
         guard let order = updateOrder[key], let first = order.first, let update = updates[first],
             update.unacknowledgedOutputs == 0, !update.isWritten
@@ -339,13 +353,16 @@ struct OutputTracker<Item> {
         written.unwrittenRecords = (writesState ? 1 : 0) + journal.count
         // Counted with their updates already (each acknowledged with the last record).
         if writesState {
+            written.deferredJournal = journal
             enqueue(
                 .entitlementState(update: last), .state(written.state, partition: written.partition), for: nil,
                 update: nil)
-        }
-        for record in journal {
-            enqueue(
-                .entitlementState(update: last), .journal(record, partition: written.partition), for: nil, update: nil)
+        } else {
+            for record in journal {
+                enqueue(
+                    .entitlementState(update: last), .journal(record, partition: written.partition), for: nil,
+                    update: nil)
+            }
         }
     }
 }
