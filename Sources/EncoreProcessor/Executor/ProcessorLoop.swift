@@ -7,11 +7,13 @@ import Kafka
 /// Created, run and ended by one task of ``PurchaseProcessor/run()``; never shared.
 ///
 /// - ``PartitionOwnership``: assignments, generations, revocations and when they may complete.
-/// - ``LaneScheduler``: one call per user at a time (the lane held until its outputs are
-///   acknowledged), at most `maxInFlight` calls.
-/// - ``CallTable``: attempts, backoff, timeouts, cancellation.
+/// - ``LaneScheduler``: one request per user at a time (the lane held until its outputs are
+///   acknowledged).
+/// - ``CallTable``: attempts, backoff, timeouts, cancellation, reconciliation, the call bound.
 /// - ``OutputTracker``: outputs until acknowledged, changelog order, redelivery in order.
 /// - ``OffsetTracker``: the contiguous finished prefix to commit.
+/// - ``TransactionProtocol``: exactly-once's transactions.
+/// - ``EntitlementLedger`` and its ``RequestMemory``: users' state and the request journal.
 final class ProcessorLoop {
     let configuration: ProcessorConfiguration
     let router: PurchaseRouter

@@ -79,7 +79,7 @@ extension PurchaseProcessor {
             throw KafkaError(
                 code: .invalidConfiguration,
                 message:
-                    "\(folded.invalid.count) changelog records are not valid states (first: \(first)); remove them or fix the topic"
+                    "\(folded.invalid.count) changelog records are not valid states or journal records (first: \(first)); remove them or fix the topic"
             )
         }
         let latest = folded.latest
