@@ -23,7 +23,7 @@ enum BenchCommand {
             .option("users", value: "N", default: "10000", "Distinct users."),
             .option(
                 "dedupe-per-user", value: "N", default: "\(JournalPolicy().perUserCap)",
-                "Most requests one user's journal holds, as with run (every changelog record carries them)."),
+                "Most requests one user's journal holds, as with run (its journal records take this many slots)."),
             .option("rate", value: "R", default: "0", "Offered requests/s while processing; 0 = pre-filled backlog."),
             .option(
                 "prefilled-topic", value: "TOPIC",

@@ -43,11 +43,11 @@ enum RunCommand {
             "No entitlement grants nor change events; the changelog still carries the request journal."),
         .option(
             "dedupe-retention", value: "DURATION", default: "7d",
-            "How long a request's result (or intent) stays in its user's journal: a re-send within it is not called again (s, m, h or d)."
+            "How long a request's result stays in the journal: a re-send within it is not called again (s, m, h or d). An open intent stays however old."
         ),
         .option(
             "dedupe-per-user", value: "N", default: "100",
-            "Most requests one user's journal holds, at most 1000 (the oldest results go first)."),
+            "Most requests one user's journal holds, at most 1000: a new request takes the slot of the one this many older."),
         .option(
             "guarantee", value: "MODE", default: "at-least-once",
             "at-least-once, or exactly-once (Kafka transactions; readers use isolation.level=read_committed)."),
