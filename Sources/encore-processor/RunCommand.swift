@@ -47,7 +47,8 @@ enum RunCommand {
         ),
         .option(
             "dedupe-per-user", value: "N", default: "100",
-            "Most requests one user's journal holds, at most 1000: a new request takes the slot of the one this many older."),
+            "Most requests one user's journal holds, at most 1000: a new request takes the slot of the one this many older."
+        ),
         .option(
             "guarantee", value: "MODE", default: "at-least-once",
             "at-least-once, or exactly-once (Kafka transactions; readers use isolation.level=read_committed)."),
