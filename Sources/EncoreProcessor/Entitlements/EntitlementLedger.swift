@@ -270,7 +270,7 @@ public struct EntitlementLedger: Sendable {
         let now = outcome.completedAtMs
         let key = outcome.key
         var update: LedgerUpdate? = nil
-        if let status, let entitlement {
+        if let status, let entitlement, !isSameGrantAgain(outcome, entitlement, status: status, key: key) {
             update = mutate(key, outcome.appID, outcome.appUserID, partition: partition, nowMs: now) {
                 state, changes in
                 Self.grant(
@@ -300,6 +300,19 @@ public struct EntitlementLedger: Sendable {
     }
 
     // MARK: Rules
+
+    /// The common case of a repeat purchase: the same grant is active (as strong), and nothing of
+    /// the user is due to expire, so the state cannot change and nothing needs building.
+    private func isSameGrantAgain(
+        _ outcome: PurchaseOutcomeEvent, _ entitlement: Entitlement, status: EntitlementStatus, key: String
+    ) -> Bool {
+        guard let held = users[key]?.state else { return false }
+        let now = outcome.completedAtMs
+        return held.grants.contains {
+            $0.isActive && $0.productID == outcome.productID && $0.entitlement == entitlement
+                && ($0.status == .verified || status == .provisional)
+        } && !held.grants.contains { $0.isActive && ($0.expiresAtMs.map { $0 <= now } ?? false) }
+    }
 
     /// What `outcome` grants, applied to `state` (a pending or completed purchase).
     private static func grant(
