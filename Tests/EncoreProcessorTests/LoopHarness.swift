@@ -164,7 +164,7 @@ final class LoopHarness: Sendable {
         let admission = KafkaAdmission(capacity: configuration.bufferCapacity)
         self.admission = admission
         pump = Task { [configuration] in
-            let loop = ProcessorLoop(
+            let loop = WorkerExecutor(
                 configuration: configuration, router: router, recorder: recorder, consumer: consumer,
                 producer: producer, inbox: inbox, admission: admission, logger: Logger(label: "test.loop"),
                 committer: committer)

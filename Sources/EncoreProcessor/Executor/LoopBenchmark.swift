@@ -46,13 +46,13 @@ public enum LoopBenchmark {
         let producer = AcknowledgingProducer(inbox: inbox)
         let recorder = StatisticsRecorder()
         let admission = KafkaAdmission(capacity: configuration.bufferCapacity)
-        let loop = ProcessorLoop(
+        let loop = WorkerExecutor(
             configuration: configuration, router: router, recorder: recorder, consumer: NoConsumer(),
             producer: producer, inbox: inbox, admission: admission, logger: Logger(label: "encore.bench"))
         // The loop lives in this task; what its journal remembers is read there at the end.
         let pump = Task { [loop] in
             await loop.run()
-            return loop.ledger.journalFigures
+            return loop.worker.ledger.journalFigures
         }
         let ticker = Task {
             while !Task.isCancelled {

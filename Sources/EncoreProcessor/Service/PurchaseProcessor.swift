@@ -132,7 +132,7 @@ public final class PurchaseProcessor: Sendable {
             for (index, worker) in workers.enumerated() {
                 group.addTask {
                     // The loop lives and ends in this task: it owns its state alone.
-                    let loop = ProcessorLoop(
+                    let loop = WorkerExecutor(
                         configuration: share, router: router, recorder: worker.recorder, consumer: clients.consumer,
                         producer: clients.producer(of: index), inbox: worker.inbox, admission: admission,
                         logger: logger, committer: committers?[index])

@@ -55,10 +55,8 @@ final class WorkItem {
     /// The routed controller, once the call started.
     var controllerName = ""
     var controller: (any PurchaseController)? = nil
-    /// The running attempt, to cancel it.
-    var task: Task<Void, Never>? = nil
     /// The user's lane was handed to the next request when this one's outputs were acknowledged,
-    /// before its changelog record (``ProcessorLoop/resultReady(_:)``).
+    /// before its changelog record (``Worker/resultReady(_:)``).
     var laneReleased = false
 
     init(ref: RecordRef, request: PurchaseRequestEvent, message: KafkaMessage) {

@@ -1,10 +1,10 @@
 import EncoreEvents
 import Kafka
 
-/// The request journal's side of the loop: a call starts once its intent is durable, within the
+/// The request journal's side of the worker: a call starts once its intent is durable, within the
 /// call bound; a failure is journaled before it is published; a request in doubt keeps its
 /// intent open and its lane held until billing answers.
-extension ProcessorLoop {
+extension Worker {
     /// Starts `first`; an item that ends without a call or outputs frees its slot and lane, which
     /// starts at most one other.
     ///
@@ -13,7 +13,7 @@ extension ProcessorLoop {
     /// result was started by an earlier process and is called again only as a recovery call,
     /// after the earlier call could no longer be running. Otherwise the intent is written first,
     /// and the call starts once it is durable (``intentWritten(_:)``).
-    func start(_ first: WorkItem) {
+    mutating func start(_ first: WorkItem) {
         var ready: WorkItem? = first
         while let item = ready {
             ready = nil
@@ -48,7 +48,7 @@ extension ProcessorLoop {
                 ready = recover(item, journaled)
                 continue
             }
-            if configuration.enforcesDeadlines, let deadline = item.request.deadlineAtMs, currentTimeMs() > deadline {
+            if configuration.enforcesDeadlines, let deadline = item.request.deadlineAtMs, nowMs > deadline {
                 let error = PurchaseOutcomeEvent.Failure(
                     type: "deadline_exceeded", message: "deadline_at_ms \(deadline) passed before the purchase started",
                     retryable: false)
@@ -65,7 +65,7 @@ extension ProcessorLoop {
             item.controller = route.controller
             let intent = ledger.recordIntent(
                 item.request, attempt: item.firstAttempt, partition: item.ref.partition.number,
-                nowMs: currentTimeMs(), offset: item.ref.offset, digest: item.digest)
+                nowMs: nowMs, offset: item.ref.offset, digest: item.digest)
             outputs.publish(intent, for: nil, intent: item)
         }
     }
@@ -76,11 +76,10 @@ extension ProcessorLoop {
     /// timeout and the clock-skew margin); then billing is asked with a recovery call. A request
     /// journaled in doubt goes on being reconciled until `--reconcile-for` past that time.
     /// Returns an item to start when this one ended at once (billing cannot be asked).
-    func recover(_ item: WorkItem, _ journaled: EntitlementStateRecord.RequestEntry) -> WorkItem? {
+    mutating func recover(_ item: WorkItem, _ journaled: EntitlementStateRecord.RequestEntry) -> WorkItem? {
         statistics.recovered += 1
         item.firstAttempt = journaled.attempts + 1
         item.inDoubtSinceMs = journaled.inDoubtSinceMs
-        let (now, nowMs) = (clock.now, currentTimeMs())
         guard let route = router.controller(for: item.request.productID) else {
             // Billing cannot be asked: for a person, never a guess.
             expire(
@@ -110,7 +109,7 @@ extension ProcessorLoop {
 
     /// A record reusing a journaled `request_id` with other content: a dead letter naming both
     /// records; the journaled request is left as it is.
-    func rejectConflict(_ item: WorkItem, _ journaled: EntitlementStateRecord.RequestEntry) {
+    mutating func rejectConflict(_ item: WorkItem, _ journaled: EntitlementStateRecord.RequestEntry) {
         ownership.beginWork(item.ref)
         statistics.requestIDConflicts += 1
         let first =
@@ -127,7 +126,7 @@ extension ProcessorLoop {
 
     /// The item's intent is durable (exactly-once: in the transaction, whose commit makes it so),
     /// or its decided failure: that is published now.
-    func intentWritten(_ item: WorkItem) {
+    mutating func intentWritten(_ item: WorkItem) {
         if item.decidedFailure != nil {
             publishDecidedFailure(item)
         } else if transactions != nil {
@@ -139,7 +138,7 @@ extension ProcessorLoop {
 
     /// The intent of the item's next call is durable: a first call starts (within the bound), a
     /// later attempt launches.
-    func intentDurable(_ item: WorkItem) {
+    mutating func intentDurable(_ item: WorkItem) {
         guard let (id, attempt) = item.journalingCall else {
             startCall(item)
             return
@@ -149,7 +148,7 @@ extension ProcessorLoop {
         let action =
             failure == nil && ownership.owns(item.ref)
             ? calls.journaled(
-                id, attempt: attempt, now: clock.now, handOverDeadline: ownership.deadline(of: item.ref.partition))
+                id, attempt: attempt, now: now, handOverDeadline: ownership.deadline(of: item.ref.partition))
             : calls.intentLost(id)
         if let action { perform(action) }
     }
@@ -157,8 +156,7 @@ extension ProcessorLoop {
     /// Starts the call of an item, unless the loop is failing or the call could not end before
     /// its partition's hand-over (the next owner calls it, as a recovery). A new request's intent
     /// is durable already; a recovery's is written once its takeover hold is over.
-    func startCall(_ item: WorkItem) {
-        let now = clock.now
+    mutating func startCall(_ item: WorkItem) {
         let handOverDeadline = ownership.deadline(of: item.ref.partition)
         // (A takeover's call starts once its hold is over.)
         let startsAt = max(now, item.takeoverHold ?? now)
@@ -183,14 +181,14 @@ extension ProcessorLoop {
     }
 
     /// A call left the table: the items waiting for a slot start, up to the bound.
-    func startWaitingCalls() {
+    mutating func startWaitingCalls() {
         while calls.hasFreeSlot, let item = waitingForSlot.popFirst() { startCall(item) }
     }
 
     /// A failed call (or one that cannot be made): journaled first, published once that is
     /// durable (``intentWritten(_:)``), so every outcome of the request says the same.
-    func journalFailure(_ item: WorkItem, _ error: PurchaseOutcomeEvent.Failure, attempts: Int) {
-        let now = currentTimeMs()
+    mutating func journalFailure(_ item: WorkItem, _ error: PurchaseOutcomeEvent.Failure, attempts: Int) {
+        let now = nowMs
         item.decidedFailure = (error, attempts, now)
         let update = ledger.recordFailure(
             item.request, attempts: attempts, error: error,
@@ -200,7 +198,7 @@ extension ProcessorLoop {
     }
 
     /// Publishes the journaled failure of `item`: its outcome and dead letter, as journaled.
-    func publishDecidedFailure(_ item: WorkItem) {
+    mutating func publishDecidedFailure(_ item: WorkItem) {
         guard let failure = item.decidedFailure else { return }
         let error = failure.error
         publishOutcome(
@@ -217,8 +215,7 @@ extension ProcessorLoop {
     /// published with the journal's in-doubt mark, nothing is granted, and the record stays
     /// unfinished (its offset is not committed: a restart reads it again and goes on asking). The
     /// user's lane stays held; the call table asks billing again.
-    func doubt(_ item: WorkItem, _ failure: PurchaseOutcomeEvent.Failure, attempts: Int) {
-        let nowMs = currentTimeMs()
+    mutating func doubt(_ item: WorkItem, _ failure: PurchaseOutcomeEvent.Failure, attempts: Int) {
         item.inDoubtSinceMs = nowMs
         statistics.inDoubtOpened += 1
         newlyInDoubt += 1
@@ -228,16 +225,16 @@ extension ProcessorLoop {
         outputs.publish(
             update, for: nil,
             alongside: [pendingOutcome(item, attempts: attempts, nowMs: nowMs, trace: trace)], trace: trace)
-        logger.debug(
-            "request in doubt: pending published, asking billing again",
+        guard logsDebug else { return }
+        log(
+            .debug, "request in doubt: pending published, asking billing again",
             fields: [("request_id", item.request.requestID), ("last", "\(failure.type): \(failure.message)")])
     }
 
     /// Billing gave no definite answer within `--reconcile-for` (or cannot be asked): a dead
     /// letter `in_doubt_expired` for a person to settle, the journal closed (a re-read is a
     /// duplicate), and the outcome stays `pending` (published now if it was not yet).
-    func expire(_ item: WorkItem, _ failure: PurchaseOutcomeEvent.Failure, attempts: Int) {
-        let nowMs = currentTimeMs()
+    mutating func expire(_ item: WorkItem, _ failure: PurchaseOutcomeEvent.Failure, attempts: Int) {
         statistics.inDoubtExpired += 1
         let trace = Self.traceHeaders(item.message.headers)
         var alongside = [
@@ -260,7 +257,7 @@ extension ProcessorLoop {
     }
 
     /// The `pending` (`outcome_unknown`) outcome of an in-doubt request, counted as published.
-    func pendingOutcome(_ item: WorkItem, attempts: Int, nowMs: Int64, trace: [KafkaHeader]) -> (
+    mutating func pendingOutcome(_ item: WorkItem, attempts: Int, nowMs: Int64, trace: [KafkaHeader]) -> (
         output: Output, unsent: UnsentOutput
     ) {
         let controller = item.controllerName.isEmpty ? nil : item.controllerName

@@ -1,12 +1,12 @@
 import EncoreEvents
 import Kafka
 
-/// The loop's partitions: assignment, commits of the finished prefix, revocation and hand-over.
-extension ProcessorLoop {
+/// The worker's partitions: assignment, commits of the finished prefix, revocation and hand-over.
+extension Worker {
     /// The record's work is complete: advance the committable offset of its partition.
-    func finish(_ ref: RecordRef) {
+    mutating func finish(_ ref: RecordRef) {
         statistics.finished += 1
-        statistics.lastFinishedAtMs = currentTimeMs()
+        statistics.lastFinishedAtMs = nowMs
         released += 1
         guard ownership.owns(ref) else { return }
         _ = tracker.finished(ref.partition, offset: ref.offset)
@@ -25,24 +25,16 @@ extension ProcessorLoop {
     /// Every owned partition's commit position: what shutdown commits last.
     var finalCommitOffsets: [KafkaTopicPartitionOffset] { commitOffsets(for: ownership.generations.keys) }
 
-    func commitIfDue(now: ContinuousClock.Instant) {
-        guard now >= nextCommit, commitTask == nil else { return }
+    mutating func commitIfDue(now: ContinuousClock.Instant) {
+        guard now >= nextCommit, !commitInFlight else { return }
         nextCommit = now.advanced(by: configuration.commitInterval)
         // Only what changed since the last commit the broker accepted.
         let changed = ownership.assigned.sorted().compactMap { partition in
             commitOffsets(for: [partition]).first.flatMap { landed[partition] == $0 ? nil : (partition, $0) }
         }
         guard !changed.isEmpty else { return }
-        let (consumer, inbox, logger) = (self.consumer, self.inbox, self.logger)
-        commitTask = Task {
-            do {
-                try await consumer.commit(changed.map(\.1))
-                inbox.post(.commitFinished(landed: Dictionary(changed, uniquingKeysWith: { $1 })))
-            } catch {
-                logger.warning("offset commit failed (retried at the next interval): \(error)")
-                inbox.post(.commitFinished(landed: [:], failed: true))
-            }
-        }
+        commitInFlight = true
+        emit(.commit(changed))
     }
 
     /// Records of `partition` finished in this assignment that the last commit the broker accepted
@@ -78,25 +70,19 @@ extension ProcessorLoop {
         return nil
     }
 
-    func pauseOrResume(_ inputs: some Collection<InputPartition>, pause: Bool) {
-        let partitions = inputs.sorted().map { KafkaTopicPartition(topic: topicName($0.topic), partition: $0.number) }
-        do {
-            if pause { try consumer.pause(partitions) } else { try consumer.resume(partitions) }
-        } catch {
-            logger.warning("cannot \(pause ? "pause" : "resume") partitions: \(error)")
-        }
+    mutating func pause(_ inputs: some Collection<InputPartition>) {
+        emit(.pause(inputs.sorted().map { KafkaTopicPartition(topic: topicName($0.topic), partition: $0.number) }))
     }
 
-    func assign(_ assignment: [KafkaTopicPartition]) {
+    mutating func assign(_ assignment: [KafkaTopicPartition]) {
         let partitions = assignment.compactMap { inputPartition($0.topic, $0.partition) }
         // A partition still owned keeps its generation and what it has received.
         for partition in partitions where ownership.generations[partition] == nil { tracker.remove(partition) }
         ownership.assign(partitions)
-        if ownership.isDraining { pauseOrResume(partitions, pause: true) }
+        if ownership.isDraining { pause(partitions) }
     }
 
-    func revoke(_ partitions: [KafkaTopicPartition], _ handOver: @escaping PartitionHandOver) {
-        let now = clock.now
+    mutating func revoke(_ partitions: [KafkaTopicPartition], _ handOver: @escaping PartitionHandOver) {
         let leaving = Set(
             ownership.revoke(
                 partitions.compactMap { inputPartition($0.topic, $0.partition) }, handOver: handOver, now: now,
@@ -104,7 +90,7 @@ extension ProcessorLoop {
         // Work not started stays unprocessed: the next owner reads it again.
         let dropped = scheduler.removeWaiting { leaving.contains($0.ref.partition) }
         released += dropped.count
-        if !dropped.isEmpty { logger.info("revoked: \(dropped.count) queued requests left to the next owner") }
+        if !dropped.isEmpty { log(.info, "revoked: \(dropped.count) queued requests left to the next owner") }
         for action in calls.handOver(where: leaving.contains, by: now.advanced(by: configuration.drainTimeout)) {
             perform(action)
         }
@@ -113,7 +99,7 @@ extension ProcessorLoop {
 
     /// Items of leaving partitions that wait for a call slot are left to the next owner (their
     /// intent is durable: it calls them as recoveries) rather than holding the hand-over.
-    func abandonWaitingForSlot(of isLeaving: (InputPartition) -> Bool) {
+    mutating func abandonWaitingForSlot(of isLeaving: (InputPartition) -> Bool) {
         guard !waitingForSlot.isEmpty else { return }
         var kept = FIFO<WorkItem>()
         while let item = waitingForSlot.popFirst() {
@@ -124,19 +110,21 @@ extension ProcessorLoop {
 
     /// Completes the revocations whose partitions have nothing in work; reports overdue ones and
     /// cancels their calls (then waits for them: a partition is never handed over with a call alive).
-    func pollOwnership() {
-        let actions = ownership.poll(now: clock.now) { partition in
-            // A periodic commit still in flight could land after the hand-over's and set offsets back;
-            // ledger updates of no record (expiries) must reach the changelog before the next owner reads it.
-            commitTask != nil || transactionCommit != nil
-                || (partition.topic == .requests && outputs.hasUpdates(ofPartition: partition.number))
+    mutating func pollOwnership() {
+        // A periodic commit still in flight could land after the hand-over's and set offsets back;
+        // ledger updates of no record (expiries) must reach the changelog before the next owner reads it.
+        let committing = commitInFlight || transactionCommitInFlight
+        let outputs = self.outputs
+        let actions = ownership.poll(now: now) { partition in
+            committing || (partition.topic == .requests && outputs.hasUpdates(ofPartition: partition.number))
         }
         for action in actions {
             switch action {
             case .handOver(let revocation):
                 handOver(revocation)
             case .overdue(let partitions, let inWork):
-                logger.error(
+                log(
+                    .error,
                     "hand-over of partitions \(partitions.sorted()) is overdue: \(inWork) records still in work; cancelling their calls and waiting for them to return (the partitions are not released while a call runs)"
                 )
                 let leaving = Set(partitions)
@@ -149,7 +137,7 @@ extension ProcessorLoop {
         }
     }
 
-    func handOver(_ revocation: PartitionOwnership<PartitionHandOver>.Revocation) {
+    mutating func handOver(_ revocation: PartitionOwnership<PartitionHandOver>.Revocation) {
         // The consumer commits these, finished offsets included, before letting the partitions go.
         let offsets = commitOffsets(for: revocation.partitions)
         let atRisk = revocation.partitions.reduce(0) { $0 + finishedBeyondLanded($1) }
@@ -160,28 +148,25 @@ extension ProcessorLoop {
             assignedWith[partition] = nil
             landed[partition] = nil
         }
-        logger.debug(
-            "revoked \(revocation.partitions.count) partitions; committing \(offsets.map { "\($0.partition)@\($0.offset)" })"
-        )
+        if logsDebug {
+            log(
+                .debug,
+                "revoked \(revocation.partitions.count) partitions; committing \(offsets.map { "\($0.partition)@\($0.offset)" })"
+            )
+        }
         // The next owner restores these users from the changelog.
         ledger.remove(partitions: Set(revocation.partitions.filter { $0.topic == .requests }.map(\.number)))
         if let state = transactions {
             // Exactly-once: the offsets go into the next transaction (the last one held them all).
             if state.isClosed {
-                revocation.handOver([]) { _ in }
+                emit(.handOver(revocation.handOver, offsets: [], atRisk: 0))
             } else {
                 transactions?.hold(handOver: (revocation, offsets))
-                transactionTick(now: clock.now)
+                transactionTick(now: now)
             }
             return
         }
-        let (inbox, logger) = (self.inbox, self.logger)
-        revocation.handOver(offsets) { error in
-            guard error != nil, atRisk > 0 else { return }
-            logger.warning(
-                "the broker refused the hand-over's commit: the next owner redoes \(atRisk) records finished since the last accepted commit"
-            )
-            inbox.post(.handOverCommitRefused(records: atRisk))
-        }
+        // A refused commit is reported back (``ProcessorInput/handOverCommitRefused(records:)``).
+        emit(.handOver(revocation.handOver, offsets: offsets, atRisk: atRisk))
     }
 }

@@ -1,11 +1,13 @@
-import Dispatch
 import EncoreEvents
 import Kafka
 
-/// One worker's shell around its state machines: it feeds them the inputs (records, results,
-/// deliveries, the time) and carries out what they decide: calls, outputs, commits, hand-overs.
-/// Created, run and ended by one task of ``PurchaseProcessor/run()``; never shared.
+/// One worker's decisions, as one state machine: every input (records, deliveries, call results,
+/// ticks, assignments, revocations, commit and transaction results) comes in with the time, and
+/// what is to be done goes out as ``WorkerAction``s (calls, outputs, commits, pauses, hand-overs,
+/// log lines) for its ``WorkerExecutor`` to carry out. It performs no effect, reads no clock and
+/// shares nothing: its executor owns it, on one task.
 ///
+/// It composes smaller machines, each deciding one thing:
 /// - ``PartitionOwnership``: assignments, generations, revocations and when they may complete.
 /// - ``LaneScheduler``: one request per user at a time (the lane held until its outputs are
 ///   acknowledged).
@@ -14,34 +16,29 @@ import Kafka
 /// - ``OffsetTracker``: the contiguous finished prefix to commit.
 /// - ``TransactionProtocol``: exactly-once's transactions.
 /// - ``EntitlementLedger`` and its ``RequestMemory``: users' state and the request journal.
-final class ProcessorLoop {
+struct Worker {
     let configuration: ProcessorConfiguration
     let router: PurchaseRouter
-    let recorder: StatisticsRecorder
-    let consumer: any ConsumerControl
-    let producer: any OutputProducer
-    let inbox: Inbox<ProcessorInput>
-    let logger: Logger
-    let clock = ContinuousClock()
-    /// Jitter for retry backoff: a cheap generator (one draw per controller result), seeded once.
-    var random = SplitMix64(seed: UInt64.random(in: 0...UInt64.max))
+    /// Jitter for retry backoff: a cheap generator (one draw per controller result).
+    var random: SplitMix64
+    /// The time of the input being handled: the monotonic clock and the wall clock (ms).
+    var now: ContinuousClock.Instant
+    var nowMs: Int64
+    /// What the input decided, in order; taken by the executor (``takeActions()``).
+    private(set) var actions: [WorkerAction] = []
+    /// Debug lines are decided only when they would be logged.
+    let logsDebug: Bool
 
     var ownership: PartitionOwnership<PartitionHandOver>
     var scheduler: LaneScheduler<WorkItem, UserLane>
     var calls: CallTable<WorkItem>
     /// Items whose intent is durable, waiting for a call slot (``CallTable/hasFreeSlot``).
     var waitingForSlot = FIFO<WorkItem>()
-    /// Calls a controller answered without suspending (``PurchaseController/immediateAnswer(to:)``),
-    /// handled after the input, or the batch's hand-over and drain checks, that launched them.
-    var immediateAnswers: [(call: Int, attempt: Int, result: Result<PurchaseResult, any Error>, duration: Duration)] =
-        []
     var outputs = OutputTracker<WorkItem>()
     var tracker = OffsetTracker<InputPartition>()
     /// The users' state: grants and the request journal (intents and results).
     var ledger: EntitlementLedger
-    /// Counts the records held (handed out by the consumer, not yet done); released here, once per
-    /// batch handled (`released` gathers them).
-    let admission: KafkaAdmission
+    /// Records done with (handed out by the consumer and admitted), released once per batch.
     var released = 0
     /// Offsets a previous owner finished beyond its commit (from the commit metadata), per partition;
     /// consumed as they arrive (`skipFinished`), kept whole in `assignedCommit`.
@@ -56,15 +53,14 @@ final class ProcessorLoop {
     var nextCommit: ContinuousClock.Instant
     /// When the request journal next forgets what is past the dedupe retention.
     var nextJournalPrune: ContinuousClock.Instant
-    /// The commit in flight, if any; one at a time.
-    var commitTask: Task<Void, Never>? = nil
+    /// A periodic commit is in flight (one at a time).
+    var commitInFlight = false
     /// When the drain's overdue calls were last reported.
     var drainReportedAt: ContinuousClock.Instant? = nil
-    /// Exactly-once mode: the transaction in progress, and how to commit it; `nil` otherwise.
+    /// Exactly-once mode: the transaction in progress; `nil` otherwise.
     var transactions: TransactionProtocol<WorkItem, TransactionHandOver>? = nil
-    /// Exactly-once: the transaction's commit in flight, with its error.
-    var transactionCommit: Task<KafkaError?, Never>? = nil
-    let committer: (any TransactionCommitter)?
+    /// Exactly-once: a transaction's commit is in flight.
+    var transactionCommitInFlight = false
 
     /// Counters kept here and published on each tick (and when the loop ends).
     var statistics = ProcessorStatistics()
@@ -72,19 +68,16 @@ final class ProcessorLoop {
     var newlyInDoubt = 0
     /// Dead-letter warnings: at most ten a second.
     var warnings = WarningRateLimit(perSecond: 10)
-    let encoder: OutputEncoder
-    let outputQueue = DispatchQueue(label: "encore.processor.outputs")
 
     private(set) var isFinished = false
     private(set) var failure: ProcessorError? = nil
 
+    /// `transactional`: exactly-once, every output and offset in transactions.
     init(
-        configuration: ProcessorConfiguration, router: PurchaseRouter, recorder: StatisticsRecorder,
-        consumer: any ConsumerControl, producer: any OutputProducer, inbox: Inbox<ProcessorInput>,
-        admission: KafkaAdmission, logger: Logger, committer: (any TransactionCommitter)? = nil
+        configuration: ProcessorConfiguration, router: PurchaseRouter, transactional: Bool,
+        now: ContinuousClock.Instant, nowMs: Int64, seed: UInt64, logsDebug: Bool
     ) {
-        self.committer = committer
-        if committer != nil {
+        if transactional {
             transactions = TransactionProtocol()
             // In a transaction every changelog record is written as soon as it is ready, as before
             // records were shared (nothing measured calls for more there).
@@ -92,11 +85,10 @@ final class ProcessorLoop {
         }
         self.configuration = configuration
         self.router = router
-        self.recorder = recorder
-        self.consumer = consumer
-        self.producer = producer
-        self.inbox = inbox
-        self.logger = logger
+        self.now = now
+        self.nowMs = nowMs
+        self.logsDebug = logsDebug
+        random = SplitMix64(seed: seed)
         // Lanes keep one request per user running; the records held (`--buffer-size`, admitted by
         // the consumer's reader) bound how many. The call table owns the call bound
         // (`maxInFlight`), so a request waiting for its intent holds no call slot.
@@ -106,50 +98,63 @@ final class ProcessorLoop {
             limit: configuration.maxInFlight)
         ownership = PartitionOwnership(
             reportInterval: configuration.drainTimeout, stuckAfter: configuration.stuckCallLimit)
-        self.admission = admission
-        encoder = OutputEncoder(configuration: configuration)
         ledger = EntitlementLedger(catalog: configuration.catalog, journal: configuration.journal)
-        nextCommit = ContinuousClock.now.advanced(by: configuration.commitInterval)
-        nextJournalPrune = ContinuousClock.now.advanced(by: .seconds(60))
+        nextCommit = now.advanced(by: configuration.commitInterval)
+        nextJournalPrune = now.advanced(by: .seconds(60))
     }
 
-    /// The one driver of a loop, in production, the tests and `bench --no-kafka`: handles its
-    /// inbox until the loop ends, then ends it as every worker ends: calls still running are
-    /// cancelled, the outputs handed over reach the producer, the commit in flight returns, and an
-    /// open transaction aborts. `stopped` runs as soon as the loop stops handling inputs, and
-    /// `beforeAbort` before the transaction's abort (which may wait on the broker).
-    func run(stopped: () -> Void = {}, beforeAbort: () -> Void = {}) async {
-        while !isFinished { handle(await inbox.next()) }
-        stopped()
-        cancelRemainingCalls()
-        await waitForOutputs()
-        await commitTask?.value
-        _ = await transactionCommit?.value
-        beforeAbort()
-        await abortOpenTransaction()
+    // MARK: Inputs
+
+    /// Handles one input at `now`; its decisions wait in ``actions``.
+    mutating func handle(_ input: ProcessorInput, now: ContinuousClock.Instant, nowMs: Int64) {
+        (self.now, self.nowMs) = (now, nowMs)
+        handle(input)
     }
 
-    /// Handles a batch of inputs; while draining, checks whether everything is done.
-    func handle(_ batch: [ProcessorInput]) {
-        for event in batch {
-            handle(event)
-            handleImmediateAnswers()
-        }
+    /// What a batch of inputs decides once they are all handled: its outputs go out in one hand-off,
+    /// the records it is done with are released, revocations and the drain are checked.
+    mutating func endBatch(now: ContinuousClock.Instant, nowMs: Int64) {
+        (self.now, self.nowMs) = (now, nowMs)
         flushOutputs()
         if released > 0 {
-            admission.release(released)
+            emit(.release(released))
             released = 0
         }
         if ownership.hasRevocations { pollOwnership() }
         if ownership.isDraining { checkDrained() }
-        // A hand-over or drain above may have started calls that were answered at once.
-        if !immediateAnswers.isEmpty {
-            handleImmediateAnswers()
-            flushOutputs()
-        }
+        // A hand-over or drain above may have produced outputs.
+        flushOutputs()
     }
 
-    func handle(_ event: ProcessorInput) {
+    /// The actions decided since the last take, in order.
+    mutating func takeActions(into buffer: inout [WorkerAction]) {
+        buffer.removeAll(keepingCapacity: true)
+        swap(&buffer, &actions)
+    }
+
+    mutating func emit(_ action: WorkerAction) { actions.append(action) }
+
+    /// A log line; a debug line only when debug lines are logged (decide at the call site
+    /// whether to build it: `if logsDebug`).
+    mutating func log(_ level: Logger.Level, _ message: String, fields: [(String, String)] = []) {
+        guard level > .debug || logsDebug else { return }
+        emit(.log(level, message, fields: fields))
+    }
+
+    /// Hands the batch's outputs to the executor in one action, in order, so one user's outputs
+    /// keep their order; their answers come back with the token.
+    mutating func flushOutputs() {
+        guard outputs.hasUnsent else { return }
+        // While a transaction commits, outputs wait for the next one.
+        if let state = transactions, !state.acceptsOutputs { return }
+        let unsent = outputs.takeUnsent()
+        // (Changelog records that turned out not to be ready yet: nothing to produce.)
+        guard !unsent.isEmpty else { return }
+        transactions?.handed(unsent.count)
+        emit(.produce(unsent))
+    }
+
+    mutating func handle(_ event: ProcessorInput) {
         switch event {
         case .records(let records):
             // Admitted by the reader of the consumer already.
@@ -158,7 +163,6 @@ final class ProcessorLoop {
             // The ledger knows the partitions' users before any of their records is handled. A
             // partition still owned keeps what the loop knows: newer than what was read.
             // The journal's records first: an earlier version's journal in a state record is older.
-            let nowMs = currentTimeMs()
             for (partition, restored) in restored where ownership.generations[.requests(partition)] == nil {
                 ledger.restore(journal: restored.journal, partition: partition)
                 for state in restored.states.values { ledger.restore(state, partition: partition, nowMs: nowMs) }
@@ -173,7 +177,7 @@ final class ProcessorLoop {
         case .revoked(let partitions, let handOver): revoke(partitions, handOver)
         case .commitFinished(let accepted, let failed):
             if failed { statistics.commitFailures += 1 }
-            commitTask = nil
+            commitInFlight = false
             for (partition, offset) in accepted where ownership.generations[partition] != nil {
                 landed[partition] = offset
             }
@@ -188,22 +192,23 @@ final class ProcessorLoop {
         case .attemptFinished(let id, let attempt, let result, let duration):
             statistics.callDuration.record(duration.wholeMicroseconds)
             if case .failure(let error) = result { statistics.controllerErrors[Self.errorType(error), default: 0] += 1 }
+            let ownership = self.ownership
             let action = calls.finished(
-                id, attempt: attempt, result, now: clock.now, retryUnit: random.nextUnit(),
-                retryDeadline: { self.ownership.deadline(of: $0) })
+                id, attempt: attempt, result, now: now, retryUnit: random.nextUnit(),
+                retryDeadline: { ownership.deadline(of: $0) })
             if let action { perform(action) }
         case .delivered(let deliveries): delivered(deliveries)
         case .tick: tick()
         case .failed(let error): fail(error)
         case .shutdown:
-            if !ownership.isDraining { logger.info("shutting down: draining \(calls.count) running calls") }
+            if !ownership.isDraining { log(.info, "shutting down: draining \(calls.count) running calls") }
             beginDrain()
         }
     }
 
     // MARK: Intake
 
-    func receive(_ message: KafkaMessage, _ payload: IncomingRecord.Payload) {
+    mutating func receive(_ message: KafkaMessage, _ payload: IncomingRecord.Payload) {
         // After a revoke or during shutdown, records are left for the next owner (offsets not stored).
         // A record handed out again (around a pause and resume) is already being handled.
         guard let partition = inputPartition(message.topic, message.partition),
@@ -216,7 +221,7 @@ final class ProcessorLoop {
         let ref = RecordRef(partition: partition, offset: message.offset, generation: generation)
         tracker.received(partition, offset: message.offset)
         statistics.received += 1
-        if statistics.firstReceivedAtMs == nil { statistics.firstReceivedAtMs = currentTimeMs() }
+        if statistics.firstReceivedAtMs == nil { statistics.firstReceivedAtMs = nowMs }
         // (Checked for emptiness first: modifying through a missing key allocates.)
         if !skipFinished.isEmpty, skipFinished[partition]?.remove(message.offset) != nil {
             // Done before a rebalance or restart (its outputs were acknowledged): not again.
@@ -231,7 +236,7 @@ final class ProcessorLoop {
         case .source(.success(let event)):
             // Applied in offset order, on the loop: the ledger is this loop's state.
             statistics.sourceEvents += 1
-            if let update = ledger.apply(source: event, partition: message.partition, nowMs: currentTimeMs()) {
+            if let update = ledger.apply(source: event, partition: message.partition, nowMs: nowMs) {
                 ownership.beginWork(ref)
                 outputs.publish(update, for: ref, trace: Self.traceHeaders(message.headers))
             } else {
@@ -249,20 +254,7 @@ final class ProcessorLoop {
 
     // MARK: Calls
 
-    /// Handles the calls answered without suspending, and those their handling launched.
-    func handleImmediateAnswers() {
-        while !immediateAnswers.isEmpty {
-            let answers = immediateAnswers
-            immediateAnswers.removeAll(keepingCapacity: true)
-            for answer in answers {
-                handle(
-                    .attemptFinished(
-                        call: answer.call, attempt: answer.attempt, answer.result, duration: answer.duration))
-            }
-        }
-    }
-
-    func perform(_ action: CallTable<WorkItem>.Action) {
+    mutating func perform(_ action: CallTable<WorkItem>.Action) {
         switch action {
         case .launch(let id, let item, let attempt):
             launch(id, item, attempt: attempt)
@@ -274,23 +266,20 @@ final class ProcessorLoop {
             item.journalingCall = (id, attempt)
             outputs.publish(
                 ledger.recordIntent(
-                    item.request, attempt: attempt, partition: item.ref.partition.number, nowMs: currentTimeMs(),
+                    item.request, attempt: attempt, partition: item.ref.partition.number, nowMs: nowMs,
                     offset: item.ref.offset, digest: item.digest),
                 for: nil, intent: item)
         case .doubt(let item, let failure, let attempts):
-            item.task = nil
             doubt(item, failure, attempts: attempts)
             startWaitingCalls()
-        case .cancel(_, let item):
+        case .cancel(let id, _):
             // Logged by the caller, once per batch of cancellations.
-            item.task?.cancel()
+            emit(.cancelCall(id))
         case .settle(let item, let settlement, let attempts):
-            item.task = nil
             settle(item, settlement, attempts: attempts)
             startWaitingCalls()
         case .abandon(let item):
             // No outcome: the record stays unfinished and is read again by the next owner.
-            item.task = nil
             ownership.endWork(item.ref)
             released += 1
             if let next = scheduler.finish(lane: item.lane) { start(next) }
@@ -298,7 +287,7 @@ final class ProcessorLoop {
         }
     }
 
-    func launch(_ id: Int, _ item: WorkItem, attempt: Int) {
+    mutating func launch(_ id: Int, _ item: WorkItem, attempt: Int) {
         guard let controller = item.controller else { return }
         let trace = Self.traceContext(item.message.headers)
         let request = PurchaseRequest(
@@ -307,23 +296,7 @@ final class ProcessorLoop {
         if item.inDoubtSinceMs != nil { statistics.reconcileCalls += 1 }
         statistics.controllerCalls += 1
         if attempt > item.firstAttempt { statistics.retries += 1 }
-        let started = ContinuousClock.now
-        if let answer = controller.immediateAnswer(to: request) {
-            // No task, and no trip through the inbox: handled once the current input is.
-            immediateAnswers.append((id, attempt, answer, ContinuousClock.now - started))
-            return
-        }
-        let inbox = self.inbox
-        // Immediate: a controller whose call does not suspend after all costs no thread hop.
-        item.task = Task.immediate {
-            let result: Result<PurchaseResult, any Error>
-            do {
-                result = .success(try await controller.purchase(request))
-            } catch {
-                result = .failure(error)
-            }
-            inbox.post(.attemptFinished(call: id, attempt: attempt, result, duration: ContinuousClock.now - started))
-        }
+        emit(.call(id, attempt: attempt, request, controller))
     }
 
     /// The call is over: its slot is free; the lane stays held until the outputs are acknowledged.
@@ -370,7 +343,7 @@ final class ProcessorLoop {
         }
     }
 
-    func settle(_ item: WorkItem, _ settlement: CallTable<WorkItem>.Settlement, attempts: Int) {
+    mutating func settle(_ item: WorkItem, _ settlement: CallTable<WorkItem>.Settlement, attempts: Int) {
         let next = scheduler.endCall(lane: item.lane)
         if ownership.owns(item.ref) {
             // (A replay's controller only: the request is built for it alone.)
@@ -397,11 +370,12 @@ final class ProcessorLoop {
             }
         } else {
             // Only reachable when a hand-over could not wait (the loop ended): nothing is applied.
-            logger.error(
+            log(
+                .error,
                 "request \(item.request.requestID) returned after its partition \(item.ref.partition) was handed over; result not applied"
             )
             released += 1
-            _ = scheduler.releaseLane(item.lane).map(start)
+            if let next = scheduler.releaseLane(item.lane) { start(next) }
         }
         if let next { start(next) }
     }
@@ -410,12 +384,12 @@ final class ProcessorLoop {
 
     /// Publishes the request's outcome (and dead letter, when it failed) with the ledger update
     /// recording its result and grants; the changelog record follows once they are acknowledged.
-    func publishOutcome(
+    mutating func publishOutcome(
         _ item: WorkItem, result: OutcomeResult, attempts: Int, controller: String?,
         error: PurchaseOutcomeEvent.Failure?, deadLetter: DeadLetterEvent.Failure? = nil, completedAtMs: Int64? = nil
     ) {
         let outcome = PurchaseOutcomeEvent(
-            request: item.request, result: result, attempts: attempts, completedAtMs: completedAtMs ?? currentTimeMs(),
+            request: item.request, result: result, attempts: attempts, completedAtMs: completedAtMs ?? nowMs,
             controller: controller, error: error)
         statistics.outcomesByController[.init(result.rawValue, controller ?? "-"), default: 0] += 1
         if item.request.loadTestRun != nil { statistics.loadTestOutcomes += 1 }
@@ -444,29 +418,29 @@ final class ProcessorLoop {
     }
 
     /// Publishes a dead letter for a record no request of which is journaled (it did not decode).
-    func publishDeadLetter(
+    mutating func publishDeadLetter(
         for message: KafkaMessage, ref: RecordRef, failure: DeadLetterEvent.Failure, requestID: String?
     ) {
         let (output, unsent) = deadLetterOutput(for: message, failure: failure, attempts: 0, requestID: requestID)
         outputs.send(output, unsent, for: ref)
     }
 
-    func deadLetterOutput(
+    mutating func deadLetterOutput(
         for message: KafkaMessage, failure: DeadLetterEvent.Failure, attempts: Int, requestID: String?,
         failedAtMs: Int64? = nil
     ) -> (output: Output, unsent: UnsentOutput) {
         let letter = DeadLetterEvent(
             topic: message.topic, partition: message.partition, offset: message.offset, key: message.key,
             value: message.value, headers: message.headers.map { ($0.key, $0.value) }, error: failure,
-            attempts: attempts, failedAtMs: failedAtMs ?? currentTimeMs(), requestID: requestID)
+            attempts: attempts, failedAtMs: failedAtMs ?? nowMs, requestID: requestID)
         statistics.deadLettersByClass[.init(failure.stage.rawValue, failure.errorClass), default: 0] += 1
-        let (allowed, leftOut) = warnings.allow(now: clock.now)
+        let (allowed, leftOut) = warnings.allow(now: now)
         if leftOut > 0 {
-            logger.warning("\(leftOut) more dead letters in the last second (at most 10 a second are logged)")
+            log(.warning, "\(leftOut) more dead letters in the last second (at most 10 a second are logged)")
         }
         if allowed {
-            logger.warning(
-                failure.stage == .controller ? "controller failed: dead letter" : "dead letter",
+            log(
+                .warning, failure.stage == .controller ? "controller failed: dead letter" : "dead letter",
                 fields: [
                     ("request_id", requestID ?? "-"), ("stage", failure.stage.rawValue),
                     ("class", failure.errorClass), ("topic", message.topic), ("partition", String(message.partition)),
@@ -478,7 +452,7 @@ final class ProcessorLoop {
         return (.deadLetter, .deadLetter(letter, key: key, trace: Self.traceHeaders(message.headers)))
     }
 
-    func delivered(_ answers: [KafkaDelivery]) {
+    mutating func delivered(_ answers: [KafkaDelivery]) {
         var deliveries = answers
         if transactions != nil {
             transactions?.answered(deliveries.count)
@@ -490,16 +464,16 @@ final class ProcessorLoop {
             }
         }
         defer { commitTransactionIfAnswered() }
-        let nowMs = currentTimeMs()
         var redelivering: (count: Int, topic: String, error: KafkaError)? = nil
         defer {
             if let redelivering {
-                logger.warning(
+                log(
+                    .warning,
                     "\(redelivering.count) deliveries failed (last: to \(redelivering.topic), \(redelivering.error)); producing them again, in order"
                 )
             }
         }
-        for event in outputs.delivered(deliveries, now: clock.now) {
+        for event in outputs.delivered(deliveries, now: now) {
             switch event {
             case .acknowledged(.outcome(let result, let requestedAtMs)):
                 statistics.outcomes[result, default: 0] += 1
@@ -528,7 +502,7 @@ final class ProcessorLoop {
 
     /// Every output of the record is acknowledged (its result is in the journal): its offset may
     /// be committed, and its user's next request may start unless ``resultReady(_:)`` let it.
-    func recordDone(_ ref: RecordRef, _ item: WorkItem?) {
+    mutating func recordDone(_ ref: RecordRef, _ item: WorkItem?) {
         ownership.endWork(ref)
         finish(ref)
         // Its result's journal record is durable: an earlier version's entry of it leaves the state.
@@ -543,40 +517,40 @@ final class ProcessorLoop {
     /// The item's outcome (and dead letter, change events) is acknowledged, its result not yet in
     /// the changelog: the user's next request may start. Its intent is written in the same record
     /// as this result or a later one, so its call still starts after this result is durable.
-    func resultReady(_ item: WorkItem) {
+    mutating func resultReady(_ item: WorkItem) {
         item.laneReleased = true
         if let next = scheduler.releaseLane(item.lane) { start(next) }
     }
 
     // MARK: Time
 
-    func tick() {
+    mutating func tick() {
         // Published on the clock, not per batch: a copy of the histogram per batch costs more than the work.
         statistics.assignedPartitions = ownership.assigned.count
         statistics.inFlight = calls.count
-        statistics.lastTickAtMs = currentTimeMs()
+        statistics.lastTickAtMs = nowMs
         statistics.inDoubtOpen = calls.inDoubtCount
         statistics.oldestInDoubtSinceMs =
             calls.inDoubtCount == 0 ? nil : calls.calls.values.compactMap(\.item.inDoubtSinceMs).min()
         statistics.changesByKind = outputs.changesByKind
-        recorder.publish(statistics)
-        let now = clock.now
+        emit(.publishStatistics)
         let due = calls.tick(now: now)
         let cancelled = due.filter { if case .cancel = $0 { true } else { false } }.count
         if cancelled > 0 {
-            logger.warning(
+            log(
+                .warning,
                 "\(cancelled) calls passed the call timeout (\(configuration.callTimeout)) and are cancelled; their users' next requests wait until they return"
             )
         }
         for action in due { perform(action) }
         if newlyInDoubt > 0 {
-            logger.warning(
+            log(
+                .warning,
                 "\(newlyInDoubt) requests in doubt: their attempts ran out with billing's answer unknown; published pending (outcome_unknown), asking billing again; \(calls.inDoubtCount) in doubt in all"
             )
             newlyInDoubt = 0
         }
         outputs.tick(now: now)
-        let nowMs = currentTimeMs()
         if now >= nextJournalPrune {
             nextJournalPrune = now.advanced(by: .seconds(60))
             ledger.pruneJournals(nowMs: nowMs)
@@ -599,11 +573,10 @@ final class ProcessorLoop {
 
     /// Stops taking records; running calls go on (bounded by their timeout) and their outputs are
     /// delivered, then the loop ends.
-    func beginDrain() {
+    mutating func beginDrain() {
         guard !ownership.isDraining else { return }
-        let now = clock.now
         ownership.beginDrain(now: now, timeout: configuration.drainTimeout)
-        pauseOrResume(ownership.generations.keys, pause: true)
+        pause(ownership.generations.keys)
         released += scheduler.removeWaiting { _ in true }.count
         for action in calls.handOver(where: { _ in true }, by: now.advanced(by: configuration.drainTimeout)) {
             perform(action)
@@ -611,9 +584,8 @@ final class ProcessorLoop {
         abandonWaitingForSlot { _ in true }
     }
 
-    func checkDrained() {
+    mutating func checkDrained() {
         guard let deadline = ownership.drainDeadline else { return }
-        let now = clock.now
         if calls.isEmpty && outputs.isIdle {
             // Exactly-once: the last transaction commits the last outputs and offsets first (not
             // after a failure: what is uncommitted then is left to the restart).
@@ -625,7 +597,8 @@ final class ProcessorLoop {
         } else if now >= deadline && calls.isEmpty && !outputs.hasStateUpdates {
             // (Changelog writes are waited for: one landing after the next owner's restore would
             // set a user's journal back.)
-            logger.error(
+            log(
+                .error,
                 "drain timed out with \(outputs.pendingRecords) records whose outputs are undelivered; they are not committed and will be processed again"
             )
             end()
@@ -634,7 +607,8 @@ final class ProcessorLoop {
         } else if now >= deadline, drainReportedAt.map({ now >= $0.advanced(by: configuration.drainTimeout) }) ?? true {
             // Never end with a call alive: its partitions would go to another member while it runs.
             drainReportedAt = now
-            logger.error(
+            log(
+                .error,
                 "drain deadline passed with \(calls.count) calls running: cancelling them and waiting for them to return"
             )
             for action in calls.interrupt(where: { _ in true }) { perform(action) }
@@ -644,33 +618,28 @@ final class ProcessorLoop {
     /// Ends the loop without handing anything over: a call is still alive after the hand-over limit.
     /// ``PurchaseProcessor/run()`` throws ``ProcessorError/Code/callStuck``; the process must exit
     /// (ending the call with it) before the group gives the partitions to another member.
-    func stop(stuck reason: String) {
+    mutating func stop(stuck reason: String) {
         guard !isFinished else { return }
         let error = ProcessorError(
             .callStuck,
             "\(reason) for longer than the hand-over allows (\(configuration.stuckCallLimit) past the drain timeout, within max.poll.interval.ms); stopping without handing the partitions over, so that the call cannot run beside their next owner"
         )
-        logger.error("\(error)")
+        log(.error, "\(error)")
         failure = error
         isFinished = true
-        recorder.publish(statistics)
+        emit(.publishStatistics)
     }
 
-    func end() {
+    mutating func end() {
         isFinished = true
         // Nothing is in work: revocations still waiting are handed over with what finished.
         for revocation in ownership.takeRevocations() { handOver(revocation) }
-        recorder.publish(statistics)
+        emit(.publishStatistics)
     }
 
-    func fail(_ error: ProcessorError) {
-        logger.error("\(error)")
+    mutating func fail(_ error: ProcessorError) {
+        log(.error, "\(error)")
         if failure == nil { failure = error }
         beginDrain()
-    }
-
-    /// Cancels calls still running after the loop ended (drain timeout).
-    func cancelRemainingCalls() {
-        for call in calls.calls.values { call.item.task?.cancel() }
     }
 }
