@@ -1,0 +1,148 @@
+import EncoreEvents
+import Kafka
+import Testing
+
+@testable import EncoreProcessor
+
+/// The worker as a pure state machine: inputs in with the time, actions out, no executor, no
+/// thread and no clock. Each step names the one action it must decide.
+@Suite("Worker: inputs and time in, actions out")
+struct WorkerTests {
+    static let topic = "encore.purchase-requests"
+
+    /// A worker at a fixed time, with one controller routed for every product.
+    struct Driven {
+        var worker: Worker
+        var now: ContinuousClock.Instant
+        var nowMs: Int64 = 1_764_475_700_000
+
+        init(configure: (inout ProcessorConfiguration) -> Void = { _ in }) {
+            var configuration = ProcessorConfiguration(kafka: KafkaConfiguration())
+            configure(&configuration)
+            now = ContinuousClock.now
+            var router = PurchaseRouter()
+            router.register("simulated", SimulatedController(weights: [(.purchased, 1)], allowsProduction: true))
+            router.route(.any, to: "simulated")
+            worker = Worker(
+                configuration: configuration, router: router, transactional: false, now: now, nowMs: nowMs, seed: 7,
+                logsDebug: false)
+        }
+
+        /// Handles `inputs` as one batch `elapsed` after the last; returns what they decided.
+        mutating func step(_ inputs: ProcessorInput..., after elapsed: Duration = .zero) -> [WorkerAction] {
+            now = now.advanced(by: elapsed)
+            nowMs += Int64(elapsed.milliseconds)
+            var decided: [WorkerAction] = []
+            var taken: [WorkerAction] = []
+            for input in inputs {
+                worker.handle(input, now: now, nowMs: nowMs)
+                worker.takeActions(into: &taken)
+                decided += taken
+            }
+            worker.endBatch(now: now, nowMs: nowMs)
+            worker.takeActions(into: &taken)
+            return decided + taken
+        }
+    }
+
+    static func record(_ event: PurchaseRequestEvent, offset: Int64) -> ProcessorInput {
+        .records([
+            IncomingRecord(
+                message: KafkaMessage(
+                    topic: topic, partition: 0, offset: offset, key: Array(event.key.utf8), value: event.jsonBytes(),
+                    headers: []))
+        ])
+    }
+
+    static func assignment() -> ProcessorInput {
+        .assigned([KafkaTopicPartition(topic: topic, partition: 0)], finished: [:], restored: [:], committed: [:])
+    }
+
+    /// The outputs of the one `.produce` among `actions`, and the tokens to acknowledge them.
+    static func produced(_ actions: [WorkerAction]) -> [(token: UInt, output: UnsentOutput)] {
+        let batches = actions.compactMap { action -> [(token: UInt, output: UnsentOutput)]? in
+            if case .produce(let outputs) = action { outputs } else { nil }
+        }
+        #expect(batches.count == 1, "one hand-off of outputs per batch")
+        return batches.first ?? []
+    }
+
+    static func acknowledged(_ outputs: [(token: UInt, output: UnsentOutput)]) -> ProcessorInput {
+        .delivered(outputs.map { KafkaDelivery(token: $0.token, error: nil, record: nil) })
+    }
+
+    static func calls(_ actions: [WorkerAction]) -> [(id: Int, attempt: Int, request: PurchaseRequest)] {
+        actions.compactMap { action in
+            if case .call(let id, let attempt, let request, _) = action { (id, attempt, request) } else { nil }
+        }
+    }
+
+    @Test("a request: intent out, call once it is acknowledged, outcome, then its offset committed")
+    func oneRequest() throws {
+        var driven = Driven()
+        _ = driven.step(Self.assignment())
+        let event = request(1, user: "u1")
+
+        // The record decides the intent only: the call waits until it is durable.
+        let intake = driven.step(Self.record(event, offset: 0))
+        #expect(Self.calls(intake).isEmpty)
+        let intent = Self.produced(intake)
+        #expect(intent.count == 1)
+        guard case .journal(let entry, partition: 0) = intent.first?.output else {
+            Issue.record("expected the request's intent, got \(intent.map(\.output))")
+            return
+        }
+        #expect(entry.entry.requestID == event.requestID && entry.entry.attempts == 1 && entry.entry.result == nil)
+
+        // Acknowledged: the call starts, attempt 1, not a recovery.
+        let called = Self.calls(driven.step(Self.acknowledged(intent)))
+        #expect(called.count == 1)
+        let call = try #require(called.first)
+        #expect(call.attempt == 1 && call.request.requestId == event.requestID && !call.request.isRecovery)
+
+        // Billing answered: the outcome goes out (with the result's journal record after it).
+        let answered = driven.step(.attemptFinished(call: call.id, attempt: 1, .success(.purchased)))
+        let outputs = Self.produced(answered)
+        let outcomes = outputs.compactMap { output -> PurchaseOutcomeEvent? in
+            if case .outcome(let outcome, _) = output.output { outcome } else { nil }
+        }
+        #expect(outcomes.map(\.requestID) == [event.requestID] && outcomes.first?.result == .purchased)
+
+        // Every output acknowledged (and what follows them): the record is done and released.
+        var pending = outputs
+        var released = 0
+        for _ in 0..<4 where !pending.isEmpty {
+            let next = driven.step(Self.acknowledged(pending))
+            released += next.reduce(0) { sum, action in
+                if case .release(let count) = action { sum + count } else { sum }
+            }
+            pending = next.flatMap { action -> [(token: UInt, output: UnsentOutput)] in
+                if case .produce(let outputs) = action { outputs } else { [] }
+            }
+        }
+        #expect(pending.isEmpty && released == 1)
+
+        // The commit interval passes: offset 1 of partition 0 is committed, once.
+        let ticked = driven.step(.tick, after: .milliseconds(250))
+        let commits = ticked.compactMap { action -> [(InputPartition, KafkaTopicPartitionOffset)]? in
+            if case .commit(let changed) = action { changed } else { nil }
+        }
+        #expect(commits.count == 1 && commits.first?.map(\.1.offset) == [1])
+        #expect(
+            driven.step(.tick, after: .milliseconds(250)).allSatisfy { if case .commit = $0 { false } else { true } },
+            "no second commit while the first is in flight")
+    }
+
+    @Test("a call past its timeout is cancelled on the tick that finds it, not before")
+    func timeout() throws {
+        var driven = Driven { $0.callTimeout = .seconds(2) }
+        _ = driven.step(Self.assignment())
+        let intent = Self.produced(driven.step(Self.record(request(1, user: "u1"), offset: 0)))
+        let call = try #require(Self.calls(driven.step(Self.acknowledged(intent))).first)
+        let cancels = { (actions: [WorkerAction]) in
+            actions.compactMap { action -> Int? in if case .cancelCall(let id) = action { id } else { nil } }
+        }
+        #expect(cancels(driven.step(.tick, after: .milliseconds(1_900))).isEmpty)
+        #expect(cancels(driven.step(.tick, after: .milliseconds(200))) == [call.id])
+    }
+}
