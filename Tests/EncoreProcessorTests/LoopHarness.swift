@@ -129,7 +129,7 @@ final class EndedFlag: Sendable {
     func set() { value.store(true, ordering: .releasing) }
 }
 
-/// Runs a ``ProcessorLoop`` against fakes: the dispatcher without Kafka.
+/// Runs a ``WorkerExecutor`` and its ``Worker`` against fakes: the dispatcher without Kafka.
 final class LoopHarness: Sendable {
     static let topic = "encore.purchase-requests"
     let consumer = FakeConsumer()

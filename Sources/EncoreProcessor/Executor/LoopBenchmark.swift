@@ -3,8 +3,8 @@ import Foundation
 import Kafka
 import Synchronization
 
-/// The dispatch loop alone, without a broker (`bench --no-kafka`): contract requests through one
-/// ``ProcessorLoop`` with the 0 ms simulated controller and the ledger and journal on, their
+/// One worker alone, without a broker (`bench --no-kafka`): contract requests through one
+/// ``WorkerExecutor`` (and its ``Worker``) with the 0 ms simulated controller and the ledger and journal on, their
 /// outputs taken as a producer would and acknowledged in batches: what the loop itself costs,
 /// without a broker's round trips (which vary a lot from run to run) in the figure.
 public enum LoopBenchmark {
