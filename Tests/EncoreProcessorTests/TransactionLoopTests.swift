@@ -136,6 +136,25 @@ struct TransactionEndingTests {
         #expect(controller.snapshot.calls == 0, "called after the loop ended")
     }
 
+    /// A transaction committed earlier must not be taken for the one left open: the worker that
+    /// fails later still aborts what it holds (the call's outcome, produced after the commit).
+    @Test("a worker that fails after a committed transaction aborts the one it left open")
+    func abortAfterEarlierCommit() async throws {
+        let controller = RecordingController(latency: { _ in .milliseconds(300) })
+        let committer = RecordingCommitter()
+        let harness = LoopHarness(router: router(controller)) { _ in committer }
+        harness.assign(partitions: 1)
+        harness.feed(request(0, user: "u"))
+        // The call starts once the transaction holding its intent committed.
+        #expect(await eventually { controller.snapshot.calls == 1 })
+        #expect(committer.commits.withLock { $0.count } >= 1)
+        harness.inbox.post(.consumerFailed(KafkaError(code: .invalidConfiguration, message: "gone")))
+        let failure = await harness.ended()
+        #expect(failure?.code == .kafka)
+        #expect(committer.aborts.withLock { $0 } == 1, "the open transaction was left to transaction.timeout.ms")
+        #expect(harness.statistics.abortedTransactions == 1)
+    }
+
     @Test("a failed commit stops the loop once: no call, no second commit")
     func failedCommitStops() async throws {
         let controller = RecordingController()

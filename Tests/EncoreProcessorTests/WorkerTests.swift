@@ -63,7 +63,7 @@ struct WorkerTests {
         let batches = actions.compactMap { action -> [(token: UInt, output: UnsentOutput)]? in
             if case .produce(let outputs) = action { outputs } else { nil }
         }
-        #expect(batches.count == 1, "one hand-off of outputs per batch")
+        #expect(batches.count == 1, "the batch's outputs in one hand-off")
         return batches.first ?? []
     }
 
@@ -131,6 +131,18 @@ struct WorkerTests {
         #expect(
             driven.step(.tick, after: .milliseconds(250)).allSatisfy { if case .commit = $0 { false } else { true } },
             "no second commit while the first is in flight")
+        // The broker refused it: the next interval commits the same offset again, once.
+        let again = driven.step(.commitFinished(landed: [:], failed: true), .tick, after: .milliseconds(250))
+        let retried = again.compactMap { action -> [(InputPartition, KafkaTopicPartitionOffset)]? in
+            if case .commit(let changed) = action { changed } else { nil }
+        }
+        #expect(retried.count == 1 && retried.first?.map(\.1.offset) == [1])
+        #expect(driven.worker.statistics.commitFailures == 1)
+        // Accepted: nothing changed since, nothing to commit.
+        let accepted = driven.step(
+            .commitFinished(landed: [.requests(0): try #require(retried.first?.first?.1)]), .tick,
+            after: .milliseconds(250))
+        #expect(accepted.allSatisfy { if case .commit = $0 { false } else { true } })
     }
 
     @Test("a call past its timeout is cancelled on the tick that finds it, not before")

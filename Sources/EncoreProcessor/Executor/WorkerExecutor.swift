@@ -5,11 +5,9 @@ import Kafka
 /// Runs one ``Worker``: feeds it its inbox with the time, and carries out what it decides (calls,
 /// outputs, commits, pauses, hand-overs, log lines), posting every effect's result back to the
 /// inbox. It decides nothing itself. Created, run and ended by one task of
-/// ``PurchaseProcessor/run()``, of ``LoopHarness`` in the tests or of `bench --no-kafka`; never
-/// shared.
+/// ``PurchaseProcessor/run()``, of the tests' harness or of `bench --no-kafka`; never shared.
 final class WorkerExecutor {
     private(set) var worker: Worker
-    let router: PurchaseRouter
     let recorder: StatisticsRecorder
     let consumer: any ConsumerControl
     let producer: any OutputProducer
@@ -42,7 +40,7 @@ final class WorkerExecutor {
         worker = Worker(
             configuration: configuration, router: router, transactional: committer != nil, now: .now,
             nowMs: currentTimeMs(), seed: UInt64.random(in: 0...UInt64.max), logsDebug: logger.isEnabled(.debug))
-        (self.router, self.recorder, self.consumer, self.producer) = (router, recorder, consumer, producer)
+        (self.recorder, self.consumer, self.producer) = (recorder, consumer, producer)
         (self.inbox, self.admission, self.logger, self.committer) = (inbox, admission, logger, committer)
         encoder = OutputEncoder(configuration: configuration)
     }
@@ -67,8 +65,8 @@ final class WorkerExecutor {
         guard aborts, let committer else { return }
         do {
             try await committer.abort()
-            worker.statistics.abortedTransactions += 1
-            logger.warning("aborted the open transaction: its records are processed again by their next owner")
+            worker.transactionAborted()
+            execute()
         } catch {
             logger.error(
                 "cannot abort the open transaction (\(error)): read_committed readers wait for it up to transaction.timeout.ms"
@@ -80,16 +78,22 @@ final class WorkerExecutor {
     /// Handles a batch of inputs, then what the batch as a whole decides.
     func handle(_ batch: [ProcessorInput]) {
         for input in batch { feed(input) }
-        repeat {
-            worker.endBatch(now: clock.now, nowMs: currentTimeMs())
+        worker.endBatch(now: clock.now, nowMs: currentTimeMs())
+        execute()
+        // A hand-over or drain may have started calls that were answered at once.
+        if feedAnswered() {
+            worker.flushOutputs()
             execute()
-            // A hand-over or drain may have started calls that were answered at once.
-        } while feedAnswered()
+        }
     }
 
     private func feed(_ input: ProcessorInput) {
-        if case .attemptFinished(let id, let attempt, _, _) = input, running[id]?.attempt == attempt {
-            running[id] = nil
+        switch input {
+        case .attemptFinished(let id, let attempt, _, _) where running[id]?.attempt == attempt: running[id] = nil
+        // Returned: only a commit still in flight when the worker finishes is awaited.
+        case .commitFinished: commitTask = nil
+        case .transactionFinished: transactionCommit = nil
+        default: break
         }
         worker.handle(input, now: clock.now, nowMs: currentTimeMs())
         execute()

@@ -113,10 +113,14 @@ extension Worker {
     mutating func pollOwnership() {
         // A periodic commit still in flight could land after the hand-over's and set offsets back;
         // ledger updates of no record (expiries) must reach the changelog before the next owner reads it.
-        let committing = commitInFlight || transactionCommitInFlight
-        let outputs = self.outputs
-        let actions = ownership.poll(now: now) { partition in
-            committing || (partition.topic == .requests && outputs.hasUpdates(ofPartition: partition.number))
+        let actions: [PartitionOwnership<PartitionHandOver>.Action]
+        do {
+            // (A copy, ended before the actions change the outputs: the closure may not read self.)
+            let committing = commitInFlight || transactionCommitInFlight
+            let outputs = self.outputs
+            actions = ownership.poll(now: now) { partition in
+                committing || (partition.topic == .requests && outputs.hasUpdates(ofPartition: partition.number))
+            }
         }
         for action in actions {
             switch action {

@@ -67,7 +67,7 @@ extension Worker {
 
     /// Why a transaction cannot commit; fenced, that another live producer has this instance's
     /// `transactional.id`: two instances given one `--instance-id` would fence each other in a loop.
-    mutating func transactionError(_ error: KafkaError) -> ProcessorError {
+    func transactionError(_ error: KafkaError) -> ProcessorError {
         guard error.isFencing else { return ProcessorError(.outputLost, "the transaction cannot commit: \(error)") }
         return ProcessorError(
             .fenced,
@@ -91,5 +91,11 @@ extension Worker {
         }
         // The process must exit at once (the call runs on): the transaction is left to the timeout.
         return failure?.code != .callStuck
+    }
+
+    /// The transaction left open was aborted (``endTransaction(commit:)``).
+    mutating func transactionAborted() {
+        statistics.abortedTransactions += 1
+        log(.warning, "aborted the open transaction: its records are processed again by their next owner")
     }
 }

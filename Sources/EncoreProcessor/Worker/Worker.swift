@@ -112,7 +112,8 @@ struct Worker {
     }
 
     /// What a batch of inputs decides once they are all handled: its outputs go out in one hand-off,
-    /// the records it is done with are released, revocations and the drain are checked.
+    /// the records it is done with are released, revocations and the drain are checked (and what
+    /// those produced goes out after).
     mutating func endBatch(now: ContinuousClock.Instant, nowMs: Int64) {
         (self.now, self.nowMs) = (now, nowMs)
         flushOutputs()
@@ -192,10 +193,14 @@ struct Worker {
         case .attemptFinished(let id, let attempt, let result, let duration):
             statistics.callDuration.record(duration.wholeMicroseconds)
             if case .failure(let error) = result { statistics.controllerErrors[Self.errorType(error), default: 0] += 1 }
-            let ownership = self.ownership
-            let action = calls.finished(
-                id, attempt: attempt, result, now: now, retryUnit: random.nextUnit(),
-                retryDeadline: { ownership.deadline(of: $0) })
+            let action: CallTable<WorkItem>.Action?
+            do {
+                // (A copy, ended before `perform` changes the ownership: the closure may not read self.)
+                let ownership = self.ownership
+                action = calls.finished(
+                    id, attempt: attempt, result, now: now, retryUnit: random.nextUnit(),
+                    retryDeadline: { ownership.deadline(of: $0) })
+            }
             if let action { perform(action) }
         case .delivered(let deliveries): delivered(deliveries)
         case .tick: tick()
