@@ -40,7 +40,9 @@ public final class EmbeddedKafkaCluster: Sendable {
         guard err == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(err, context: "broker \(id) down") }
     }
 
-    /// Brings broker `id` back up.
+    /// Brings broker `id` back up, listening on its old port again: librdkafka aborts the process
+    /// when another socket took that port meanwhile (likely on a busy machine). Tests stand for an
+    /// outage with ``setRoundTripTime(broker:_:)`` instead.
     public func setBrokerUp(_ id: Int32) throws(KafkaError) {
         let err = rd_kafka_mock_broker_set_up(cluster.pointer, id)
         guard err == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(err, context: "broker \(id) up") }
@@ -52,6 +54,11 @@ public final class EmbeddedKafkaCluster: Sendable {
         native.withUnsafeBufferPointer { buffer in
             rd_kafka_mock_push_request_errors_array(cluster.pointer, apiKey, buffer.count, buffer.baseAddress)
         }
+    }
+
+    /// Forgets the errors pushed for requests of `apiKey` and not used yet.
+    public func clearRequestErrors(apiKey: Int16) {
+        rd_kafka_mock_clear_request_errors(cluster.pointer, apiKey)
     }
 
     /// Makes metadata requests for `topic` answer `code` (e.g. ``KafkaError/Code/unknownTopicOrPartition``
