@@ -16,7 +16,7 @@ struct WorkerTests {
         var now: ContinuousClock.Instant
         var nowMs: Int64 = 1_764_475_700_000
 
-        init(configure: (inout ProcessorConfiguration) -> Void = { _ in }) {
+        init(transactional: Bool = false, configure: (inout ProcessorConfiguration) -> Void = { _ in }) {
             var configuration = ProcessorConfiguration(kafka: KafkaConfiguration())
             configure(&configuration)
             now = ContinuousClock.now
@@ -24,7 +24,8 @@ struct WorkerTests {
             router.register("simulated", SimulatedController(weights: [(.purchased, 1)], allowsProduction: true))
             router.route(.any, to: "simulated")
             worker = Worker(
-                configuration: configuration, router: router, transactional: false, now: now, nowMs: nowMs, seed: 7,
+                configuration: configuration, router: router, transactional: transactional, now: now, nowMs: nowMs,
+                seed: 7,
                 logsDebug: false)
         }
 
@@ -156,5 +157,19 @@ struct WorkerTests {
         }
         #expect(cancels(driven.step(.tick, after: .milliseconds(1_900))).isEmpty)
         #expect(cancels(driven.step(.tick, after: .milliseconds(200))) == [call.id])
+    }
+
+    @Test(
+        "exactly-once, the loop ended: an open transaction is aborted unless the commit in flight committed it; a refused one fails the worker",
+        arguments: [0, 1, 2])
+    func endTransaction(commitInFlight: Int) {
+        var driven = Driven(transactional: true)
+        let refused = KafkaError(code: .invalidConfiguration, message: "the transaction must be aborted")
+        let commit: KafkaError?? = [nil, .some(nil), .some(refused)][commitInFlight]
+        let aborts = driven.worker.endTransaction(commit: commit)
+        #expect(aborts == (commitInFlight != 1))
+        #expect((driven.worker.failure?.code == .outputLost) == (commitInFlight == 2))
+        let again = driven.worker.endTransaction(commit: nil)
+        #expect(!again, "closed: nothing is left to abort")
     }
 }
