@@ -246,18 +246,22 @@ enum RDKafkaTopicPartitionList {
     }
 }
 
-/// Runs blocking librdkafka calls off the cooperative thread pool, each on a thread at once (a
-/// serial queue per call is served by libdispatch's overcommitting pool): a slow one holds up no other.
+/// Runs blocking librdkafka calls off the cooperative thread pool, each on a thread of its own,
+/// started at once: a slow one holds up no other. (libdispatch's pool, which served them before,
+/// stops adding threads at its limit: on a busy machine, calls waited there for seconds.) They
+/// are few (commits, flushes, metadata, admin requests), so a thread each costs little.
 enum RDKafkaBlocking {
     static func run<T: Sendable>(_ body: @escaping @Sendable () throws(KafkaError) -> T) async throws(KafkaError) -> T {
         let result: Result<T, KafkaError> = await withCheckedContinuation { continuation in
-            DispatchQueue(label: "encore.kafka.blocking").async {
+            let thread = Thread {
                 do throws(KafkaError) {
                     continuation.resume(returning: .success(try body()))
                 } catch {
                     continuation.resume(returning: .failure(error))
                 }
             }
+            thread.name = "encore.kafka.blocking"
+            thread.start()
         }
         return try result.get()
     }
