@@ -12,7 +12,6 @@ final class FakeConsumer: ConsumerControl {
     struct State {
         var paused = Set<KafkaTopicPartition>()
         var pauseCount = 0
-        var resumeCount = 0
         var stored: [KafkaTopicPartition: Int64] = [:]
         var storedHistory: [Int64] = []
         var metadata: [KafkaTopicPartition: String?] = [:]
@@ -23,13 +22,6 @@ final class FakeConsumer: ConsumerControl {
         state.withLock {
             $0.paused.formUnion(partitions)
             $0.pauseCount += 1
-        }
-    }
-
-    func resume(_ partitions: [KafkaTopicPartition]) throws(KafkaError) {
-        state.withLock {
-            $0.paused.subtract(partitions)
-            $0.resumeCount += 1
         }
     }
 

@@ -147,6 +147,5 @@ private final class AcknowledgingProducer: OutputProducer {
 /// Commits nothing anywhere: the benchmark has no group.
 private struct NoConsumer: ConsumerControl {
     func pause(_ partitions: [KafkaTopicPartition]) throws(KafkaError) {}
-    func resume(_ partitions: [KafkaTopicPartition]) throws(KafkaError) {}
     func commit(_ offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError) {}
 }

@@ -228,10 +228,11 @@ final class WorkerExecutor {
     }
 }
 
-/// What the executor needs of the consumer: flow control and commits. ``KafkaConsumer`` provides it.
+/// What the executor needs of the consumer: pausing partitions (a revocation or the drain; the
+/// consumer's reader resumes what it paused for backpressure itself) and commits.
+/// ``KafkaConsumer`` provides it.
 protocol ConsumerControl: Sendable {
     func pause(_ partitions: [KafkaTopicPartition]) throws(KafkaError)
-    func resume(_ partitions: [KafkaTopicPartition]) throws(KafkaError)
     func commit(_ offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError)
 }
 
