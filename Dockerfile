@@ -2,7 +2,7 @@
 FROM swift:6.1-bookworm AS build
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends librdkafka-dev libssl-dev zlib1g-dev \
+    && apt-get install -y --no-install-recommends librdkafka-dev libssl-dev zlib1g-dev librocksdb-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Package.swift ./
@@ -14,14 +14,16 @@ RUN swift build -c release --product encore-processor --static-swift-stdlib \
 FROM debian:bookworm-slim
 # librdkafka1 is the Kafka client; libcurl4 backs the http controller; curl runs the health check;
 # jemalloc replaces glibc's malloc (about 20% less CPU per request in `encore-processor bench`);
-# zlib1g compresses `loadtest --hdr` histograms; /reports holds `loadtest` reports (a volume in compose).
+# zlib1g compresses `loadtest --hdr` histograms; librocksdb7.8 is the local state store, in /state
+# (`run --state-dir /state`, a volume); /reports holds `loadtest` reports (a volume in compose).
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends librdkafka1 libcurl4 curl ca-certificates libjemalloc2 zlib1g \
+        librocksdb7.8 \
     && rm -rf /var/lib/apt/lists/* \
     && ln -s "/usr/lib/$(uname -m)-linux-gnu/libjemalloc.so.2" /usr/local/lib/libjemalloc.so.2 \
     && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin encore \
-    && install -d -o 10001 -g 10001 /reports
+    && install -d -o 10001 -g 10001 /reports /state
 ENV LD_PRELOAD=/usr/local/lib/libjemalloc.so.2
 COPY --from=build /usr/local/bin/encore-processor /usr/local/bin/encore-processor
 USER 10001

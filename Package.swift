@@ -21,9 +21,11 @@ let package = Package(
         .systemLibrary(name: "COpenSSL", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
         // zlib: the compressed histograms of `loadtest --hdr` (HdrHistogram's log format; Debian's zlib1g-dev).
         .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
+        // RocksDB: the local state store under --state-dir (Debian's librocksdb-dev).
+        .systemLibrary(name: "CRocksDB", pkgConfig: "rocksdb", providers: [.apt(["librocksdb-dev"])]),
         .target(name: "Kafka", dependencies: ["CRdKafka"]),
         .target(name: "EncoreEvents"),
-        .target(name: "EncoreProcessor", dependencies: ["Kafka", "EncoreEvents", "COpenSSL"]),
+        .target(name: "EncoreProcessor", dependencies: ["Kafka", "EncoreEvents", "COpenSSL", "CRocksDB"]),
         .target(name: "EncoreTools", dependencies: ["EncoreProcessor", "Kafka", "EncoreEvents", "CZlib"]),
         .executableTarget(
             name: "encore-processor", dependencies: ["EncoreTools", "EncoreProcessor", "Kafka", "EncoreEvents"]),

@@ -25,6 +25,7 @@ for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && brea
 "$BINARY" topics create --bootstrap-servers "$servers" --partitions 8 >/dev/null
 "$BINARY" generate --bootstrap-servers "$servers" --count "$COUNT" --users "$USERS" --invalid-ratio 0.01 2>&1 | tail -1
 "$BINARY" run --bootstrap-servers "$servers" --group-id audited --controller simulated --simulated-latency-ms 0 \
+  --state-dir "$work/state" \
   --max-in-flight 1000 \
   --log-level warning >"$work/run.log" 2>&1 &
 processor=$!

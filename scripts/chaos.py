@@ -444,6 +444,8 @@ class Members:
             # transactional.id with it, so a restart fences its killed predecessor's open
             # transaction at once (Tansu never times one out). The URL path names the process.
             "--instance-id", f"member-{slot}",
+            # ... and its state store (a pod's volume): a restart reads the changelog from its checkpoint.
+            "--state-dir", f"{self.work}/state-{slot}",
             "--max-in-flight", "32", "--log-level", self.args.member_log_level, "--http-listen", "127.0.0.1:0",
             "-X", "session.timeout.ms=6000", "-X", "heartbeat.interval.ms=500",
             # The group's rebalance timeout. Tansu's coordinator has no timers: a member killed in

@@ -78,6 +78,7 @@ run_binary generate --bootstrap-servers "$servers" --topic offsets.requests --co
 LD_LIBRARY_PATH="$work/lib" "$BINARY" run --bootstrap-servers "$servers" --group-id offsets-check \
   --requests-topic offsets.requests --outcomes-topic offsets.outcomes --entitlements-topic offsets.changes \
   --dead-letter-topic offsets.dead --state-topic offsets.state --controller simulated --simulated-latency-ms 0 \
+  --state-dir "$work/state" \
   --log-level warning \
   >"$work/offsets-run.log" 2>&1 &
 processor=$!

@@ -72,7 +72,9 @@ def main():
             [args.binary, "run", "--group-id", f"eos-{run}", "--guarantee", "exactly-once", "--instance-id",
              instance, "--workers", "1", "--controller", "simulated", "--simulated-latency-ms", "20",
              "--simulated-outcomes", "purchased=1", "--max-in-flight", "4", "--log-level", "warning",
-             "-X", "session.timeout.ms=6000", "-X", "heartbeat.interval.ms=500"] + flags,
+             "-X", "session.timeout.ms=6000", "-X", "heartbeat.interval.ms=500",
+             # The instance's state store, kept across its restart (a pod's volume).
+             "--state-dir", f"/tmp/eos-check-{run}-state/{instance}"] + flags,
             stdout=subprocess.DEVNULL, stderr=open(f"/tmp/eos-check-{run}.log", "a"))
 
     started = time.monotonic()

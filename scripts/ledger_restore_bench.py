@@ -61,6 +61,7 @@ def restore(binary, bootstrap):
     """Runs the processor until its restore log line; returns (seconds, users, RSS MiB)."""
     process = subprocess.Popen(
         [binary, "run", "--bootstrap-servers", bootstrap, "--controller", "simulated", "--log-level", "info", "--group-id", f"restore-{time.time()}",
+         "--state-dir", "none",
          "--access-rule", "pro = revenuecat:pro | encore:freeTrial"],
         stderr=subprocess.PIPE, text=True)
     try:

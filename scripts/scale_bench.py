@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 from confluent_kafka import Consumer, TopicPartition
@@ -49,6 +50,7 @@ def main():
     bootstrap = args.bootstrap_servers
     for n in [int(x) for x in args.instances.split(",")]:
         prefix = f"bench.scale{n}-{int(time.time())}"
+        work = tempfile.mkdtemp(prefix="encore-scale-")
         topics = {"requests": f"{prefix}.requests", "outcomes": f"{prefix}.outcomes",
                   "entitlements": f"{prefix}.changes", "dead-letter": f"{prefix}.dl", "state": f"{prefix}.state"}
         flags = [f"--{name}-topic={topic}" for name, topic in topics.items()]
@@ -65,7 +67,8 @@ def main():
         members = []
 
         def start(index):
-            members.append(subprocess.Popen(command + ["--instance-id", f"{prefix}-{index}"],
+            members.append(subprocess.Popen(command + ["--instance-id", f"{prefix}-{index}",
+                                                       "--state-dir", f"{work}/state-{index}"],
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
         stamps = []

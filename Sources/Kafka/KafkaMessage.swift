@@ -84,13 +84,18 @@ public struct KafkaDelivery: Sendable {
     public var token: UInt
     /// Why delivery failed; `nil` when the broker acknowledged the record.
     public var error: KafkaError?
-    /// The record as it was produced, when delivery failed (to produce it again).
+    /// The record as it was produced: when delivery failed (to produce it again), and when it was
+    /// acknowledged and its topic is the one the producer keeps acknowledged records of
+    /// (`keepingAcknowledged`), its partition set.
     public var record: KafkaProducerRecord?
+    /// The record's offset when the broker acknowledged it; -1 otherwise.
+    public var offset: Int64
 
-    public init(token: UInt, error: KafkaError?, record: KafkaProducerRecord?) {
+    public init(token: UInt, error: KafkaError?, record: KafkaProducerRecord?, offset: Int64 = -1) {
         self.token = token
         self.error = error
         self.record = record
+        self.offset = offset
     }
 }
 

@@ -21,6 +21,21 @@ public enum KafkaPartitionReader {
             exact: false, timeout: timeout, into: initial, update)
     }
 
+    /// Folds the records of each partition from `starts` (an offset) to (at least) `ends` (the
+    /// end the caller read from the watermarks), in offset order per partition: what a restore from
+    /// a checkpoint reads. Records past the end are read too, as with ``fold(configuration:topic:partitions:timeout:into:_:)``.
+    public static func fold<State: Sendable>(
+        configuration: KafkaConfiguration, topic: String, starts: [Int32: Int64], ends: [Int32: Int64],
+        timeout: Duration = .seconds(60), into initial: State,
+        _ update: @escaping @Sendable (inout State, KafkaMessage) -> Void
+    ) async throws(KafkaError) -> (state: State, records: Int) {
+        let ends = ends.filter { partition, end in starts[partition].map { $0 < end } ?? false }
+        guard !ends.isEmpty else { return (initial, 0) }
+        return try await read(
+            configuration: readerConfiguration(configuration), topic: topic, starts: starts, ends: ends, exact: false,
+            timeout: timeout, into: initial, update)
+    }
+
     /// Folds the records of `ranges` (each partition's first offset and the offset it ends before)
     /// of `topic` into `initial`, in offset order per partition; records past a range are skipped.
     public static func fold<State: Sendable>(

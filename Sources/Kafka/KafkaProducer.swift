@@ -13,11 +13,15 @@ public final class KafkaProducer: Sendable {
 
     /// Creates a producer; `configuration` must name `bootstrap.servers`.
     ///
-    /// - Parameter onDeliveries: receives the answers for records produced with a token
-    ///   (``produce(_:token:)``), in batches, on the producer's thread.
+    /// - Parameters:
+    ///   - onDeliveries: receives the answers for records produced with a token
+    ///     (``produce(_:token:)``), in batches, on the producer's thread.
+    ///   - keepingAcknowledged: a topic whose acknowledged records come back whole in their
+    ///     ``KafkaDelivery`` (key, value and partition, copied on the producer's thread), such as a
+    ///     changelog that a local store mirrors.
     public init(
         configuration: KafkaConfiguration, logger: Logger = Logger(label: "kafka.producer"),
-        onDeliveries: (@Sendable ([KafkaDelivery]) -> Void)? = nil
+        keepingAcknowledged topic: String? = nil, onDeliveries: (@Sendable ([KafkaDelivery]) -> Void)? = nil
     ) throws(KafkaError) {
         var configuration = configuration
         configuration.setDefault("enable.idempotence", "true")
@@ -26,7 +30,8 @@ public final class KafkaProducer: Sendable {
         self.logger = logger
         let batch = onDeliveries.map(RDKafkaDeliveryBatch.init)
         self.client = try RDKafkaClient.make(
-            .producer, configuration: configuration, callbacks: RDKafkaCallbacks(logger: logger, deliveries: batch),
+            .producer, configuration: configuration,
+            callbacks: RDKafkaCallbacks(logger: logger, deliveries: batch, keepingAcknowledged: topic),
             deliveryReports: true)
         let client = self.client
         self.poller = RDKafkaPollThread(name: "encore.kafka.producer") {

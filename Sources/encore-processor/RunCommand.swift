@@ -20,6 +20,13 @@ enum RunCommand {
                 "http-listen", value: "HOST:PORT",
                 "Serve GET /metrics (Prometheus), /healthz and /readyz here (:9464 for every interface)."),
             CommonOptions.partitions,
+            .option(
+                "state-dir", value: "DIR", default: "./state",
+                "The local state store (RocksDB): the changelog cached on disk with checkpoints, so a restart reads only its tail. In DIR/<group-id>; each running instance needs its own. 'none': no store, every assignment reads the changelog from the beginning."
+            ),
+            .option(
+                "state-cache-mb", value: "MB", default: "64",
+                "The state store's block cache; with its 32 MB of write buffers, what the store may hold in memory."),
             .flag("check", "Validate the arguments and exit (0 when they are valid)."),
         ],
         discussion: """
@@ -327,11 +334,22 @@ enum RunCommand {
         return server
     }
 
+    /// The group's store under `--state-dir` (`none`: no store). The group id becomes a directory
+    /// name: characters other than letters, digits, `.`, `_` and `-` are replaced by `_`.
+    static func stateDirectory(_ option: String, group: String) -> String? {
+        guard option != "none" else { return nil }
+        var name = String(group.map { $0.isASCII && ($0.isLetter || $0.isNumber || "._-".contains($0)) ? $0 : "_" })
+        if name.allSatisfy({ $0 == "." }) { name = "_" + name }
+        return (option as NSString).appendingPathComponent(name)
+    }
+
     static func execute(_ options: ParsedOptions) async throws -> Int32 {
         try options.noPositionals()
         var kafka = try CommonOptions.kafkaConfiguration(options)
         let partitions = try options.integer("partitions", range: 1...10_000)
         var (configuration, router) = try processorSetup(options, kafka: kafka)
+        configuration.stateDirectory = stateDirectory(options.string("state-dir")!, group: configuration.groupID)
+        configuration.stateCacheBytes = try options.integer("state-cache-mb", range: 1...1_000_000) << 20
         let embedded = options.flag("embedded-broker")
         if embedded && kafka.bootstrapServers != nil {
             throw UsageError("--embedded-broker and --bootstrap-servers exclude each other")

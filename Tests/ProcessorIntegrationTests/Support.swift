@@ -50,6 +50,10 @@ final class ChildProcess: Sendable {
         process.arguments = arguments
         var merged = ProcessInfo.processInfo.environment
         merged.merge(environment) { $1 }
+        // Each child its own state store (`run` defaults to ./state), unless the test shares one.
+        if merged["ENCORE_STATE_DIR"] == nil {
+            merged["ENCORE_STATE_DIR"] = directory.appendingPathComponent("state").path
+        }
         process.environment = merged
         process.standardOutput = try FileHandle(forWritingTo: stdoutURL)
         process.standardError = try FileHandle(forWritingTo: stderrURL)

@@ -7,6 +7,9 @@ struct KafkaTransactionCommitter: TransactionCommitter {
     let consumer: KafkaConsumer
     /// How long an abort may take (the drain timeout: it runs at shutdown).
     let abortTimeout: Duration
+    /// Told when a transaction committed (true) or aborted: the state store takes its changelog
+    /// records only once committed.
+    var ended: @Sendable (Bool) -> Void = { _ in }
 
     func commit(offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError) {
         if !offsets.isEmpty {
@@ -16,10 +19,12 @@ struct KafkaTransactionCommitter: TransactionCommitter {
             try await producer.sendOffsetsToTransaction(offsets, groupMetadata: metadata)
         }
         try await producer.commitTransaction()
+        ended(true)
         try producer.beginTransaction()
     }
 
     func abort() async throws(KafkaError) {
+        ended(false)
         try await producer.abortTransaction(timeout: abortTimeout)
     }
 }

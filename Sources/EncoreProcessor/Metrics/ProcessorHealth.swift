@@ -23,6 +23,10 @@ final class ProcessorVitals: Sendable {
         var restores = 0
         var restoredUsers = 0
         var restoreSeconds = 0.0
+        /// With a state store: changelog records restores read (the tails past the checkpoints),
+        /// and records they took from the store.
+        var restoredChangelogRecords = 0
+        var restoredStoreRecords = 0
         var admission: KafkaAdmission? = nil
         var consumer: KafkaConsumer? = nil
     }

@@ -117,6 +117,13 @@ extension PurchaseProcessor {
         text.counter(
             "encore_ledger_restore_seconds_total", "Time spent restoring ledger state.",
             [([:], vitals.restoreSeconds)])
+        text.counter(
+            "encore_state_restore_changelog_records_total",
+            "Changelog records restores read (with --state-dir: only past the store's checkpoints).",
+            [([:], vitals.restoredChangelogRecords)])
+        text.counter(
+            "encore_state_restore_store_records_total", "Records restores took from the local state store.",
+            [([:], vitals.restoredStoreRecords)])
         return text.text
     }
 }

@@ -69,6 +69,13 @@ public struct ProcessorConfiguration: Sendable {
     /// How often finished offsets are committed (also on revoke and shutdown). Short, because a
     /// new owner redoes what was finished after the last commit that reached the broker.
     public var commitInterval: Duration = .milliseconds(200)
+    /// The local state store's directory (`--state-dir`, docs/STATE.md): the changelog's records
+    /// cached on disk with a checkpoint, so that an assignment reads only the changelog's tail.
+    /// `nil`: no store, every assignment reads its changelog partitions from the beginning. Each
+    /// running instance needs its own.
+    public var stateDirectory: String? = nil
+    /// The store's block cache, which bounds its memory with its write buffers (32 MiB).
+    public var stateCacheBytes = 64 << 20
     /// `ce_source` of produced records.
     public var source = "/encore-processor"
 

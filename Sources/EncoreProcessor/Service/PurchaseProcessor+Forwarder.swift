@@ -7,7 +7,7 @@ extension PurchaseProcessor {
     /// (read before any record of those partitions), revocations shared out among the loops.
     static func forward(
         from consumer: KafkaConsumer, to inboxes: [Inbox<ProcessorInput>], configuration: ProcessorConfiguration,
-        vitals: ProcessorVitals, logger: Logger
+        store: StateStoreWriter?, vitals: ProcessorVitals, logger: Logger
     ) async {
         let router = WorkerRouter(count: inboxes.count)
         // Decoding happens here, beside the loops rather than on them.
@@ -33,7 +33,7 @@ extension PurchaseProcessor {
                 do throws(ProcessorError) {
                     restored = try await Self.restoreLedger(
                         of: partitions.filter { $0.topic == configuration.requestsTopic }.map(\.partition),
-                        configuration: configuration, logger: logger)
+                        configuration: configuration, store: store, vitals: vitals, logger: logger)
                     let seconds = Double((ContinuousClock.now - started).wholeMicroseconds) / 1_000_000
                     let users = restored.values.reduce(0) { $0 + $1.states.count }
                     vitals.update {

@@ -33,7 +33,8 @@ extension PurchaseProcessor {
     /// A record that is not a valid state is skipped (logged); a changelog that cannot be read after
     /// three attempts is an error, since going on without the state would overwrite it.
     static func restoreLedger(
-        of partitions: [Int32], configuration: ProcessorConfiguration, logger: Logger
+        of partitions: [Int32], configuration: ProcessorConfiguration, store: StateStoreWriter? = nil,
+        vitals: ProcessorVitals? = nil, logger: Logger
     ) async throws(ProcessorError) -> [Int32: RestoredPartition] {
         guard !partitions.isEmpty else { return [:] }
         let clock = ContinuousClock()
@@ -41,6 +42,10 @@ extension PurchaseProcessor {
         var attempt = 1
         while true {
             do {
+                if let store {
+                    return try await readLedger(
+                        through: store, of: partitions, configuration: configuration, vitals: vitals, logger: logger)
+                }
                 return try await readLedger(
                     of: partitions, configuration: configuration, logger: logger, since: started, clock: clock)
             } catch  where attempt < 3 {

@@ -83,12 +83,14 @@ public final class PurchaseProcessor: Sendable {
         let inboxes = workers.map(\.inbox)
         // The consumer counts the records it hands out; the loops release them when done.
         let admission = KafkaAdmission(capacity: configuration.bufferCapacity)
-        let clients = try makeClients(admission: admission, inboxes: inboxes)
+        let store = try openStateStore()
+        defer { store?.stop() }
+        let clients = try makeClients(admission: admission, inboxes: inboxes, store: store)
         vitals.update {
             $0.admission = admission
             $0.consumer = clients.consumer
         }
-        let committers = try await transactionCommitters(clients)
+        let committers = try await transactionCommitters(clients, store: store)
         // The first outputs would otherwise wait for their topics' metadata (a start-up stall).
         // Every producer at once: each topic may take its 5 s when the cluster is slow.
         let (logger, vitals, outputTopics) = (self.logger, self.vitals, self.outputTopics)
@@ -117,7 +119,8 @@ public final class PurchaseProcessor: Sendable {
         )
         let forwarder = Task {
             await Self.forward(
-                from: clients.consumer, to: inboxes, configuration: configuration, vitals: vitals, logger: logger)
+                from: clients.consumer, to: inboxes, configuration: configuration, store: store, vitals: vitals,
+                logger: logger)
         }
         let ticker = Task {
             while !Task.isCancelled {
@@ -201,10 +204,12 @@ public final class PurchaseProcessor: Sendable {
 
     /// Exactly-once: registers each worker's transactional producer (fencing an earlier one with
     /// the same `transactional.id`) and begins its first transaction; one committer per worker.
-    private func transactionCommitters(_ clients: Clients) async throws(ProcessorError) -> [any TransactionCommitter]? {
+    private func transactionCommitters(
+        _ clients: Clients, store: StateStoreWriter?
+    ) async throws(ProcessorError) -> [any TransactionCommitter]? {
         guard configuration.guarantee == .exactlyOnce else { return nil }
         var committers: [any TransactionCommitter] = []
-        for producer in clients.producers {
+        for (worker, producer) in clients.producers.enumerated() {
             do {
                 try await producer.initTransactions()
                 try producer.beginTransaction()
@@ -213,7 +218,8 @@ public final class PurchaseProcessor: Sendable {
             }
             committers.append(
                 KafkaTransactionCommitter(
-                    producer: producer, consumer: clients.consumer, abortTimeout: configuration.drainTimeout))
+                    producer: producer, consumer: clients.consumer, abortTimeout: configuration.drainTimeout,
+                    ended: { committed in store?.transactionEnded(worker: worker, committed: committed) }))
         }
         return committers
     }
@@ -234,8 +240,21 @@ public final class PurchaseProcessor: Sendable {
         }
     }
 
+    /// The local state store under `--state-dir`, and what keeps it up with the changelog.
+    private func openStateStore() throws(ProcessorError) -> StateStoreWriter? {
+        guard let directory = configuration.stateDirectory else { return nil }
+        let store = try StateStore(
+            directory: directory, group: configuration.groupID, stateTopic: configuration.stateTopic,
+            cacheBytes: configuration.stateCacheBytes, writeBufferBytes: 32 << 20,
+            logger: Logger(label: "encore.state"))
+        logger.info("state store: \(directory)")
+        return StateStoreWriter(
+            store: store, transactional: configuration.guarantee == .exactlyOnce,
+            interval: configuration.commitInterval, logger: Logger(label: "encore.state"))
+    }
+
     private func makeClients(
-        admission: KafkaAdmission, inboxes: [Inbox<ProcessorInput>]
+        admission: KafkaAdmission, inboxes: [Inbox<ProcessorInput>], store: StateStoreWriter?
     ) throws(ProcessorError) -> Clients {
         var producerConfiguration = configuration.kafka
         producerConfiguration.setDefault("enable.idempotence", "true")
@@ -291,7 +310,10 @@ public final class PurchaseProcessor: Sendable {
             let producers = try producerConfigurations.enumerated().map { index, own throws(KafkaError) in
                 try KafkaProducer(
                     configuration: own, logger: Logger(label: "encore.producer"),
+                    keepingAcknowledged: store == nil ? nil : configuration.stateTopic,
                     onDeliveries: { deliveries in
+                        // The store follows the changelog records this instance wrote.
+                        store?.acknowledged(deliveries, worker: index)
                         if ownProducers {
                             inboxes[index].post(.delivered(deliveries))
                         } else {

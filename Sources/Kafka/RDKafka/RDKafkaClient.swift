@@ -13,6 +13,10 @@ final class RDKafkaCallbacks: Sendable {
         (@Sendable (OpaquePointer, rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>) -> Void)?
     /// Where deliveries of records produced with a token gather until the poll that served them ends.
     let deliveries: RDKafkaDeliveryBatch?
+    /// The topic whose acknowledged records are copied into their delivery, and its name as a C
+    /// string (compared with the message's topic name without building a String).
+    let keptTopic: String?
+    private let keptTopicName: [CChar]?
     /// The consumer's latest statistics from librdkafka (`statistics.interval.ms`).
     let statistics = Mutex(KafkaConsumerStatistics())
 
@@ -22,12 +26,20 @@ final class RDKafkaCallbacks: Sendable {
             @Sendable (OpaquePointer, rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>) ->
                 Void
         )? = nil,
-        deliveries: RDKafkaDeliveryBatch? = nil
+        deliveries: RDKafkaDeliveryBatch? = nil, keepingAcknowledged topic: String? = nil
     ) {
         self.logger = logger
         self.onError = onError
         self.onRebalance = onRebalance
         self.deliveries = deliveries
+        self.keptTopic = topic
+        self.keptTopicName = topic.map { Array($0.utf8CString) }
+    }
+
+    /// Whether the acknowledged `message` is of the topic whose records are kept.
+    func keeps(_ message: rd_kafka_message_t) -> Bool {
+        guard let keptTopicName, let topic = message.rkt, let name = rd_kafka_topic_name(topic) else { return false }
+        return keptTopicName.withUnsafeBufferPointer { strcmp($0.baseAddress!, name) == 0 }
     }
 
     static func from(_ opaque: UnsafeMutableRawPointer?) -> RDKafkaCallbacks? {
@@ -145,9 +157,13 @@ final class RDKafkaClient: @unchecked Sendable {
                 guard let message, let opaque = message.pointee._private else { return }
                 if let token = RDKafkaOpaque.token(of: opaque) {
                     let m = message.pointee
-                    guard let batch = RDKafkaCallbacks.from(clientOpaque)?.deliveries else { return }
+                    guard let callbacks = RDKafkaCallbacks.from(clientOpaque), let batch = callbacks.deliveries
+                    else { return }
                     if m.err == RD_KAFKA_RESP_ERR_NO_ERROR {
-                        batch.append(KafkaDelivery(token: token, error: nil, record: nil))
+                        let kept =
+                            callbacks.keeps(m)
+                            ? KafkaProducerRecord(acknowledged: message, topic: callbacks.keptTopic ?? "") : nil
+                        batch.append(KafkaDelivery(token: token, error: nil, record: kept, offset: m.offset))
                     } else {
                         let record = KafkaProducerRecord(delivered: message)
                         batch.append(

@@ -38,4 +38,11 @@ extension KafkaProducerRecord {
             partition: m.partition >= 0 ? m.partition : nil, key: RDKafkaMessage.key(message),
             value: RDKafkaMessage.value(message), headers: RDKafkaMessage.headers(message))
     }
+
+    /// An acknowledged record of the kept topic `topic`: its partition, key and value (no headers).
+    init(acknowledged message: UnsafePointer<rd_kafka_message_t>, topic: String) {
+        self.init(
+            topic: topic, partition: message.pointee.partition, key: RDKafkaMessage.key(message),
+            value: RDKafkaMessage.value(message))
+    }
 }

@@ -1,0 +1,176 @@
+import EncoreEvents
+import Kafka
+
+extension PurchaseProcessor {
+    /// Restores `partitions` through the local store (docs/STATE.md): each partition's changelog is
+    /// read only from the store's checkpoint to its end, applied to the store, and the store's
+    /// records are then folded as the changelog's would be. A partition the store cannot vouch for
+    /// (none, stale, of another topic, unreadable) is rebuilt from the changelog's beginning.
+    static func readLedger(
+        through writer: StateStoreWriter, of partitions: [Int32], configuration: ProcessorConfiguration,
+        vitals: ProcessorVitals?, logger: Logger
+    ) async throws -> [Int32: RestoredPartition] {
+        let clock = ContinuousClock()
+        let started = clock.now
+        // What this instance wrote before (an earlier assignment of these partitions) first.
+        writer.flush()
+        let store = writer.store
+        var kafka = configuration.kafka
+        if configuration.guarantee == .exactlyOnce { kafka.setDefault("isolation.level", "read_committed") }
+        let admin = try KafkaAdmin(configuration: kafka)
+        var marks: [Int32: (low: Int64, high: Int64)] = [:]
+        for partition in partitions {
+            marks[partition] = try await admin.watermarks(
+                of: KafkaTopicPartition(topic: configuration.stateTopic, partition: partition), timeout: .seconds(60))
+        }
+        var rebuilt: Set<Int32> = []
+        var checkpoints: [Int32: StateStore.Checkpoint] = [:]
+        for partition in partitions {
+            let (low, high) = marks[partition]!
+            var checkpoint: StateStore.Checkpoint? = nil
+            do { checkpoint = try store.checkpoint(of: partition) } catch {
+                logger.warning("the state store's checkpoint of partition \(partition) cannot be read (\(error))")
+            }
+            if let found = checkpoint, found.offset > high || found.offset - 1 < low {
+                logger.warning(
+                    "the state store of changelog partition \(partition) is at offset \(found.offset), outside the changelog's \(low)..<\(high) (the topic was deleted or truncated): rebuilding it"
+                )
+                checkpoint = nil
+            }
+            if let checkpoint {
+                checkpoints[partition] = checkpoint
+            } else {
+                rebuilt.insert(partition)
+            }
+        }
+        // A first pass from the checkpoints (the record before each, to recognise the topic).
+        var tail = try await readTail(
+            partitions, from: checkpoints, marks: marks, store: store, configuration: configuration, kafka: kafka)
+        // Partitions whose record before the checkpoint is not the one the store saw: another
+        // topic of the same name. Read again from the beginning.
+        let foreign = tail.foreign
+        if !foreign.isEmpty {
+            logger.warning(
+                "the state store of changelog partitions \(foreign.sorted()) does not match the changelog (the topic was created again): rebuilding them"
+            )
+            rebuilt.formUnion(foreign)
+            let again = try await readTail(
+                Array(foreign), from: [:], marks: marks, store: store, configuration: configuration, kafka: kafka)
+            tail.records += again.records
+            if tail.failure == nil { tail.failure = again.failure }
+        }
+        if let failure = tail.failure {
+            throw RocksDBError(description: "cannot write the state store in \(store.directory): \(failure)")
+        }
+        // Fold what the store holds: the changelog's latest record of each key.
+        let cap = configuration.journal.perUserCap
+        let horizon = currentTimeMs() - configuration.journal.retentionMs
+        var restored: [Int32: RestoredPartition] = [:]
+        var stored = 0
+        var invalid: [String] = []
+        for partition in partitions {
+            var folded = RestoredPartition(journalCap: cap)
+            do {
+                stored += try store.forEachRecord(of: partition) { key, value in
+                    do throws(EventValidationError) {
+                        try folded.fold(key: key, value: value, horizonMs: horizon)
+                    } catch {
+                        invalid.append(
+                            "\(configuration.stateTopic)[\(partition)] key \(String(decoding: key, as: UTF8.self)): \(error)"
+                        )
+                    }
+                }
+            } catch {
+                throw RocksDBError(description: "cannot read the state store in \(store.directory): \(error)")
+            }
+            restored[partition] = folded
+        }
+        if let first = invalid.first {
+            throw KafkaError(
+                code: .invalidConfiguration,
+                message:
+                    "\(invalid.count) changelog records are not valid states or journal records (first: \(first)); remove them or fix the topic"
+            )
+        }
+        let users = restored.values.reduce(0) { $0 + $1.states.count }
+        let remembered = restored.values.reduce(0) { $0 + $1.journal.count }
+        logger.info(
+            "restored the ledger state of \(users) users and \(remembered) journaled requests of \(partitions.count) partitions in \(clock.now - started): \(tail.records) changelog records read from the checkpoints (\(rebuilt.count) partitions rebuilt from the beginning), \(stored) from the state store"
+        )
+        vitals?.update {
+            $0.restoredChangelogRecords += tail.records
+            $0.restoredStoreRecords += stored
+        }
+        return restored
+    }
+
+    private struct Tail: Sendable {
+        var pending: [Int32: [(key: [UInt8]?, value: [UInt8])]] = [:]
+        var checkpoints: [Int32: StateStore.Checkpoint] = [:]
+        /// Partitions whose first record read (just before the checkpoint) is not the expected one.
+        var foreign: Set<Int32> = []
+        var verified: Set<Int32> = []
+        var records = 0
+        var failure: String? = nil
+    }
+
+    /// Reads each partition from its checkpoint (from its beginning without one, its store reset)
+    /// to its end, applying the records to the store in batches with their checkpoints.
+    private static func readTail(
+        _ partitions: [Int32], from checkpoints: [Int32: StateStore.Checkpoint],
+        marks: [Int32: (low: Int64, high: Int64)], store: StateStore, configuration: ProcessorConfiguration,
+        kafka: KafkaConfiguration
+    ) async throws(KafkaError) -> (records: Int, foreign: Set<Int32>, failure: String?) {
+        var starts: [Int32: Int64] = [:]
+        for partition in partitions {
+            if let checkpoint = checkpoints[partition] {
+                // The record before the checkpoint is read again and compared (none at offset 0).
+                starts[partition] = max(checkpoint.offset - 1, 0)
+            } else {
+                do { try store.reset(partition: partition) } catch {
+                    return (0, [], "\(error)")
+                }
+                starts[partition] = marks[partition]!.low
+            }
+        }
+        let batchSize = 4096
+        let expected = checkpoints
+        let (tail, _) = try await KafkaPartitionReader.fold(
+            configuration: kafka, topic: configuration.stateTopic, starts: starts,
+            ends: marks.filter { starts[$0.key] != nil }.mapValues(\.high), into: Tail()
+        ) { tail, message in
+            let partition = message.partition
+            guard tail.failure == nil, !tail.foreign.contains(partition) else { return }
+            if let checkpoint = expected[partition], checkpoint.offset > 0, !tail.verified.contains(partition) {
+                tail.verified.insert(partition)
+                let same =
+                    message.offset == checkpoint.offset - 1
+                    && StateStore.digest(key: message.key, value: message.value) == checkpoint.lastDigest
+                if !same { tail.foreign.insert(partition) }
+                return
+            }
+            tail.records += 1
+            tail.pending[partition, default: []].append((message.key, message.value))
+            tail.checkpoints[partition] = StateStore.Checkpoint(
+                offset: message.offset + 1, lastDigest: StateStore.digest(key: message.key, value: message.value))
+            if tail.pending[partition]!.count >= batchSize {
+                do {
+                    try store.apply(
+                        tail.pending[partition]!, partition: partition, checkpoint: tail.checkpoints[partition]!)
+                    tail.pending[partition] = []
+                } catch {
+                    tail.failure = "\(error)"
+                }
+            }
+        }
+        var failure = tail.failure
+        for (partition, records) in tail.pending where !records.isEmpty && failure == nil {
+            do {
+                try store.apply(records, partition: partition, checkpoint: tail.checkpoints[partition]!)
+            } catch {
+                failure = "\(error)"
+            }
+        }
+        return (tail.records, tail.foreign, failure)
+    }
+}

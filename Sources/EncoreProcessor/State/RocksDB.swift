@@ -1,0 +1,194 @@
+import CRocksDB
+import Foundation
+
+/// What a RocksDB call reported.
+struct RocksDBError: Error, CustomStringConvertible {
+    let description: String
+}
+
+/// One RocksDB database, through its C API: what the local state store needs (batched atomic
+/// writes, point reads, ordered scans, range deletes), with its memory bounded by the block cache
+/// and the write buffers.
+///
+/// `@unchecked Sendable`: RocksDB's `DB` is safe for concurrent reads, writes and iterators from
+/// any thread; the handles and options here are immutable after `init` and destroyed only in
+/// `deinit`, after every user is gone.
+final class RocksDB: @unchecked Sendable {
+    private let db: OpaquePointer
+    private let options: OpaquePointer
+    private let tableOptions: OpaquePointer
+    private let cache: OpaquePointer
+    private let syncWrite: OpaquePointer
+    private let read: OpaquePointer
+    let path: String
+
+    /// Opens (creating when missing) the database at `path`. `cacheBytes` bounds the block cache
+    /// (which also holds the index and filter blocks); `writeBufferBytes` bounds all memtables.
+    init(path: String, cacheBytes: Int, writeBufferBytes: Int) throws(RocksDBError) {
+        self.path = path
+        options = rocksdb_options_create()
+        rocksdb_options_set_create_if_missing(options, 1)
+        rocksdb_options_set_max_background_jobs(options, 2)
+        rocksdb_options_set_compression(options, Int32(rocksdb_lz4_compression))
+        // Memory: the memtables of the one column family, bounded together.
+        rocksdb_options_set_write_buffer_size(options, max(writeBufferBytes / 4, 1 << 20))
+        rocksdb_options_set_max_write_buffer_number(options, 4)
+        rocksdb_options_set_db_write_buffer_size(options, max(writeBufferBytes, 4 << 20))
+        rocksdb_options_set_max_open_files(options, 256)
+        rocksdb_options_set_keep_log_file_num(options, 2)
+        // INFO logs are RocksDB's own LOG files in the directory: warnings only.
+        rocksdb_options_set_info_log_level(options, 2)
+        // A torn last WAL record (a kill mid-write) is dropped; what was synced is kept.
+        rocksdb_options_set_wal_recovery_mode(options, 2)
+        rocksdb_options_set_paranoid_checks(options, 1)
+        tableOptions = rocksdb_block_based_options_create()
+        cache = rocksdb_cache_create_lru(max(cacheBytes, 1 << 20))
+        rocksdb_block_based_options_set_block_cache(tableOptions, cache)
+        rocksdb_block_based_options_set_cache_index_and_filter_blocks(tableOptions, 1)
+        rocksdb_block_based_options_set_pin_l0_filter_and_index_blocks_in_cache(tableOptions, 1)
+        rocksdb_block_based_options_set_filter_policy(tableOptions, rocksdb_filterpolicy_create_bloom(10))
+        rocksdb_options_set_block_based_table_factory(options, tableOptions)
+        syncWrite = rocksdb_writeoptions_create()
+        rocksdb_writeoptions_set_sync(syncWrite, 1)
+        read = rocksdb_readoptions_create()
+        var error: UnsafeMutablePointer<CChar>? = nil
+        let opened = rocksdb_open(options, path, &error)
+        if let failure = Self.take(error) {
+            rocksdb_readoptions_destroy(read)
+            rocksdb_writeoptions_destroy(syncWrite)
+            rocksdb_options_destroy(options)
+            rocksdb_block_based_options_destroy(tableOptions)
+            rocksdb_cache_destroy(cache)
+            throw RocksDBError(description: "cannot open RocksDB at \(path): \(failure)")
+        }
+        db = opened!
+    }
+
+    deinit {
+        rocksdb_close(db)
+        rocksdb_readoptions_destroy(read)
+        rocksdb_writeoptions_destroy(syncWrite)
+        rocksdb_options_destroy(options)
+        rocksdb_block_based_options_destroy(tableOptions)
+        rocksdb_cache_destroy(cache)
+    }
+
+    /// Removes the database at `path` and its files.
+    static func destroy(path: String) {
+        try? FileManager.default.removeItem(atPath: path)
+    }
+
+    /// The value of `key`, if any.
+    func get(_ key: [UInt8]) throws(RocksDBError) -> [UInt8]? {
+        var length = 0
+        var error: UnsafeMutablePointer<CChar>? = nil
+        let value = key.withUnsafeBufferPointer { key in
+            key.withMemoryRebound(to: CChar.self) {
+                rocksdb_get(db, read, $0.baseAddress, key.count, &length, &error)
+            }
+        }
+        if let failure = Self.take(error) { throw RocksDBError(description: "read failed: \(failure)") }
+        guard let value else { return nil }
+        defer { rocksdb_free(value) }
+        return Array(UnsafeRawBufferPointer(start: value, count: length))
+    }
+
+    /// Writes `batch` atomically and durably (the write-ahead log synced before it returns): after
+    /// any crash, all of it is there or none.
+    func write(_ batch: Batch) throws(RocksDBError) {
+        var error: UnsafeMutablePointer<CChar>? = nil
+        rocksdb_write(db, syncWrite, batch.handle, &error)
+        if let failure = Self.take(error) { throw RocksDBError(description: "write failed: \(failure)") }
+    }
+
+    /// Calls `body` with each key and value from `start` (inclusive) to `end` (exclusive), in key
+    /// order, until it returns false. The buffers are valid only during the call.
+    func scan(
+        from start: [UInt8], to end: [UInt8],
+        _ body: (UnsafeRawBufferPointer, UnsafeRawBufferPointer) throws -> Bool
+    ) throws {
+        let options = rocksdb_readoptions_create()
+        defer { rocksdb_readoptions_destroy(options) }
+        // A scan reads each block once: it would only push the cache's useful blocks out.
+        rocksdb_readoptions_set_fill_cache(options, 0)
+        try end.withUnsafeBufferPointer { end in
+            try end.withMemoryRebound(to: CChar.self) { end in
+                rocksdb_readoptions_set_iterate_upper_bound(options, end.baseAddress, end.count)
+                let iterator = rocksdb_create_iterator(db, options)
+                defer { rocksdb_iter_destroy(iterator) }
+                start.withUnsafeBufferPointer { start in
+                    start.withMemoryRebound(to: CChar.self) { rocksdb_iter_seek(iterator, $0.baseAddress, start.count) }
+                }
+                while rocksdb_iter_valid(iterator) != 0 {
+                    var keyLength = 0
+                    var valueLength = 0
+                    let key = rocksdb_iter_key(iterator, &keyLength)
+                    let value = rocksdb_iter_value(iterator, &valueLength)
+                    let more = try body(
+                        UnsafeRawBufferPointer(start: key, count: keyLength),
+                        UnsafeRawBufferPointer(start: value, count: valueLength))
+                    guard more else { return }
+                    rocksdb_iter_next(iterator)
+                }
+                var error: UnsafeMutablePointer<CChar>? = nil
+                rocksdb_iter_get_error(iterator, &error)
+                if let failure = Self.take(error) { throw RocksDBError(description: "scan failed: \(failure)") }
+            }
+        }
+    }
+
+    /// A RocksDB property (`rocksdb.estimate-num-keys`, `rocksdb.block-cache-usage`, ...).
+    func property(_ name: String) -> String? {
+        guard let value = rocksdb_property_value(db, name) else { return nil }
+        defer { rocksdb_free(value) }
+        return String(cString: value)
+    }
+
+    /// Takes the error string RocksDB allocated, if any.
+    private static func take(_ error: UnsafeMutablePointer<CChar>?) -> String? {
+        guard let error else { return nil }
+        defer { rocksdb_free(error) }
+        return String(cString: error)
+    }
+
+    /// Writes gathered to be applied together by ``RocksDB/write(_:)``.
+    ///
+    /// Not `Sendable`: one owner builds and writes it.
+    final class Batch {
+        let handle: OpaquePointer
+
+        init() { handle = rocksdb_writebatch_create() }
+
+        deinit { rocksdb_writebatch_destroy(handle) }
+
+        var count: Int { Int(rocksdb_writebatch_count(handle)) }
+
+        func put(_ key: [UInt8], _ value: [UInt8]) {
+            key.withUnsafeBufferPointer { key in
+                value.withUnsafeBufferPointer { value in
+                    key.withMemoryRebound(to: CChar.self) { key in
+                        value.withMemoryRebound(to: CChar.self) { value in
+                            rocksdb_writebatch_put(handle, key.baseAddress, key.count, value.baseAddress, value.count)
+                        }
+                    }
+                }
+            }
+        }
+
+        /// Deletes every key from `start` (inclusive) to `end` (exclusive).
+        func deleteRange(from start: [UInt8], to end: [UInt8]) {
+            start.withUnsafeBufferPointer { start in
+                end.withUnsafeBufferPointer { end in
+                    start.withMemoryRebound(to: CChar.self) { start in
+                        end.withMemoryRebound(to: CChar.self) { end in
+                            rocksdb_writebatch_delete_range(
+                                handle, start.baseAddress, start.count, end.baseAddress, end.count)
+                        }
+                    }
+                }
+            }
+        }
+
+        func clear() { rocksdb_writebatch_clear(handle) }
+    }
+}

@@ -1,0 +1,186 @@
+import EncoreEvents
+import Foundation
+import Kafka
+
+/// The local state store (docs/STATE.md): for each changelog partition, the latest record of each
+/// changelog key, and the checkpoint: the changelog offset up to which (exclusive) it holds the
+/// topic. A cache of the changelog, which stays the truth: whatever it cannot vouch for is dropped
+/// and read again from the changelog.
+///
+/// Keys in the one RocksDB database:
+/// - `0x00 "identity"`: the format, group and state topic it was built for;
+/// - `0x01 partition(4) 0x00`: the partition's checkpoint (offset, and a digest of the record just
+///   before it, to recognise the topic it was read from);
+/// - `0x01 partition(4) 0x01 changelog-key`: the changelog record's value, unchanged.
+final class StateStore: Sendable {
+    /// Bumped when the layout changes: a store of another format is rebuilt.
+    static let format = 1
+
+    struct Checkpoint: Equatable, Sendable {
+        /// The next changelog offset to read: every record before it is in the store.
+        var offset: Int64
+        /// The FNV-1a digest of the key and value of the record at `offset - 1` (0 at offset 0).
+        var lastDigest: UInt64
+    }
+
+    let directory: String
+    private let db: RocksDB
+
+    /// Opens the store in `directory` for `group`'s changelog `stateTopic`. One built for another
+    /// group, topic or format, or one RocksDB cannot open, is removed and created empty (every
+    /// partition is then restored from the changelog).
+    init(
+        directory: String, group: String, stateTopic: String, cacheBytes: Int, writeBufferBytes: Int, logger: Logger
+    ) throws(ProcessorError) {
+        self.directory = directory
+        let identity = Array("format=\(Self.format)\ngroup=\(group)\ntopic=\(stateTopic)\n".utf8)
+        do {
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        } catch {
+            throw ProcessorError(.invalidConfiguration, "--state-dir \(directory): cannot create it: \(error)")
+        }
+        var opened: RocksDB?
+        do {
+            opened = try RocksDB(path: directory, cacheBytes: cacheBytes, writeBufferBytes: writeBufferBytes)
+        } catch  where error.description.contains("lock") {
+            throw ProcessorError(
+                .invalidConfiguration,
+                "--state-dir \(directory) is in use by another process: give each instance its own state directory")
+        } catch {
+            logger.warning(
+                "the state store in \(directory) cannot be opened (\(error)); rebuilding it from the changelog")
+            opened = try Self.recreate(directory, cacheBytes: cacheBytes, writeBufferBytes: writeBufferBytes)
+        }
+        do {
+            let found = try opened!.get(Self.identityKey)
+            if let found, found != identity {
+                let was = String(decoding: found, as: UTF8.self).split(separator: "\n").joined(separator: ", ")
+                logger.warning(
+                    "the state store in \(directory) was built for another changelog (\(was)); rebuilding it from '\(stateTopic)'"
+                )
+                opened = nil  // (closed first: RocksDB locks its directory)
+                opened = try Self.recreate(directory, cacheBytes: cacheBytes, writeBufferBytes: writeBufferBytes)
+            }
+            if found != identity {
+                let batch = RocksDB.Batch()
+                batch.put(Self.identityKey, identity)
+                try opened!.write(batch)
+            }
+        } catch let error as ProcessorError {
+            throw error
+        } catch {
+            throw ProcessorError(.invalidConfiguration, "--state-dir \(directory): \(error)")
+        }
+        db = opened!
+    }
+
+    private static func recreate(
+        _ directory: String, cacheBytes: Int, writeBufferBytes: Int
+    ) throws(ProcessorError) -> RocksDB {
+        RocksDB.destroy(path: directory)
+        do {
+            return try RocksDB(path: directory, cacheBytes: cacheBytes, writeBufferBytes: writeBufferBytes)
+        } catch {
+            throw ProcessorError(.invalidConfiguration, "--state-dir \(directory): \(error)")
+        }
+    }
+
+    /// The partition's checkpoint; `nil` when the store holds nothing of it (or an unreadable one).
+    func checkpoint(of partition: Int32) throws(RocksDBError) -> Checkpoint? {
+        guard let value = try db.get(Self.checkpointKey(partition)), value.count == 16 else { return nil }
+        return Checkpoint(offset: Self.int64(value, at: 0), lastDigest: UInt64(bitPattern: Self.int64(value, at: 8)))
+    }
+
+    /// Applies changelog records of `partition` (in offset order) and moves its checkpoint to
+    /// `checkpoint`, atomically and durably: after any crash the store holds all of it or none.
+    func apply(
+        _ records: [(key: [UInt8]?, value: [UInt8])], partition: Int32, checkpoint: Checkpoint
+    ) throws(RocksDBError) {
+        let batch = RocksDB.Batch()
+        for record in records { batch.put(Self.recordKey(partition, record.key ?? []), record.value) }
+        batch.put(Self.checkpointKey(partition), Self.bytes(checkpoint))
+        try db.write(batch)
+    }
+
+    /// Forgets everything of `partition`: it is restored from the changelog's beginning next time.
+    func reset(partition: Int32) throws(RocksDBError) {
+        let batch = RocksDB.Batch()
+        batch.deleteRange(from: Self.partitionPrefix(partition), to: Self.partitionPrefix(partition &+ 1))
+        try db.write(batch)
+    }
+
+    /// Calls `body` with the key and value of each record the store holds for `partition` (in key
+    /// order); returns how many.
+    @discardableResult
+    func forEachRecord(
+        of partition: Int32, _ body: ([UInt8], [UInt8]) throws -> Void
+    ) throws -> Int {
+        let prefix = Self.recordKey(partition, [])
+        var end = prefix
+        end[end.count - 1] += 1
+        var count = 0
+        try db.scan(from: prefix, to: end) { key, value in
+            try body(Array(key[prefix.count...]), Array(value))
+            count += 1
+            return true
+        }
+        return count
+    }
+
+    /// RocksDB's estimate of the keys it holds, and its block cache's bytes in use.
+    var figures: (keys: Int, cacheBytes: Int) {
+        (
+            Int(db.property("rocksdb.estimate-num-keys") ?? "") ?? 0,
+            Int(db.property("rocksdb.block-cache-usage") ?? "") ?? 0
+        )
+    }
+
+    /// 64-bit FNV-1a of a record's key and value: which record is just before a checkpoint.
+    static func digest(key: [UInt8]?, value: [UInt8]) -> UInt64 {
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in key ?? [] { hash = (hash ^ UInt64(byte)) &* 0x100_0000_01b3 }
+        // (A separator: key "ab" value "c" differs from key "a" value "bc".)
+        hash = (hash ^ 0xff) &* 0x100_0000_01b3
+        for byte in value { hash = (hash ^ UInt64(byte)) &* 0x100_0000_01b3 }
+        return hash
+    }
+
+    // MARK: Keys
+
+    private static let identityKey: [UInt8] = [0x00] + Array("identity".utf8)
+
+    private static func partitionPrefix(_ partition: Int32) -> [UInt8] {
+        let bits = UInt32(bitPattern: partition)
+        return [
+            0x01, UInt8(bits >> 24), UInt8(truncatingIfNeeded: bits >> 16), UInt8(truncatingIfNeeded: bits >> 8),
+            UInt8(truncatingIfNeeded: bits),
+        ]
+    }
+
+    private static func checkpointKey(_ partition: Int32) -> [UInt8] { partitionPrefix(partition) + [0x00] }
+
+    private static func recordKey(_ partition: Int32, _ key: [UInt8]) -> [UInt8] {
+        var bytes = partitionPrefix(partition)
+        bytes.reserveCapacity(bytes.count + 1 + key.count)
+        bytes.append(0x01)
+        bytes.append(contentsOf: key)
+        return bytes
+    }
+
+    private static func bytes(_ checkpoint: Checkpoint) -> [UInt8] {
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(16)
+        for value in [UInt64(bitPattern: checkpoint.offset), checkpoint.lastDigest] {
+            for shift in stride(from: 56, through: 0, by: -8) {
+                bytes.append(UInt8(truncatingIfNeeded: value >> shift))
+            }
+        }
+        return bytes
+    }
+
+    private static func int64(_ bytes: [UInt8], at start: Int) -> Int64 {
+        var value: UInt64 = 0
+        for byte in bytes[start..<start + 8] { value = value << 8 | UInt64(byte) }
+        return Int64(bitPattern: value)
+    }
+}

@@ -1,0 +1,118 @@
+import Foundation
+import Kafka
+import Synchronization
+
+/// Keeps the local store up with what this instance writes to the changelog: the producer hands
+/// over each acknowledged changelog record with its offset (``acknowledged(_:worker:)``), and
+/// every interval the records gathered are applied per partition with the checkpoint just past
+/// the last one (docs/STATE.md).
+///
+/// Exactly-once: a worker's records are held until its transaction commits
+/// (``transactionEnded(worker:committed:)``), so the store never holds what a transaction that
+/// aborted wrote, nor moves its checkpoint past a transaction still open.
+final class StateStoreWriter: Sendable {
+    private struct Pending {
+        var records: [(key: [UInt8]?, value: [UInt8])] = []
+        var checkpoint = StateStore.Checkpoint(offset: 0, lastDigest: 0)
+    }
+
+    private struct State {
+        /// Records ready for the store, per changelog partition, in offset order.
+        var ready: [Int32: Pending] = [:]
+        /// Exactly-once: each worker's records of its open transaction.
+        var held: [Int: [KafkaDelivery]] = [:]
+        var failure: String? = nil
+        var stopped = false
+    }
+
+    let store: StateStore
+    private let transactional: Bool
+    private let state = Mutex(State())
+    /// One flush at a time, so that a partition's batches reach the store in order.
+    private let flushing = Mutex(())
+    private let logger: Logger
+
+    init(store: StateStore, transactional: Bool, interval: Duration, logger: Logger) {
+        self.store = store
+        self.transactional = transactional
+        self.logger = logger
+        let thread = Thread { [weak self] in
+            while let writer = self, !writer.state.withLock(\.stopped) {
+                writer.flush()
+                Thread.sleep(forTimeInterval: Double(interval.milliseconds) / 1000)
+            }
+        }
+        thread.name = "encore.state-store"
+        thread.start()
+    }
+
+    /// Acknowledged deliveries from a worker's producer (on the producer's thread): the changelog
+    /// records among them (those that come back with their record) go to the store.
+    func acknowledged(_ deliveries: [KafkaDelivery], worker: Int) {
+        let records = deliveries.filter { $0.error == nil && $0.record != nil && $0.offset >= 0 }
+        guard !records.isEmpty else { return }
+        state.withLock { state in
+            if transactional {
+                state.held[worker, default: []].append(contentsOf: records)
+            } else {
+                Self.add(records, to: &state.ready)
+            }
+        }
+    }
+
+    /// Exactly-once: the worker's transaction committed (its records go to the store) or aborted
+    /// (they never will: the transaction's records are not the changelog's).
+    func transactionEnded(worker: Int, committed: Bool) {
+        state.withLock { state in
+            let held = state.held.removeValue(forKey: worker) ?? []
+            if committed { Self.add(held, to: &state.ready) }
+        }
+    }
+
+    private static func add(_ deliveries: [KafkaDelivery], to ready: inout [Int32: Pending]) {
+        for delivery in deliveries {
+            guard let record = delivery.record, let partition = record.partition else { continue }
+            var pending = ready[partition] ?? Pending()
+            pending.records.append((record.key, record.value))
+            // Acknowledgements of one partition come in offset order.
+            if delivery.offset >= pending.checkpoint.offset {
+                pending.checkpoint = StateStore.Checkpoint(
+                    offset: delivery.offset + 1, lastDigest: StateStore.digest(key: record.key, value: record.value))
+            }
+            ready[partition] = pending
+        }
+    }
+
+    /// Applies what is ready, partition by partition; returns once it is durable. A failure is
+    /// logged once and keeps the records out: the store falls behind, and the next restore reads
+    /// the changelog from the last checkpoint that was written.
+    func flush() {
+        flushing.withLock { _ in
+            let ready = state.withLock { state in
+                defer { state.ready.removeAll(keepingCapacity: true) }
+                return state.ready
+            }
+            for (partition, pending) in ready.sorted(by: { $0.key < $1.key }) {
+                do {
+                    try store.apply(pending.records, partition: partition, checkpoint: pending.checkpoint)
+                } catch {
+                    let first = state.withLock { state in
+                        defer { state.failure = state.failure ?? "\(error)" }
+                        return state.failure == nil
+                    }
+                    if first {
+                        logger.error(
+                            "cannot write the state store in \(store.directory) (\(error)); restores will read more of the changelog"
+                        )
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes what is ready, then stops the flushing thread.
+    func stop() {
+        flush()
+        state.withLock { $0.stopped = true }
+    }
+}

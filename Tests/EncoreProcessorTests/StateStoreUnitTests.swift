@@ -1,0 +1,125 @@
+import Foundation
+import Kafka
+import Testing
+
+@testable import EncoreProcessor
+
+/// The state store alone (RocksDB in a temporary directory): checkpoints written with their
+/// records, partitions kept apart, and a store of another changelog dropped at open.
+@Suite("State store")
+struct StateStoreUnitTests {
+    private func directory() -> String {
+        FileManager.default.temporaryDirectory.appendingPathComponent("encore-store-\(UUID())").path
+    }
+
+    private func open(_ path: String, group: String = "g", topic: String = "state") throws -> StateStore {
+        try StateStore(
+            directory: path, group: group, stateTopic: topic, cacheBytes: 1 << 20, writeBufferBytes: 4 << 20,
+            logger: Logger(label: "test"))
+    }
+
+    private func records(_ store: StateStore, _ partition: Int32) throws -> [String: String] {
+        var found: [String: String] = [:]
+        try store.forEachRecord(of: partition) { key, value in
+            found[String(decoding: key, as: UTF8.self)] = String(decoding: value, as: UTF8.self)
+        }
+        return found
+    }
+
+    @Test("records and their checkpoint are kept per partition, the latest value of each key")
+    func applyAndRead() throws {
+        let path = directory()
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let store = try open(path)
+        #expect(try store.checkpoint(of: 0) == nil)
+        let checkpoint = StateStore.Checkpoint(offset: 3, lastDigest: 42)
+        try store.apply(
+            [
+                (Array("a".utf8), Array("1".utf8)), (Array("b".utf8), Array("2".utf8)),
+                (Array("a".utf8), Array("3".utf8)),
+            ],
+            partition: 0, checkpoint: checkpoint)
+        try store.apply(
+            [(Array("a".utf8), Array("other".utf8))], partition: 1, checkpoint: .init(offset: 1, lastDigest: 7))
+        #expect(try store.checkpoint(of: 0) == checkpoint)
+        #expect(try records(store, 0) == ["a": "3", "b": "2"])
+        #expect(try records(store, 1) == ["a": "other"])
+        try store.reset(partition: 0)
+        #expect(try store.checkpoint(of: 0) == nil && records(store, 0).isEmpty)
+        #expect(try records(store, 1) == ["a": "other"])
+    }
+
+    @Test("a reopened store keeps what was written; one of another group or topic is emptied")
+    func identity() throws {
+        let path = directory()
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        do {
+            let store = try open(path)
+            try store.apply(
+                [(Array("k".utf8), Array("v".utf8))], partition: 2, checkpoint: .init(offset: 5, lastDigest: 1))
+        }
+        do {
+            let store = try open(path)
+            #expect(try store.checkpoint(of: 2)?.offset == 5)
+        }
+        do {
+            let store = try open(path, topic: "another-state")
+            #expect(try store.checkpoint(of: 2) == nil && records(store, 2).isEmpty)
+        }
+    }
+
+    @Test("a second opening of a directory in use (another instance) is refused with a message naming --state-dir")
+    func lockedDirectory() throws {
+        let path = directory()
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let store = try open(path)
+        #expect {
+            _ = try open(path)
+        } throws: { error in
+            "\(error)".contains("--state-dir") && "\(error)".contains("in use")
+        }
+        withExtendedLifetime(store) {}
+    }
+
+    @Test(
+        "acknowledged changelog records reach the store with the checkpoint past the last one; exactly-once only once committed"
+    )
+    func writer() throws {
+        let path = directory()
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let store = try open(path)
+        func delivery(_ key: String, _ value: String, partition: Int32, offset: Int64) -> KafkaDelivery {
+            KafkaDelivery(
+                token: 0, error: nil,
+                record: KafkaProducerRecord(
+                    topic: "state", partition: partition, key: Array(key.utf8), value: Array(value.utf8)),
+                offset: offset)
+        }
+        let atLeastOnce = StateStoreWriter(
+            store: store, transactional: false, interval: .seconds(60), logger: Logger(label: "test"))
+        atLeastOnce.acknowledged(
+            [
+                delivery("u", "1", partition: 0, offset: 10),
+                KafkaDelivery(token: 1, error: nil, record: nil, offset: 11),
+                delivery("u", "2", partition: 0, offset: 12),
+            ], worker: 0)
+        atLeastOnce.flush()
+        #expect(try records(store, 0) == ["u": "2"])
+        #expect(
+            try store.checkpoint(of: 0)
+                == .init(offset: 13, lastDigest: StateStore.digest(key: Array("u".utf8), value: Array("2".utf8))))
+        atLeastOnce.stop()
+
+        let exactlyOnce = StateStoreWriter(
+            store: store, transactional: true, interval: .seconds(60), logger: Logger(label: "test"))
+        exactlyOnce.acknowledged([delivery("v", "aborted", partition: 1, offset: 3)], worker: 0)
+        exactlyOnce.acknowledged([delivery("w", "committed", partition: 1, offset: 3)], worker: 1)
+        exactlyOnce.flush()
+        #expect(try records(store, 1).isEmpty, "nothing before its transaction commits")
+        exactlyOnce.transactionEnded(worker: 0, committed: false)
+        exactlyOnce.transactionEnded(worker: 1, committed: true)
+        exactlyOnce.flush()
+        #expect(try records(store, 1) == ["w": "committed"] && store.checkpoint(of: 1)?.offset == 4)
+        exactlyOnce.stop()
+    }
+}

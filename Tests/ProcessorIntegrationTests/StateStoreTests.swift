@@ -1,0 +1,113 @@
+import EncoreEvents
+import EncoreProcessor
+import EncoreTools
+import Foundation
+import Kafka
+import TestSupport
+import Testing
+
+/// The local state store (docs/STATE.md) on the embedded broker: a restart reads the changelog from
+/// its checkpoint only, and a store that does not match the changelog is rebuilt from it.
+@Suite("The local state store and its checkpoints")
+struct StateStoreTests {
+    /// Runs a processor with the store in `directory` until the group committed `total` requests;
+    /// returns its controller's calls and what its restore read, from `/metrics`.
+    private func run(
+        bootstrap: String, group: String, directory: String, total: Int64
+    ) async throws -> (calls: RecordingController.State, changelog: Int, store: Int, duplicates: Int) {
+        let controller = RecordingController()
+        let processor = try processor(bootstrap: bootstrap, group: group, maxInFlight: 16, controller: controller) {
+            $0.stateDirectory = directory
+        }
+        async let running: Void = processor.run()
+        let finished = try await eventually(timeout: .seconds(60)) {
+            try await committedOffsets(bootstrap: bootstrap, group: group, topic: Topics.requests, partitions: 4)
+                .values.reduce(0, +) == total
+        }
+        let metrics = processor.metrics()
+        processor.shutdown()
+        try await running
+        #expect(finished, "the group did not commit \(total) requests")
+        func counter(_ name: String) -> Int {
+            metrics.split(separator: "\n").first { $0.hasPrefix(name + " ") }.flatMap {
+                Int($0.split(separator: " ")[1])
+            } ?? -1
+        }
+        return (
+            controller.snapshot, counter("encore_state_restore_changelog_records_total"),
+            counter("encore_state_restore_store_records_total"), processor.statistics.duplicates
+        )
+    }
+
+    private func generated(_ count: Int, seed: UInt64) -> RequestGenerator.Options {
+        var options = RequestGenerator.Options()
+        options.users = 20
+        options.seed = seed
+        return options
+    }
+
+    @Test("a restart reads no changelog record its store holds, and still knows every request it answered")
+    func restartReadsOnlyTheTail() async throws {
+        let cluster = try embeddedClusterWithTopics(partitions: 4)
+        let bootstrap = cluster.bootstrapServers
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("encore-state-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let first = try await produceRequests(bootstrap: bootstrap, count: 120, options: generated(120, seed: 1))
+        let before = try await run(bootstrap: bootstrap, group: "stored", directory: directory, total: 120)
+        #expect(before.calls.callsByRequest.count == 120)
+        // A fresh store is built from the changelog (empty here: nothing to read yet).
+        #expect(before.changelog == 0 && before.store == 0)
+        let changelog = try await readTopic(bootstrap: bootstrap, topic: Topics.state, partitions: 4)
+        let keys = Set(changelog.map { "\($0.partition):\(String(decoding: $0.key ?? [], as: UTF8.self))" })
+
+        // The same requests again (an upstream re-send) and 30 new ones.
+        let producer = try KafkaProducer(configuration: KafkaConfiguration(["bootstrap.servers": bootstrap]))
+        for record in first {
+            try producer.produce(KafkaProducerRecord(topic: Topics.requests, key: record.key, value: record.value)) {
+                _ in
+            }
+        }
+        try await producer.flush()
+        await producer.close()
+        _ = try await produceRequests(bootstrap: bootstrap, count: 30, options: generated(30, seed: 2))
+        let after = try await run(bootstrap: bootstrap, group: "stored", directory: directory, total: 270)
+        // Every record the first run wrote was in the store when it stopped: none read again.
+        #expect(after.changelog == 0, "changelog records read past the checkpoints")
+        #expect(after.store == keys.count, "the store holds the changelog's latest record of each key")
+        // What it restored from the store is the journal: the re-sent requests are duplicates.
+        #expect(after.duplicates == 120)
+        #expect(after.calls.callsByRequest.count == 30 && after.calls.repeated.isEmpty)
+    }
+
+    @Test("a store of another changelog (the cluster's topics created again) is rebuilt, not trusted")
+    func foreignStoreRebuilt() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("encore-state-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        // A first cluster, and a store that reflects its changelog.
+        let old = try embeddedClusterWithTopics(partitions: 4)
+        _ = try await produceRequests(bootstrap: old.bootstrapServers, count: 60, options: generated(60, seed: 3))
+        _ = try await run(bootstrap: old.bootstrapServers, group: "moved", directory: directory, total: 60)
+        // Another cluster, same topic names and group, with a longer changelog of other requests:
+        // the store's checkpoints fall inside it, but the records there are not the ones it saw.
+        let new = try embeddedClusterWithTopics(partitions: 4)
+        let bootstrap = new.bootstrapServers
+        let requests = try await produceRequests(bootstrap: bootstrap, count: 150, options: generated(150, seed: 4))
+        let other = FileManager.default.temporaryDirectory.appendingPathComponent("encore-state-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: other) }
+        _ = try await run(bootstrap: bootstrap, group: "moved", directory: other, total: 150)
+        let changelog = try await readTopic(bootstrap: bootstrap, topic: Topics.state, partitions: 4)
+        // The old store on the new cluster, with the new requests re-sent.
+        let producer = try KafkaProducer(configuration: KafkaConfiguration(["bootstrap.servers": bootstrap]))
+        for record in requests {
+            try producer.produce(KafkaProducerRecord(topic: Topics.requests, key: record.key, value: record.value)) {
+                _ in
+            }
+        }
+        try await producer.flush()
+        await producer.close()
+        let moved = try await run(bootstrap: bootstrap, group: "moved", directory: directory, total: 300)
+        // Rebuilt: every changelog record read, the re-sent requests known from it.
+        #expect(moved.changelog == changelog.count)
+        #expect(moved.duplicates == 150 && moved.calls.callsByRequest.isEmpty)
+    }
+}
