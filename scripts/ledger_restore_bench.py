@@ -57,11 +57,13 @@ def fill(bootstrap, users, partitions):
     producer.flush()
 
 
-def restore(binary, bootstrap):
-    """Runs the processor until its restore log line; returns (seconds, users, RSS MiB)."""
+def restore(binary, bootstrap, group=None, state_dir="none"):
+    """Runs the processor until its restore log line; returns (seconds, users, RSS MiB, seconds
+    from the start to the restore's end, the group join included)."""
+    started = time.time()
     process = subprocess.Popen(
-        [binary, "run", "--bootstrap-servers", bootstrap, "--controller", "simulated", "--log-level", "info", "--group-id", f"restore-{time.time()}",
-         "--state-dir", "none",
+        [binary, "run", "--bootstrap-servers", bootstrap, "--controller", "simulated", "--log-level", "info",
+         "--group-id", group or f"restore-{time.time()}", "--state-dir", state_dir,
          "--access-rule", "pro = revenuecat:pro | encore:freeTrial"],
         stderr=subprocess.PIPE, text=True)
     try:
@@ -72,7 +74,7 @@ def restore(binary, bootstrap):
                 time.sleep(1)  # let the first ticks run (expiry scan)
                 with open(f"/proc/{process.pid}/status") as status:
                     rss = int(re.search(r"VmRSS:\s+(\d+)", status.read()).group(1)) / 1024
-                return float(match.group(2)), int(match.group(1)), rss
+                return float(match.group(2)), int(match.group(1)), rss, time.time() - started
             if time.time() > deadline:
                 break
         sys.exit("the processor did not report a restore")
@@ -86,6 +88,8 @@ def main():
     parser.add_argument("--users", type=int, default=100_000)
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--binary", default=".build/release/encore-processor")
+    parser.add_argument("--state-dir", help="also restore through a state store here: built fresh from the "
+                        "changelog, then a restart on it (the directory is emptied first)")
     args = parser.parse_args()
     results = {}
     for label, users in [("empty", 0), ("filled", args.users)]:
@@ -96,15 +100,26 @@ def main():
                 fill(bootstrap, users, args.partitions)
                 print(f"filled the changelog with {users} users in {time.time() - started:.1f} s", file=sys.stderr)
             results[label] = restore(args.binary, bootstrap)
+            if users and args.state_dir:
+                subprocess.run(["rm", "-rf", args.state_dir], check=True)
+                group = f"restore-store-{time.time()}"
+                results["fresh store"] = restore(args.binary, bootstrap, group, args.state_dir)
+                results["restart on the store"] = restore(args.binary, bootstrap, group, args.state_dir)
         finally:
             broker.terminate()
             broker.wait(timeout=30)
-    seconds, restored, rss = results["filled"]
-    _, _, base = results["empty"]
-    per = (rss - base) / max(restored, 1) * 100_000
-    print(f"restored {restored} users in {seconds:.2f} s ({restored / max(seconds, 1e-9):,.0f} users/s); "
-          f"RSS {rss:.0f} MiB vs {base:.0f} MiB with an empty changelog: {per:.0f} MiB per 100,000 users")
-    return 0 if restored == args.users else 1
+    _, _, base, _ = results["empty"]
+    for label in ["filled", "fresh store", "restart on the store"]:
+        if label not in results:
+            continue
+        seconds, restored, rss, wall = results[label]
+        per = (rss - base) / max(restored, 1) * 100_000
+        what = {"filled": "from the changelog (no store)", "fresh store": "through a fresh state store (rebuilt from "
+                "the changelog)", "restart on the store": "on a restart with the store at its checkpoint"}[label]
+        print(f"{what}: restored {restored} users in {seconds:.2f} s ({restored / max(seconds, 1e-9):,.0f} users/s), "
+              f"{wall:.1f} s from start (group join included); RSS {rss:.0f} MiB vs {base:.0f} MiB with an empty "
+              f"changelog: {per:.0f} MiB per 100,000 users")
+    return 0 if results["filled"][1] == args.users else 1
 
 
 if __name__ == "__main__":

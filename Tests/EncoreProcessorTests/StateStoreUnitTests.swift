@@ -122,4 +122,28 @@ struct StateStoreUnitTests {
         #expect(try records(store, 1) == ["w": "committed"] && store.checkpoint(of: 1)?.offset == 4)
         exactlyOnce.stop()
     }
+
+    @Test("a partition no longer owned is dropped after the grace; an owned one never")
+    func unownedDropped() throws {
+        let path = directory()
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let store = try open(path)
+        for partition: Int32 in [0, 1, 2] {
+            try store.apply(
+                [(Array("k".utf8), Array("v".utf8))], partition: partition, checkpoint: .init(offset: 1, lastDigest: 0))
+        }
+        #expect(try store.storedPartitions() == [0, 1, 2])
+        let writer = StateStoreWriter(
+            store: store, transactional: false, interval: .seconds(60), grace: .seconds(60),
+            logger: Logger(label: "test"))
+        defer { writer.stop() }
+        let start = ContinuousClock.now
+        writer.assigned([0, 1])
+        writer.revoked([1], now: start)
+        writer.sweep(now: start.advanced(by: .seconds(30)))
+        #expect(try store.storedPartitions() == [0, 1, 2], "within the grace")
+        writer.sweep(now: start.advanced(by: .seconds(120)))
+        // 2 was never owned by this process: its grace started at the first sweep.
+        #expect(try store.storedPartitions() == [0])
+    }
 }

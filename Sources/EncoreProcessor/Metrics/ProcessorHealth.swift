@@ -27,6 +27,11 @@ final class ProcessorVitals: Sendable {
         /// and records they took from the store.
         var restoredChangelogRecords = 0
         var restoredStoreRecords = 0
+        /// The restore running now: changelog records it reads (from the checkpoints to the ends
+        /// read at its start) and has read; records taken from the store.
+        var restoreTarget = 0
+        var restoreRead = 0
+        var restoreFromStore = 0
         var admission: KafkaAdmission? = nil
         var consumer: KafkaConsumer? = nil
     }
@@ -63,7 +68,13 @@ extension ProcessorHealth {
         }
         let isAlive = reasons.isEmpty
         if !vitals.joined { reasons.append("not joined to the group yet") }
-        if vitals.restoring > 0 { reasons.append("restoring the ledger state") }
+        if vitals.restoring > 0 {
+            let progress =
+                vitals.restoreTarget > 0 || vitals.restoreFromStore > 0
+                ? ": \(vitals.restoreRead) of \(vitals.restoreTarget) changelog records read, \(vitals.restoreFromStore) records from the state store"
+                : ""
+            reasons.append("restoring the ledger state\(progress)")
+        }
         self.init(isAlive: isAlive, isReady: reasons.isEmpty, reasons: reasons)
     }
 }

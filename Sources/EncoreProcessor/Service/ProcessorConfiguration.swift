@@ -76,6 +76,9 @@ public struct ProcessorConfiguration: Sendable {
     public var stateDirectory: String? = nil
     /// The store's block cache, which bounds its memory with its write buffers (32 MiB).
     public var stateCacheBytes = 64 << 20
+    /// How long a partition this instance no longer owns stays in the store (a quick hand-back
+    /// restores only its tail); then it is dropped.
+    public var stateUnownedGrace: Duration = .seconds(600)
     /// `ce_source` of produced records.
     public var source = "/encore-processor"
 

@@ -26,6 +26,7 @@ extension PurchaseProcessor {
                 let (finished, committed) = await Self.finishedOffsets(
                     of: partitions, configuration: configuration, consumer: consumer, logger: logger)
                 var restored: [Int32: RestoredPartition] = [:]
+                store?.assigned(partitions.filter { $0.topic == configuration.requestsTopic }.map(\.partition))
                 // The users' state and request journals, before any of their records is handled.
                 vitals.update { $0.restoring += 1 }
                 defer { vitals.update { $0.restoring -= 1 } }
@@ -57,6 +58,7 @@ extension PurchaseProcessor {
                 }
             case .partitionsRevoked(let partitions, let revocation):
                 // Each worker hands over its share; the partitions go once all have.
+                store?.revoked(partitions.filter { $0.topic == configuration.requestsTopic }.map(\.partition))
                 let shares = router.split(partitions, by: \.partition)
                 let handOver = RevocationHandOver(revocation, parts: shares.count)
                 for (worker, part) in shares {

@@ -250,7 +250,8 @@ public final class PurchaseProcessor: Sendable {
         logger.info("state store: \(directory)")
         return StateStoreWriter(
             store: store, transactional: configuration.guarantee == .exactlyOnce,
-            interval: configuration.commitInterval, logger: Logger(label: "encore.state"))
+            interval: configuration.commitInterval, grace: configuration.stateUnownedGrace,
+            logger: Logger(label: "encore.state"))
     }
 
     private func makeClients(

@@ -24,6 +24,11 @@ extension PurchaseProcessor {
                 of: KafkaTopicPartition(topic: configuration.stateTopic, partition: partition), timeout: .seconds(60))
         }
         var rebuilt: Set<Int32> = []
+        vitals?.update {
+            $0.restoreTarget = 0
+            $0.restoreRead = 0
+            $0.restoreFromStore = 0
+        }
         var checkpoints: [Int32: StateStore.Checkpoint] = [:]
         for partition in partitions {
             let (low, high) = marks[partition]!
@@ -45,7 +50,8 @@ extension PurchaseProcessor {
         }
         // A first pass from the checkpoints (the record before each, to recognise the topic).
         var tail = try await readTail(
-            partitions, from: checkpoints, marks: marks, store: store, configuration: configuration, kafka: kafka)
+            partitions, from: checkpoints, marks: marks, store: store, configuration: configuration, kafka: kafka,
+            vitals: vitals)
         // Partitions whose record before the checkpoint is not the one the store saw: another
         // topic of the same name. Read again from the beginning.
         let foreign = tail.foreign
@@ -55,7 +61,8 @@ extension PurchaseProcessor {
             )
             rebuilt.formUnion(foreign)
             let again = try await readTail(
-                Array(foreign), from: [:], marks: marks, store: store, configuration: configuration, kafka: kafka)
+                Array(foreign), from: [:], marks: marks, store: store, configuration: configuration, kafka: kafka,
+                vitals: vitals)
             tail.records += again.records
             if tail.failure == nil { tail.failure = again.failure }
         }
@@ -70,18 +77,46 @@ extension PurchaseProcessor {
         var invalid: [String] = []
         for partition in partitions {
             var folded = RestoredPartition(journalCap: cap)
-            do {
-                stored += try store.forEachRecord(of: partition) { key, value in
-                    do throws(EventValidationError) {
-                        try folded.fold(key: key, value: value, horizonMs: horizon)
-                    } catch {
-                        invalid.append(
-                            "\(configuration.stateTopic)[\(partition)] key \(String(decoding: key, as: UTF8.self)): \(error)"
-                        )
+            var attempt = 1
+            while true {
+                folded = RestoredPartition(journalCap: cap)
+                let before = stored
+                var seen = 0
+                do {
+                    try store.forEachRecord(of: partition) { key, value in
+                        seen += 1
+                        if seen % 4096 == 0 {
+                            let count = before + seen
+                            vitals?.update { $0.restoreFromStore = count }
+                        }
+                        do throws(EventValidationError) {
+                            try folded.fold(key: key, value: value, horizonMs: horizon)
+                        } catch {
+                            invalid.append(
+                                "\(configuration.stateTopic)[\(partition)] key \(String(decoding: key, as: UTF8.self)): \(error)"
+                            )
+                        }
                     }
+                    stored += seen
+                    break
+                } catch  where attempt == 1 {
+                    // A store that cannot be read (a damaged block): this partition's is rebuilt.
+                    logger.warning(
+                        "the state store of changelog partition \(partition) cannot be read (\(error)): rebuilding it from the changelog"
+                    )
+                    attempt += 1
+                    let again = try await readTail(
+                        [partition], from: [:], marks: marks, store: store, configuration: configuration,
+                        kafka: kafka, vitals: vitals)
+                    if let failure = again.failure {
+                        throw RocksDBError(
+                            description: "cannot write the state store in \(store.directory): \(failure)")
+                    }
+                    tail.records += again.records
+                    rebuilt.insert(partition)
+                } catch {
+                    throw RocksDBError(description: "cannot read the state store in \(store.directory): \(error)")
                 }
-            } catch {
-                throw RocksDBError(description: "cannot read the state store in \(store.directory): \(error)")
             }
             restored[partition] = folded
         }
@@ -119,7 +154,7 @@ extension PurchaseProcessor {
     private static func readTail(
         _ partitions: [Int32], from checkpoints: [Int32: StateStore.Checkpoint],
         marks: [Int32: (low: Int64, high: Int64)], store: StateStore, configuration: ProcessorConfiguration,
-        kafka: KafkaConfiguration
+        kafka: KafkaConfiguration, vitals: ProcessorVitals?
     ) async throws(KafkaError) -> (records: Int, foreign: Set<Int32>, failure: String?) {
         var starts: [Int32: Int64] = [:]
         for partition in partitions {
@@ -135,6 +170,8 @@ extension PurchaseProcessor {
         }
         let batchSize = 4096
         let expected = checkpoints
+        let target = starts.reduce(0) { $0 + Int(max(0, marks[$1.key]!.high - $1.value)) }
+        vitals?.update { $0.restoreTarget += target }
         let (tail, _) = try await KafkaPartitionReader.fold(
             configuration: kafka, topic: configuration.stateTopic, starts: starts,
             ends: marks.filter { starts[$0.key] != nil }.mapValues(\.high), into: Tail()
@@ -153,6 +190,10 @@ extension PurchaseProcessor {
             tail.pending[partition, default: []].append((message.key, message.value))
             tail.checkpoints[partition] = StateStore.Checkpoint(
                 offset: message.offset + 1, lastDigest: StateStore.digest(key: message.key, value: message.value))
+            if tail.records % batchSize == 0 {
+                let read = tail.records
+                vitals?.update { $0.restoreRead = read }
+            }
             if tail.pending[partition]!.count >= batchSize {
                 do {
                     try store.apply(

@@ -127,6 +127,26 @@ final class StateStore: Sendable {
         return count
     }
 
+    /// The partitions the store holds anything of, in order (a seek per partition).
+    func storedPartitions() throws -> [Int32] {
+        var found: [Int32] = []
+        var from: [UInt8] = [0x01]
+        while true {
+            var next: Int32? = nil
+            try db.scan(from: from, to: [0x02]) { key, _ in
+                if key.count >= 5 {
+                    next = Int32(
+                        bitPattern: UInt32(key[1]) << 24 | UInt32(key[2]) << 16 | UInt32(key[3]) << 8 | UInt32(key[4]))
+                }
+                return false
+            }
+            guard let partition = next else { return found }
+            found.append(partition)
+            guard partition != .max else { return found }
+            from = Self.partitionPrefix(partition + 1)
+        }
+    }
+
     /// RocksDB's estimate of the keys it holds, and its block cache's bytes in use.
     var figures: (keys: Int, cacheBytes: Int) {
         (

@@ -23,22 +23,34 @@ final class StateStoreWriter: Sendable {
         var held: [Int: [KafkaDelivery]] = [:]
         var failure: String? = nil
         var stopped = false
+        /// Changelog partitions whose requests partition this instance owns (or is restoring).
+        var owned: Set<Int32> = []
+        /// Partitions held in the store but not owned, since when.
+        var unownedSince: [Int32: ContinuousClock.Instant] = [:]
+        var nextSweep: ContinuousClock.Instant? = nil
     }
 
     let store: StateStore
     private let transactional: Bool
+    /// How long a partition this instance no longer owns stays in the store: a quick hand-back
+    /// restores only the tail (``ProcessorConfiguration/stateUnownedGrace``).
+    private let grace: Duration
     private let state = Mutex(State())
     /// One flush at a time, so that a partition's batches reach the store in order.
     private let flushing = Mutex(())
     private let logger: Logger
 
-    init(store: StateStore, transactional: Bool, interval: Duration, logger: Logger) {
+    init(
+        store: StateStore, transactional: Bool, interval: Duration, grace: Duration = .seconds(600), logger: Logger
+    ) {
         self.store = store
         self.transactional = transactional
+        self.grace = grace
         self.logger = logger
         let thread = Thread { [weak self] in
             while let writer = self, !writer.state.withLock(\.stopped) {
                 writer.flush()
+                writer.sweep(now: .now)
                 Thread.sleep(forTimeInterval: Double(interval.milliseconds) / 1000)
             }
         }
@@ -105,6 +117,49 @@ final class StateStoreWriter: Sendable {
                             "cannot write the state store in \(store.directory) (\(error)); restores will read more of the changelog"
                         )
                     }
+                }
+            }
+        }
+    }
+
+    /// The partitions are assigned: kept, and restored (from their checkpoint) before use.
+    func assigned(_ partitions: [Int32]) {
+        state.withLock { state in
+            state.owned.formUnion(partitions)
+            for partition in partitions { state.unownedSince[partition] = nil }
+        }
+    }
+
+    /// The partitions went to another instance: dropped from the store once unowned for the grace.
+    func revoked(_ partitions: [Int32], now: ContinuousClock.Instant = .now) {
+        state.withLock { state in
+            state.owned.subtract(partitions)
+            for partition in partitions { state.unownedSince[partition] = now }
+        }
+    }
+
+    /// Drops the partitions unowned for longer than the grace (those found in the store at the
+    /// first sweep count from then). Under the flush's lock, which a restore takes after
+    /// ``assigned(_:)``: a partition assigned meanwhile is never dropped under its restore.
+    func sweep(now: ContinuousClock.Instant) {
+        guard state.withLock({ state in state.nextSweep.map { now >= $0 } ?? true }) else { return }
+        flushing.withLock { _ in
+            let stored = (try? store.storedPartitions()) ?? []
+            let due = state.withLock { state -> [Int32] in
+                state.nextSweep = now.advanced(by: min(grace, .seconds(10)))
+                for partition in stored where !state.owned.contains(partition) && state.unownedSince[partition] == nil {
+                    state.unownedSince[partition] = now
+                }
+                let due = state.unownedSince.filter { now >= $0.value.advanced(by: grace) }.keys.sorted()
+                for partition in due { state.unownedSince[partition] = nil }
+                return due.filter { stored.contains($0) && !state.owned.contains($0) }
+            }
+            for partition in due {
+                do {
+                    try store.reset(partition: partition)
+                    logger.info("dropped changelog partition \(partition) from the state store: not owned for \(grace)")
+                } catch {
+                    logger.warning("cannot drop changelog partition \(partition) from the state store: \(error)")
                 }
             }
         }
