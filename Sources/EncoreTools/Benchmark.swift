@@ -27,6 +27,8 @@ public enum Benchmark {
         public var timeout: Duration = .seconds(600)
         /// The entitlement ledger runs (change events and changelog writes are part of the work).
         public var ledger = true
+        /// The local state store's directory (`nil`: none).
+        public var stateDirectory: String? = nil
         public var guarantee = DeliveryGuarantee.atLeastOnce
         public init() {}
     }
@@ -138,6 +140,7 @@ public enum Benchmark {
         configuration.deadLetterTopic = outputs[2]
         configuration.stateTopic = outputs[3]
         configuration.ledgerEnabled = options.ledger
+        configuration.stateDirectory = options.stateDirectory
         configuration.guarantee = options.guarantee
         configuration.maxInFlight = options.maxInFlight
         configuration.workers = options.workers

@@ -29,6 +29,9 @@ enum BenchCommand {
                 "prefilled-topic", value: "TOPIC",
                 "Consume this topic, already holding --count requests (e.g. from limit fill)."),
             .option("timeout-s", value: "S", default: "600", "Give up after this long."),
+            .option(
+                "state-dir", value: "DIR", default: "none",
+                "Run with the local state store in DIR (emptied first), as run does by default; none: without it."),
             .flag(
                 "no-ledger",
                 "Run without the entitlement ledger (for brokers that cannot create the co-partitioned changelog)."),
@@ -67,6 +70,10 @@ enum BenchCommand {
         benchmark.prefilledTopic = options.string("prefilled-topic")
         benchmark.timeout = .seconds(try options.integer("timeout-s", range: 1...86_400))
         benchmark.ledger = !options.flag("no-ledger")
+        if let directory = options.string("state-dir"), directory != "none" {
+            try? FileManager.default.removeItem(atPath: directory)
+            benchmark.stateDirectory = directory
+        }
         benchmark.guarantee =
             DeliveryGuarantee(rawValue: try options.choice("guarantee", DeliveryGuarantee.allCases.map(\.rawValue)))
             ?? .atLeastOnce

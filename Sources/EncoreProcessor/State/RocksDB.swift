@@ -1,5 +1,6 @@
 import CRocksDB
 import Foundation
+import Synchronization
 
 /// What a RocksDB call reported.
 struct RocksDBError: Error, CustomStringConvertible {
@@ -11,9 +12,10 @@ struct RocksDBError: Error, CustomStringConvertible {
 /// and the write buffers.
 ///
 /// `@unchecked Sendable`: RocksDB's `DB` is safe for concurrent reads, writes and iterators from
-/// any thread; the handles and options here are immutable after `init` and destroyed only in
-/// `deinit`, after every user is gone.
+/// any thread; the handles and options here are immutable after `init` and destroyed only by
+/// ``close()`` or `deinit`, which its owner calls once nothing uses the database any more.
 final class RocksDB: @unchecked Sendable {
+    private let closed = Atomic<Bool>(false)
     private let db: OpaquePointer
     private let options: OpaquePointer
     private let tableOptions: OpaquePointer
@@ -42,9 +44,17 @@ final class RocksDB: @unchecked Sendable {
         rocksdb_options_set_wal_recovery_mode(options, 2)
         rocksdb_options_set_paranoid_checks(options, 1)
         tableOptions = rocksdb_block_based_options_create()
-        cache = rocksdb_cache_create_lru(max(cacheBytes, 1 << 20))
+        // Four shards, not RocksDB's default of one per MiB: a file's index and filter blocks
+        // (about 0.3 MB each) were pushed out of 1 MB shards and read again on every lookup
+        // (measured: 1,245 random reads/s against 66,000-73,000 with 4 shards, 64 MB cache).
+        let cacheOptions = rocksdb_lru_cache_options_create()
+        rocksdb_lru_cache_options_set_capacity(cacheOptions, max(cacheBytes, 1 << 20))
+        rocksdb_lru_cache_options_set_num_shard_bits(cacheOptions, 2)
+        cache = rocksdb_cache_create_lru_opts(cacheOptions)
+        rocksdb_lru_cache_options_destroy(cacheOptions)
         rocksdb_block_based_options_set_block_cache(tableOptions, cache)
         rocksdb_block_based_options_set_cache_index_and_filter_blocks(tableOptions, 1)
+        rocksdb_block_based_options_set_cache_index_and_filter_blocks_with_high_priority(tableOptions, 1)
         rocksdb_block_based_options_set_pin_l0_filter_and_index_blocks_in_cache(tableOptions, 1)
         rocksdb_block_based_options_set_filter_policy(tableOptions, rocksdb_filterpolicy_create_bloom(10))
         rocksdb_options_set_block_based_table_factory(options, tableOptions)
@@ -64,8 +74,16 @@ final class RocksDB: @unchecked Sendable {
         db = opened!
     }
 
-    deinit {
+    /// Closes the database: its background threads stop and its files are released. Before the
+    /// process exits: RocksDB's threads must not outlive its static state. Nothing may use the
+    /// database after.
+    func close() {
+        guard !closed.exchange(true, ordering: .acquiringAndReleasing) else { return }
         rocksdb_close(db)
+    }
+
+    deinit {
+        close()
         rocksdb_readoptions_destroy(read)
         rocksdb_writeoptions_destroy(syncWrite)
         rocksdb_options_destroy(options)

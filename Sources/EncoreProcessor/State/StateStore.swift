@@ -147,6 +147,9 @@ final class StateStore: Sendable {
         }
     }
 
+    /// Closes the store (RocksDB's threads stop): nothing may use it after.
+    func close() { db.close() }
+
     /// RocksDB's estimate of the keys it holds, and its block cache's bytes in use.
     var figures: (keys: Int, cacheBytes: Int) {
         (

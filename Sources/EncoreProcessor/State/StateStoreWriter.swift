@@ -48,11 +48,14 @@ final class StateStoreWriter: Sendable {
         self.grace = grace
         self.logger = logger
         let thread = Thread { [weak self] in
-            while let writer = self, !writer.state.withLock(\.stopped) {
+            // (The writer is held only while it works, not while the thread sleeps.)
+            func work() -> Bool {
+                guard let writer = self, !writer.state.withLock(\.stopped) else { return false }
                 writer.flush()
                 writer.sweep(now: .now)
-                Thread.sleep(forTimeInterval: Double(interval.milliseconds) / 1000)
+                return true
             }
+            while work() { Thread.sleep(forTimeInterval: Double(interval.milliseconds) / 1000) }
         }
         thread.name = "encore.state-store"
         thread.start()
@@ -100,6 +103,7 @@ final class StateStoreWriter: Sendable {
     /// the changelog from the last checkpoint that was written.
     func flush() {
         flushing.withLock { _ in
+            guard !state.withLock(\.stopped) else { return }
             let ready = state.withLock { state in
                 defer { state.ready.removeAll(keepingCapacity: true) }
                 return state.ready
@@ -144,6 +148,7 @@ final class StateStoreWriter: Sendable {
     func sweep(now: ContinuousClock.Instant) {
         guard state.withLock({ state in state.nextSweep.map { now >= $0 } ?? true }) else { return }
         flushing.withLock { _ in
+            guard !state.withLock(\.stopped) else { return }
             let stored = (try? store.storedPartitions()) ?? []
             let due = state.withLock { state -> [Int32] in
                 state.nextSweep = now.advanced(by: min(grace, .seconds(10)))
@@ -165,9 +170,16 @@ final class StateStoreWriter: Sendable {
         }
     }
 
-    /// Writes what is ready, then stops the flushing thread.
+    /// Writes what is ready, stops the flushing thread and closes the store (before the process
+    /// exits: RocksDB's background threads must not outlive it). Nothing may use the store after.
     func stop() {
         flush()
-        state.withLock { $0.stopped = true }
+        flushing.withLock { _ in
+            let first = state.withLock { state in
+                defer { state.stopped = true }
+                return !state.stopped
+            }
+            if first { store.close() }
+        }
     }
 }
