@@ -85,16 +85,20 @@ final class StateStoreWriter: Sendable {
     }
 
     private static func add(_ deliveries: [KafkaDelivery], to ready: inout [Int32: Pending]) {
+        // The last record of each partition: the one its checkpoint follows.
+        var last: [Int32: (offset: Int64, key: [UInt8]?, value: [UInt8])] = [:]
         for delivery in deliveries {
             guard let record = delivery.record, let partition = record.partition else { continue }
-            var pending = ready[partition] ?? Pending()
-            pending.records.append((record.key, record.value))
-            // Acknowledgements of one partition come in offset order.
-            if delivery.offset >= pending.checkpoint.offset {
-                pending.checkpoint = StateStore.Checkpoint(
-                    offset: delivery.offset + 1, lastDigest: StateStore.digest(key: record.key, value: record.value))
+            // (In place: a copy taken out of the dictionary would copy the records at each append.)
+            ready[partition, default: Pending()].records.append((record.key, record.value))
+            if delivery.offset >= last[partition]?.offset ?? -1 {
+                last[partition] = (delivery.offset, record.key, record.value)
             }
-            ready[partition] = pending
+        }
+        // Acknowledgements of one partition come in offset order: the checkpoint only moves on.
+        for (partition, record) in last where record.offset >= ready[partition]!.checkpoint.offset {
+            ready[partition]!.checkpoint = StateStore.Checkpoint(
+                offset: record.offset + 1, lastDigest: StateStore.digest(key: record.key, value: record.value))
         }
     }
 
