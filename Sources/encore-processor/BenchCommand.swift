@@ -31,7 +31,8 @@ enum BenchCommand {
             .option("timeout-s", value: "S", default: "600", "Give up after this long."),
             .option(
                 "state-dir", value: "DIR", default: "none",
-                "Run with the local state store in DIR (emptied first), as run does by default; none: without it."),
+                "Run with the local state store, as run does by default: a new one inside DIR, removed after the run; none: without it."
+            ),
             .flag(
                 "no-ledger",
                 "Run without the entitlement ledger (for brokers that cannot create the co-partitioned changelog)."),
@@ -70,10 +71,13 @@ enum BenchCommand {
         benchmark.prefilledTopic = options.string("prefilled-topic")
         benchmark.timeout = .seconds(try options.integer("timeout-s", range: 1...86_400))
         benchmark.ledger = !options.flag("no-ledger")
+        // A store of its own inside the directory, removed after the run (never the directory given).
+        var benchStore: String? = nil
         if let directory = options.string("state-dir"), directory != "none" {
-            try? FileManager.default.removeItem(atPath: directory)
-            benchmark.stateDirectory = directory
+            benchStore = (directory as NSString).appendingPathComponent("bench-\(UUID().uuidString)")
+            benchmark.stateDirectory = benchStore
         }
+        defer { if let benchStore { try? FileManager.default.removeItem(atPath: benchStore) } }
         benchmark.guarantee =
             DeliveryGuarantee(rawValue: try options.choice("guarantee", DeliveryGuarantee.allCases.map(\.rawValue)))
             ?? .atLeastOnce

@@ -148,7 +148,9 @@ final class SignalHandler {
             source.setEventHandler {
                 if received.increment() > 1 {
                     FileHandle.standardError.write(Data("second signal: exiting at once\n".utf8))
-                    exit(130)
+                    // (_exit: no static destructors, which would run under the state store's
+                    // RocksDB threads, still open.)
+                    _exit(130)
                 }
                 onSignal(number)
             }

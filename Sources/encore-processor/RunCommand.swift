@@ -335,11 +335,17 @@ enum RunCommand {
     }
 
     /// The group's store under `--state-dir` (`none`: no store). The group id becomes a directory
-    /// name: characters other than letters, digits, `.`, `_` and `-` are replaced by `_`.
+    /// name, one per group: bytes other than letters, digits, `.`, `_` and `-` are written `%XX`,
+    /// and so is a leading dot.
     static func stateDirectory(_ option: String, group: String) -> String? {
         guard option != "none" else { return nil }
-        var name = String(group.map { $0.isASCII && ($0.isLetter || $0.isNumber || "._-".contains($0)) ? $0 : "_" })
-        if name.allSatisfy({ $0 == "." }) { name = "_" + name }
+        var name = ""
+        for byte in group.utf8 {
+            let kept =
+                (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5a) || (byte >= 0x61 && byte <= 0x7a)
+                || byte == 0x5f || byte == 0x2d || (byte == 0x2e && !name.isEmpty)
+            name += kept ? String(UnicodeScalar(byte)) : String(format: "%%%02X", byte)
+        }
         return (option as NSString).appendingPathComponent(name)
     }
 

@@ -97,6 +97,7 @@ struct StateStoreUnitTests {
         }
         let atLeastOnce = StateStoreWriter(
             store: store, transactional: false, interval: .seconds(60), logger: Logger(label: "test"))
+        atLeastOnce.restored([0])
         atLeastOnce.acknowledged(
             [
                 delivery("u", "1", partition: 0, offset: 10),
@@ -114,6 +115,7 @@ struct StateStoreUnitTests {
         let reopened = try open(path)
         let exactlyOnce = StateStoreWriter(
             store: reopened, transactional: true, interval: .seconds(60), logger: Logger(label: "test"))
+        exactlyOnce.restored([1])
         exactlyOnce.acknowledged([delivery("v", "aborted", partition: 1, offset: 3)], worker: 0)
         exactlyOnce.acknowledged([delivery("w", "committed", partition: 1, offset: 3)], worker: 1)
         exactlyOnce.flush()
@@ -147,5 +149,47 @@ struct StateStoreUnitTests {
         writer.sweep(now: start.advanced(by: .seconds(120)))
         // 2 was never owned by this process: its grace started at the first sweep.
         #expect(try store.storedPartitions() == [0])
+    }
+
+    @Test(
+        "no checkpoint passes a record the store lacks: not before the partition is restored, not after a changelog record failed delivery"
+    )
+    func checkpointNeverPassesAHole() throws {
+        let path = directory()
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let store = try open(path)
+        let writer = StateStoreWriter(
+            store: store, transactional: false, interval: .seconds(60), logger: Logger(label: "test"))
+        defer { writer.stop() }
+        func record(_ key: String, partition: Int32) -> KafkaProducerRecord {
+            KafkaProducerRecord(topic: "state", partition: partition, key: Array(key.utf8), value: Array("v".utf8))
+        }
+        // Partition 3 was never restored here: what the store holds of it is not known to be whole.
+        writer.acknowledged(
+            [KafkaDelivery(token: 0, error: nil, record: record("a", partition: 3), offset: 7)], worker: 0)
+        writer.flush()
+        #expect(try store.checkpoint(of: 3) == nil)
+        // Partition 4: restored, then a record timed out (it may be in the topic at offset 9).
+        writer.restored([4])
+        writer.acknowledged(
+            [KafkaDelivery(token: 1, error: nil, record: record("b", partition: 4), offset: 8)], worker: 0)
+        writer.flush()
+        #expect(try store.checkpoint(of: 4)?.offset == 9)
+        writer.acknowledged(
+            [
+                KafkaDelivery(
+                    token: 2, error: KafkaError(code: .messageTimedOut, message: "timed out"),
+                    record: record("c", partition: 4)),
+                KafkaDelivery(token: 3, error: nil, record: record("d", partition: 4), offset: 10),
+            ], worker: 0)
+        writer.flush()
+        #expect(try store.checkpoint(of: 4)?.offset == 9, "the checkpoint stays before the record that failed")
+        #expect(try records(store, 4) == ["b": "v"])
+        // Restored again (from the changelog, past its checkpoint), it takes records again.
+        writer.restored([4])
+        writer.acknowledged(
+            [KafkaDelivery(token: 4, error: nil, record: record("e", partition: 4), offset: 11)], worker: 0)
+        writer.flush()
+        #expect(try store.checkpoint(of: 4)?.offset == 12)
     }
 }

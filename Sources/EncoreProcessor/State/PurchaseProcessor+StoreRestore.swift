@@ -80,6 +80,7 @@ extension PurchaseProcessor {
             var attempt = 1
             while true {
                 folded = RestoredPartition(journalCap: cap)
+                let invalidBefore = invalid.count
                 let before = stored
                 var seen = 0
                 do {
@@ -100,6 +101,7 @@ extension PurchaseProcessor {
                     stored += seen
                     break
                 } catch  where attempt == 1 {
+                    invalid.removeSubrange(invalidBefore...)
                     // A store that cannot be read (a damaged block): this partition's is rebuilt.
                     logger.warning(
                         "the state store of changelog partition \(partition) cannot be read (\(error)): rebuilding it from the changelog"
@@ -127,6 +129,8 @@ extension PurchaseProcessor {
                     "\(invalid.count) changelog records are not valid states or journal records (first: \(first)); remove them or fix the topic"
             )
         }
+        // The partitions' store is whole up to its checkpoint: what this instance writes now goes there.
+        writer.restored(partitions)
         let users = restored.values.reduce(0) { $0 + $1.states.count }
         let remembered = restored.values.reduce(0) { $0 + $1.journal.count }
         logger.info(
@@ -212,6 +216,9 @@ extension PurchaseProcessor {
                 failure = "\(error)"
             }
         }
-        return (tail.records, tail.foreign, failure)
+        // A checkpoint whose record before it never came (compacted away, or aborted and skipped by a
+        // read_committed reader, with nothing after it) is not vouched for either.
+        let unverified = expected.filter { $0.value.offset > 0 && !tail.verified.contains($0.key) }.keys
+        return (tail.records, tail.foreign.union(unverified), failure)
     }
 }

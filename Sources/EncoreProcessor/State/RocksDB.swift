@@ -102,6 +102,7 @@ final class RocksDB: @unchecked Sendable {
 
     /// The value of `key`, if any.
     func get(_ key: [UInt8]) throws(RocksDBError) -> [UInt8]? {
+        precondition(!closed.load(ordering: .acquiring), "RocksDB used after close()")
         var length = 0
         var error: UnsafeMutablePointer<CChar>? = nil
         let value = key.withUnsafeBufferPointer { key in
@@ -118,6 +119,7 @@ final class RocksDB: @unchecked Sendable {
     /// Writes `batch` atomically and durably (the write-ahead log synced before it returns): after
     /// any crash, all of it is there or none.
     func write(_ batch: Batch) throws(RocksDBError) {
+        precondition(!closed.load(ordering: .acquiring), "RocksDB used after close()")
         var error: UnsafeMutablePointer<CChar>? = nil
         rocksdb_write(db, syncWrite, batch.handle, &error)
         if let failure = Self.take(error) { throw RocksDBError(description: "write failed: \(failure)") }
@@ -129,6 +131,7 @@ final class RocksDB: @unchecked Sendable {
         from start: [UInt8], to end: [UInt8],
         _ body: (UnsafeRawBufferPointer, UnsafeRawBufferPointer) throws -> Bool
     ) throws {
+        precondition(!closed.load(ordering: .acquiring), "RocksDB used after close()")
         let options = rocksdb_readoptions_create()
         defer { rocksdb_readoptions_destroy(options) }
         // A scan reads each block once: it would only push the cache's useful blocks out.
@@ -159,13 +162,6 @@ final class RocksDB: @unchecked Sendable {
         }
     }
 
-    /// A RocksDB property (`rocksdb.estimate-num-keys`, `rocksdb.block-cache-usage`, ...).
-    func property(_ name: String) -> String? {
-        guard let value = rocksdb_property_value(db, name) else { return nil }
-        defer { rocksdb_free(value) }
-        return String(cString: value)
-    }
-
     /// Takes the error string RocksDB allocated, if any.
     private static func take(_ error: UnsafeMutablePointer<CChar>?) -> String? {
         guard let error else { return nil }
@@ -182,8 +178,6 @@ final class RocksDB: @unchecked Sendable {
         init() { handle = rocksdb_writebatch_create() }
 
         deinit { rocksdb_writebatch_destroy(handle) }
-
-        var count: Int { Int(rocksdb_writebatch_count(handle)) }
 
         func put(_ key: [UInt8], _ value: [UInt8]) {
             key.withUnsafeBufferPointer { key in
@@ -210,7 +204,5 @@ final class RocksDB: @unchecked Sendable {
                 }
             }
         }
-
-        func clear() { rocksdb_writebatch_clear(handle) }
     }
 }

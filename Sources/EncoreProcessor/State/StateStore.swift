@@ -24,6 +24,8 @@ final class StateStore: Sendable {
     }
 
     let directory: String
+    /// The changelog topic the store mirrors.
+    let topic: String
     private let db: RocksDB
 
     /// Opens the store in `directory` for `group`'s changelog `stateTopic`. One built for another
@@ -33,6 +35,7 @@ final class StateStore: Sendable {
         directory: String, group: String, stateTopic: String, cacheBytes: Int, writeBufferBytes: Int, logger: Logger
     ) throws(ProcessorError) {
         self.directory = directory
+        self.topic = stateTopic
         let identity = Array("format=\(Self.format)\ngroup=\(group)\ntopic=\(stateTopic)\n".utf8)
         do {
             try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
@@ -42,7 +45,7 @@ final class StateStore: Sendable {
         var opened: RocksDB?
         do {
             opened = try RocksDB(path: directory, cacheBytes: cacheBytes, writeBufferBytes: writeBufferBytes)
-        } catch  where error.description.contains("lock") {
+        } catch  where error.description.contains("While lock file") || error.description.contains("lock hold by") {
             throw ProcessorError(
                 .invalidConfiguration,
                 "--state-dir \(directory) is in use by another process: give each instance its own state directory")
@@ -96,9 +99,18 @@ final class StateStore: Sendable {
     func apply(
         _ records: [(key: [UInt8]?, value: [UInt8])], partition: Int32, checkpoint: Checkpoint
     ) throws(RocksDBError) {
+        try apply([(partition, records, checkpoint)])
+    }
+
+    /// Applies several partitions' records and checkpoints in one atomic, synced write.
+    func apply(
+        _ partitions: [(partition: Int32, records: [(key: [UInt8]?, value: [UInt8])], checkpoint: Checkpoint)]
+    ) throws(RocksDBError) {
         let batch = RocksDB.Batch()
-        for record in records { batch.put(Self.recordKey(partition, record.key ?? []), record.value) }
-        batch.put(Self.checkpointKey(partition), Self.bytes(checkpoint))
+        for (partition, records, checkpoint) in partitions {
+            for record in records { batch.put(Self.recordKey(partition, record.key ?? []), record.value) }
+            batch.put(Self.checkpointKey(partition), Self.bytes(checkpoint))
+        }
         try db.write(batch)
     }
 
@@ -149,14 +161,6 @@ final class StateStore: Sendable {
 
     /// Closes the store (RocksDB's threads stop): nothing may use it after.
     func close() { db.close() }
-
-    /// RocksDB's estimate of the keys it holds, and its block cache's bytes in use.
-    var figures: (keys: Int, cacheBytes: Int) {
-        (
-            Int(db.property("rocksdb.estimate-num-keys") ?? "") ?? 0,
-            Int(db.property("rocksdb.block-cache-usage") ?? "") ?? 0
-        )
-    }
 
     /// 64-bit FNV-1a of a record's key and value: which record is just before a checkpoint.
     static func digest(key: [UInt8]?, value: [UInt8]) -> UInt64 {

@@ -10,6 +10,12 @@ import Synchronization
 /// Exactly-once: a worker's records are held until its transaction commits
 /// (``transactionEnded(worker:committed:)``), so the store never holds what a transaction that
 /// aborted wrote, nor moves its checkpoint past a transaction still open.
+///
+/// A checkpoint is never written past a record the store does not hold: records go only to
+/// partitions restored in this process (``restored(_:)``), and a partition whose write failed, or
+/// one of whose changelog records failed delivery (it may be in the topic all the same), takes no
+/// more records until it is restored again: its store stays at its last checkpoint, and the next
+/// restore reads the changelog from there.
 final class StateStoreWriter: Sendable {
     private struct Pending {
         var records: [(key: [UInt8]?, value: [UInt8])] = []
@@ -28,6 +34,9 @@ final class StateStoreWriter: Sendable {
         /// Partitions held in the store but not owned, since when.
         var unownedSince: [Int32: ContinuousClock.Instant] = [:]
         var nextSweep: ContinuousClock.Instant? = nil
+        /// Partitions restored in this process whose store is whole up to its checkpoint: the
+        /// only ones records are written to.
+        var writable: Set<Int32> = []
     }
 
     let store: StateStore
@@ -65,8 +74,14 @@ final class StateStoreWriter: Sendable {
     /// records among them (those that come back with their record) go to the store.
     func acknowledged(_ deliveries: [KafkaDelivery], worker: Int) {
         let records = deliveries.filter { $0.error == nil && $0.record != nil && $0.offset >= 0 }
-        guard !records.isEmpty else { return }
+        // A changelog record that failed delivery may be in the topic all the same (a timeout):
+        // its partition's checkpoint must not pass it.
+        let failed = deliveries.compactMap { delivery in
+            delivery.error == nil || delivery.record?.topic != store.topic ? nil : delivery.record?.partition
+        }
+        guard !records.isEmpty || !failed.isEmpty else { return }
         state.withLock { state in
+            if !failed.isEmpty { Self.stopWriting(Set(failed), in: &state) }
             if transactional {
                 state.held[worker, default: []].append(contentsOf: records)
             } else {
@@ -82,6 +97,18 @@ final class StateStoreWriter: Sendable {
             let held = state.held.removeValue(forKey: worker) ?? []
             if committed { Self.add(held, to: &state.ready) }
         }
+    }
+
+    /// The partitions' store stays at its last checkpoint until they are restored again.
+    private static func stopWriting(_ partitions: Set<Int32>, in state: inout State) {
+        state.writable.subtract(partitions)
+        for partition in partitions { state.ready[partition] = nil }
+    }
+
+    /// The partitions were restored (their store brought to the changelog's end): records may go
+    /// to them.
+    func restored(_ partitions: [Int32]) {
+        state.withLock { $0.writable.formUnion(partitions) }
     }
 
     private static func add(_ deliveries: [KafkaDelivery], to ready: inout [Int32: Pending]) {
@@ -102,29 +129,29 @@ final class StateStoreWriter: Sendable {
         }
     }
 
-    /// Applies what is ready, partition by partition; returns once it is durable. A failure is
-    /// logged once and keeps the records out: the store falls behind, and the next restore reads
-    /// the changelog from the last checkpoint that was written.
+    /// Applies what is ready to the store, all partitions in one atomic, synced write with their
+    /// checkpoints; returns once it is durable. When the write fails the partitions in it take no
+    /// more records until they are restored again (logged once).
     func flush() {
         flushing.withLock { _ in
             guard !state.withLock(\.stopped) else { return }
             let ready = state.withLock { state in
                 defer { state.ready.removeAll(keepingCapacity: true) }
-                return state.ready
+                return state.ready.filter { state.writable.contains($0.key) }
             }
-            for (partition, pending) in ready.sorted(by: { $0.key < $1.key }) {
-                do {
-                    try store.apply(pending.records, partition: partition, checkpoint: pending.checkpoint)
-                } catch {
-                    let first = state.withLock { state in
-                        defer { state.failure = state.failure ?? "\(error)" }
-                        return state.failure == nil
-                    }
-                    if first {
-                        logger.error(
-                            "cannot write the state store in \(store.directory) (\(error)); restores will read more of the changelog"
-                        )
-                    }
+            guard !ready.isEmpty else { return }
+            do {
+                try store.apply(ready.map { ($0.key, $0.value.records, $0.value.checkpoint) })
+            } catch {
+                let first = state.withLock { state in
+                    Self.stopWriting(Set(ready.keys), in: &state)
+                    defer { state.failure = state.failure ?? "\(error)" }
+                    return state.failure == nil
+                }
+                if first {
+                    logger.error(
+                        "cannot write the state store in \(store.directory) (\(error)); its partitions stay at their last checkpoint until restored again"
+                    )
                 }
             }
         }
@@ -163,6 +190,7 @@ final class StateStoreWriter: Sendable {
                 for partition in due { state.unownedSince[partition] = nil }
                 return due.filter { stored.contains($0) && !state.owned.contains($0) }
             }
+            state.withLock { Self.stopWriting(Set(due), in: &$0) }
             for partition in due {
                 do {
                     try store.reset(partition: partition)
