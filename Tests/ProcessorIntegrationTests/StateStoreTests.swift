@@ -39,6 +39,18 @@ struct StateStoreTests {
         )
     }
 
+    /// Produces `records` again, the same bytes, as an upstream retry would.
+    private func resend(_ records: [RequestGenerator.Record], bootstrap: String) async throws {
+        let producer = try KafkaProducer(configuration: KafkaConfiguration(["bootstrap.servers": bootstrap]))
+        for record in records {
+            try producer.produce(KafkaProducerRecord(topic: Topics.requests, key: record.key, value: record.value)) {
+                _ in
+            }
+        }
+        try await producer.flush()
+        await producer.close()
+    }
+
     private func generated(_ count: Int, seed: UInt64) -> RequestGenerator.Options {
         var options = RequestGenerator.Options()
         options.users = 20
@@ -59,14 +71,7 @@ struct StateStoreTests {
         let keys = Set(changelog.map { "\($0.partition):\(String(decoding: $0.key ?? [], as: UTF8.self))" })
 
         // The same requests again (an upstream re-send) and 30 new ones.
-        let producer = try KafkaProducer(configuration: KafkaConfiguration(["bootstrap.servers": bootstrap]))
-        for record in first {
-            try producer.produce(KafkaProducerRecord(topic: Topics.requests, key: record.key, value: record.value)) {
-                _ in
-            }
-        }
-        try await producer.flush()
-        await producer.close()
+        try await resend(first, bootstrap: bootstrap)
         _ = try await produceRequests(bootstrap: bootstrap, count: 30, options: generated(30, seed: 2))
         let after = try await run(bootstrap: bootstrap, group: "stored", directory: directory, total: 270)
         // Every record the first run wrote was in the store when it stopped: none read again.
@@ -95,14 +100,7 @@ struct StateStoreTests {
         _ = try await run(bootstrap: bootstrap, group: "moved", directory: other, total: 150)
         let changelog = try await readTopic(bootstrap: bootstrap, topic: Topics.state, partitions: 4)
         // The old store on the new cluster, with the new requests re-sent.
-        let producer = try KafkaProducer(configuration: KafkaConfiguration(["bootstrap.servers": bootstrap]))
-        for record in requests {
-            try producer.produce(KafkaProducerRecord(topic: Topics.requests, key: record.key, value: record.value)) {
-                _ in
-            }
-        }
-        try await producer.flush()
-        await producer.close()
+        try await resend(requests, bootstrap: bootstrap)
         let moved = try await run(bootstrap: bootstrap, group: "moved", directory: directory, total: 300)
         // Rebuilt: every changelog record read, the re-sent requests known from it.
         #expect(moved.changelog == changelog.count)
