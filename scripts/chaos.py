@@ -612,9 +612,10 @@ def read_topic(bootstrap, topic, committed_only):
         "bootstrap.servers": bootstrap, "group.id": f"chaos-reader-{random.random()}",
         "enable.auto.commit": False, "isolation.level": "read_committed" if committed_only else "read_uncommitted",
     })
-    # The ends of everything written: asked read_committed, Tansu answers 0 while any transaction
-    # is open on a partition (this reader then skipped it: "0 outcomes read").
-    marks = Consumer({"bootstrap.servers": bootstrap, "group.id": f"chaos-marks-{random.random()}"})
+    # The ends of everything written: asked read_committed (librdkafka's default), Tansu answers 0
+    # while any transaction is open on a partition (this reader then skipped it: "0 outcomes read").
+    marks = Consumer({"bootstrap.servers": bootstrap, "group.id": f"chaos-marks-{random.random()}",
+                      "isolation.level": "read_uncommitted"})
     ends = {}
     for partition in range(PARTITIONS):
         low, high = marks.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)

@@ -21,6 +21,12 @@ public final class KafkaAdmin: Sendable {
     let client: RDKafkaClient
 
     public init(configuration: KafkaConfiguration, logger: Logger = Logger(label: "kafka.admin")) throws(KafkaError) {
+        var configuration = configuration
+        // Watermarks are the end of everything written, never the last stable offset: a
+        // read_committed reader reads to it once the transactions open there end. (librdkafka's
+        // default is read_committed, and Tansu answers such a query with 0 while any transaction is
+        // open on the partition: an exactly-once restore then read nothing.)
+        configuration["isolation.level"] = "read_uncommitted"
         client = try RDKafkaClient.make(
             .producer, configuration: configuration, callbacks: RDKafkaCallbacks(logger: logger))
     }

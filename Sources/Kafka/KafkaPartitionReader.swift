@@ -8,7 +8,7 @@ public enum KafkaPartitionReader {
         into initial: State, _ update: @escaping @Sendable (inout State, KafkaMessage) -> Void
     ) async throws(KafkaError) -> (state: State, records: Int) {
         let configuration = readerConfiguration(configuration)
-        let admin = try KafkaAdmin(configuration: watermarkConfiguration(configuration))
+        let admin = try KafkaAdmin(configuration: configuration)
         var ends: [Int32: Int64] = [:]
         for partition in partitions {
             let marks = try await admin.watermarks(
@@ -49,16 +49,6 @@ public enum KafkaPartitionReader {
             configuration: readerConfiguration(configuration), topic: topic,
             starts: ranges.mapValues(\.lowerBound), ends: ranges.mapValues(\.upperBound), exact: true,
             timeout: timeout, into: initial, update)
-    }
-
-    /// What a watermark query runs with: the end of everything written, never the last stable
-    /// offset. A `read_committed` reader reads to that end once the transactions open there end;
-    /// and Tansu answers a `read_committed` query with 0 while any transaction is open on the
-    /// partition (a restore then read nothing).
-    public static func watermarkConfiguration(_ configuration: KafkaConfiguration) -> KafkaConfiguration {
-        var configuration = configuration
-        configuration["isolation.level"] = nil
-        return configuration
     }
 
     private static func readerConfiguration(_ configuration: KafkaConfiguration) -> KafkaConfiguration {

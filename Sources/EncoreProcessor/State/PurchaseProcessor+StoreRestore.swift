@@ -17,7 +17,7 @@ extension PurchaseProcessor {
         let store = writer.store
         var kafka = configuration.kafka
         if configuration.guarantee == .exactlyOnce { kafka.setDefault("isolation.level", "read_committed") }
-        let admin = try KafkaAdmin(configuration: KafkaPartitionReader.watermarkConfiguration(kafka))
+        let admin = try KafkaAdmin(configuration: kafka)
         var marks: [Int32: (low: Int64, high: Int64)] = [:]
         for partition in partitions {
             marks[partition] = try await admin.watermarks(
