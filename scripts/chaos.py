@@ -140,9 +140,14 @@ class Billing:
             if not hung_up:
                 connected_at, seen_connected = time.monotonic(), True
             time.sleep(0.005)
+        end = time.monotonic()
+        if held and self.outage_ended_at is not None:
+            # Billing's work on a held call ended with the outage (or at its own end, if later): not
+            # when this thread, sleeping 5 ms at a time on a loaded machine, woke to see it.
+            end = min(end, max(until, self.outage_ended_at))
         with self.lock:
             user = f"{request['app_id']}:{request['app_user_id']}"
-            self.calls.append((request_id, user, instance, attempt, recovery, start, time.monotonic(), hung_up,
+            self.calls.append((request_id, user, instance, attempt, recovery, start, end, hung_up,
                                connected_at, arrival, seen_connected, held))
         return result
 
