@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -88,8 +89,8 @@ def main():
     parser.add_argument("--users", type=int, default=100_000)
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--binary", default=".build/release/encore-processor")
-    parser.add_argument("--state-dir", help="also restore through a state store here: built fresh from the "
-                        "changelog, then a restart on it (the directory is emptied first)")
+    parser.add_argument("--state-dir", help="also restore through a state store in a new directory inside this "
+                        "one (removed after): built fresh from the changelog, then a restart on it")
     args = parser.parse_args()
     results = {}
     for label, users in [("empty", 0), ("filled", args.users)]:
@@ -101,10 +102,14 @@ def main():
                 print(f"filled the changelog with {users} users in {time.time() - started:.1f} s", file=sys.stderr)
             results[label] = restore(args.binary, bootstrap)
             if users and args.state_dir:
-                subprocess.run(["rm", "-rf", args.state_dir], check=True)
+                # A store of its own inside the directory given (never the directory itself).
+                store = os.path.join(args.state_dir, f"ledger-bench-{os.getpid()}")
                 group = f"restore-store-{time.time()}"
-                results["fresh store"] = restore(args.binary, bootstrap, group, args.state_dir)
-                results["restart on the store"] = restore(args.binary, bootstrap, group, args.state_dir)
+                try:
+                    results["fresh store"] = restore(args.binary, bootstrap, group, store)
+                    results["restart on the store"] = restore(args.binary, bootstrap, group, store)
+                finally:
+                    shutil.rmtree(store, ignore_errors=True)
         finally:
             broker.terminate()
             broker.wait(timeout=30)
