@@ -6,6 +6,8 @@ import Kafka
 import TestSupport
 import Testing
 
+@testable import encore_processor
+
 /// The local state store (docs/STATE.md) on the embedded broker: a restart reads the changelog from
 /// its checkpoint only, and a store that does not match the changelog is rebuilt from it.
 @Suite("The local state store and its checkpoints")
@@ -105,5 +107,18 @@ struct StateStoreTests {
         // Rebuilt: every changelog record read, the re-sent requests known from it.
         #expect(moved.changelog == changelog.count)
         #expect(moved.duplicates == 150 && moved.calls.callsByRequest.isEmpty)
+    }
+
+    @Test("each group id gets a directory of its own under --state-dir, and 'none' turns the store off")
+    func directoryPerGroup() {
+        let groups = ["a/b", "a_b", "a%2Fb", "..", ".hidden", "encore-processor", "é"]
+        let directories = groups.map { RunCommand.stateDirectory("/state", group: $0) }
+        #expect(Set(directories).count == groups.count, "\(directories)")
+        #expect(
+            directories.allSatisfy {
+                $0.map { URL(fileURLWithPath: $0).deletingLastPathComponent().path == "/state" } ?? false
+            })
+        #expect(RunCommand.stateDirectory("/state", group: "encore-processor") == "/state/encore-processor")
+        #expect(RunCommand.stateDirectory("none", group: "g") == nil)
     }
 }
