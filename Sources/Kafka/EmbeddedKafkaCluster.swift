@@ -34,20 +34,6 @@ public final class EmbeddedKafkaCluster: Sendable {
         guard err == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(err, context: "create topic '\(name)'") }
     }
 
-    /// Takes broker `id` down: its connections are closed and new ones refused.
-    public func setBrokerDown(_ id: Int32) throws(KafkaError) {
-        let err = rd_kafka_mock_broker_set_down(cluster.pointer, id)
-        guard err == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(err, context: "broker \(id) down") }
-    }
-
-    /// Brings broker `id` back up, listening on its old port again: librdkafka aborts the process
-    /// when another socket took that port meanwhile (likely on a busy machine). Tests stand for an
-    /// outage with ``setRoundTripTime(broker:_:)`` instead.
-    public func setBrokerUp(_ id: Int32) throws(KafkaError) {
-        let err = rd_kafka_mock_broker_set_up(cluster.pointer, id)
-        guard err == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(err, context: "broker \(id) up") }
-    }
-
     /// Makes the next requests of `apiKey` (e.g. 0 = Produce) fail with `errors`, one per request.
     public func pushRequestErrors(apiKey: Int16, _ errors: [KafkaError.Code]) {
         let native = errors.map { rd_kafka_resp_err_t(rawValue: $0.rawValue) }
@@ -67,7 +53,9 @@ public final class EmbeddedKafkaCluster: Sendable {
         rd_kafka_mock_topic_set_error(cluster.pointer, topic, rd_kafka_resp_err_t(rawValue: code.rawValue))
     }
 
-    /// Adds `rtt` of latency to every request broker `id` answers.
+    /// Adds `rtt` of latency to every request broker `id` answers: how tests stand for an outage.
+    /// (Taking a mock broker down or up rebinds its old port at once, and librdkafka aborts the
+    /// process when another socket took it: likely on a busy machine. Those calls are not offered.)
     public func setRoundTripTime(broker id: Int32, _ rtt: Duration) throws(KafkaError) {
         let err = rd_kafka_mock_broker_set_rtt(cluster.pointer, id, Int32(rtt.milliseconds))
         guard err == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(err, context: "broker \(id) rtt") }
