@@ -649,6 +649,25 @@ def read_topic(bootstrap, topic, committed_only):
     return records
 
 
+def lost_examples(lost, records, everything, calls_by_id, started):
+    """Each lost request's calls, and where its outcome stands in the topic read without isolation
+    (`uncommitted_at`: partition and offset; none when it was never written) beside how far the
+    committed read got in that partition."""
+    reached = {}
+    for message in records:
+        reached[message.partition()] = max(reached.get(message.partition(), -1), message.offset())
+    examples = []
+    for request_id in sorted(lost)[:10]:
+        found = [(m.partition(), m.offset()) for m in everything
+                 if json.loads(m.value()).get("request_id") == request_id]
+        examples.append({
+            "request_id": request_id, "uncommitted_at": found,
+            "committed_read_to": {p: reached.get(p) for p, _ in found},
+            "calls": [[c[2], c[3], c[4], round(c[5] - started, 3), round(c[6] - started, 3), c[7]]
+                      for c in calls_by_id.get(request_id, [])]})
+    return examples
+
+
 def filters_aborted(bootstrap):
     """Whether a read_committed reader of this broker skips aborted transactions (librdkafka's mock
     cluster 2.0.2 and Tansu do not: there, only a run without crashes can show exactly-once)."""
@@ -808,6 +827,9 @@ def main():
             members.stop(slot)
         records = read_topic(cluster.bootstrap, OUTCOMES, committed_only)
         changes = read_topic(cluster.bootstrap, CHANGES, committed_only)
+        # What a read_committed reader missed is told apart: never written, or written and not
+        # (yet) visible as committed.
+        everything = read_topic(cluster.bootstrap, OUTCOMES, False) if committed_only else records
     finally:
         watching.set()
         for slot in list(members.running):
@@ -876,6 +898,7 @@ def main():
         "billing_calls": len(billing.calls), "recovery_calls": sum(1 for c in billing.calls if c[4]),
         "charged": len(billing.charged), "outcome_records": len(records), "change_records": len(changes),
         "lost": len(set(ids) - set(outcomes)),
+        "lost_examples": lost_examples(set(ids) - set(outcomes), records, everything, calls_by_id, started),
         "undeclared_repeats": len(undeclared),
         "undeclared_examples": [{"request_id": i, "outcomes": [[a["result"], a["attempts"]] for a in outcomes.get(i, [])],
                                  "calls": [[c[2], c[3], c[4], round(c[5] - started, 3), round(c[6] - started, 3), c[7]]

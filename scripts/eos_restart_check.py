@@ -8,6 +8,12 @@ outcome for every request. A restart under a new transactional.id would leave th
 transaction open: on a broker that never times one out (Tansu), the last stable offset of its
 partitions stays held and read_committed readers stop there for good.
 
+With --held-by-the-dead, the restart runs under a new instance id: the dead process's transaction
+stays open (Tansu never aborts it; Kafka would after transaction.timeout.ms), and the restart's
+changelog restore must settle for the committed end after its wait for open transactions rather
+than hang: every request gets an outcome (read without isolation: read_committed readers stop at
+the held offset on Tansu), and the log says the restore read to the committed end.
+
 Prints one JSON line; exits 1 when an outcome is not visible within --timeout-s.
 """
 import argparse
@@ -47,7 +53,11 @@ def main():
     parser.add_argument("--timeout-s", type=float, default=180)
     parser.add_argument("--restart-instance-id", default="eos-check",
                         help="the restart's --instance-id (the first run's is eos-check; 'random' shows the stall)")
+    parser.add_argument("--held-by-the-dead", action="store_true",
+                        help="restart under a new instance id and check the restore settles for the committed end")
     args = parser.parse_args()
+    if args.held_by_the_dead and args.restart_instance_id == "eos-check":
+        args.restart_instance_id = f"eos-check-new-{random.randint(0, 999999)}"
     run = f"{int(time.time())}{random.randint(0, 999)}"
     topics = {name: f"eos{run}.{name}" for name in ["requests", "outcomes", "changes", "dead", "state"]}
     flags = ["--bootstrap-servers", args.bootstrap_servers, "--requests-topic", topics["requests"],
@@ -91,8 +101,8 @@ def main():
     second = start(args.restart_instance_id)
     visible = set()
     try:
-        while time.monotonic() < deadline and len(visible & set(ids)) < len(ids):
-            visible = outcome_ids(args.bootstrap_servers, topics["outcomes"], True, 3)
+        while time.monotonic() < deadline and len(visible & set(ids)) < len(ids) and second.poll() is None:
+            visible = outcome_ids(args.bootstrap_servers, topics["outcomes"], not args.held_by_the_dead, 3)
     finally:
         second.terminate()
         try:
@@ -100,9 +110,18 @@ def main():
         except subprocess.TimeoutExpired:
             second.kill()
     missing = len(set(ids) - visible)
-    print(json.dumps({"requests": len(ids), "killed_at_s": killed_at, "visible_to_read_committed": len(visible & set(ids)),
-                      "missing": missing, "seconds": round(time.monotonic() - started, 1)}))
-    return 1 if missing else 0
+    report = {"requests": len(ids), "killed_at_s": killed_at, "missing": missing,
+              "seconds": round(time.monotonic() - started, 1), "log": f"/tmp/eos-check-{run}.log"}
+    report["visible_to_read_uncommitted" if args.held_by_the_dead else "visible_to_read_committed"] = \
+        len(visible & set(ids))
+    failed = missing > 0
+    if args.held_by_the_dead:
+        # The restore was held by the dead process's transaction, and settled for the committed end.
+        log = open(report["log"]).read()
+        report["settled"] = "read to the committed end" in log
+        failed = failed or not report["settled"]
+    print(json.dumps(report))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,11 +1,17 @@
+import Synchronization
+
 /// Reads partitions of a topic from their first record to (at least) their end at the time of the call:
 /// how a changelog is restored and how a compacted topic is queried. Joins no group, commits nothing.
 public enum KafkaPartitionReader {
     /// Folds every record of `partitions` of `topic` (in offset order per partition) into `initial`.
     /// Throws when the topic cannot be read or the end is not reached within `timeout`.
+    /// `openTransactionWait` (a `read_committed` reader): how long an open transaction may hold a
+    /// partition's readable end short of the end before the partition is read to that committed
+    /// end only (logged); `nil`: wait for it up to `timeout`.
     public static func fold<State: Sendable>(
         configuration: KafkaConfiguration, topic: String, partitions: [Int32], timeout: Duration = .seconds(60),
-        into initial: State, _ update: @escaping @Sendable (inout State, KafkaMessage) -> Void
+        openTransactionWait: Duration? = nil, into initial: State,
+        _ update: @escaping @Sendable (inout State, KafkaMessage) -> Void
     ) async throws(KafkaError) -> (state: State, records: Int) {
         let configuration = readerConfiguration(configuration)
         let admin = try KafkaAdmin(configuration: configuration)
@@ -18,22 +24,23 @@ public enum KafkaPartitionReader {
         guard !ends.isEmpty else { return (initial, 0) }
         return try await read(
             configuration: configuration, topic: topic, starts: ends.mapValues { _ in -2 }, ends: ends,
-            exact: false, timeout: timeout, into: initial, update)
+            exact: false, timeout: timeout, openTransactionWait: openTransactionWait, into: initial, update)
     }
 
     /// Folds the records of each partition from `starts` (an offset) to (at least) `ends` (the
     /// end the caller read from the watermarks), in offset order per partition: what a restore from
-    /// a checkpoint reads. Records past the end are read too, as with ``fold(configuration:topic:partitions:timeout:into:_:)``.
+    /// a checkpoint reads. Records past the end are read too, and `openTransactionWait` is as with
+    /// ``fold(configuration:topic:partitions:timeout:openTransactionWait:into:_:)``.
     public static func fold<State: Sendable>(
         configuration: KafkaConfiguration, topic: String, starts: [Int32: Int64], ends: [Int32: Int64],
-        timeout: Duration = .seconds(60), into initial: State,
+        timeout: Duration = .seconds(60), openTransactionWait: Duration? = nil, into initial: State,
         _ update: @escaping @Sendable (inout State, KafkaMessage) -> Void
     ) async throws(KafkaError) -> (state: State, records: Int) {
         let ends = ends.filter { partition, end in starts[partition].map { $0 < end } ?? false }
         guard !ends.isEmpty else { return (initial, 0) }
         return try await read(
             configuration: readerConfiguration(configuration), topic: topic, starts: starts, ends: ends, exact: false,
-            timeout: timeout, into: initial, update)
+            timeout: timeout, openTransactionWait: openTransactionWait, into: initial, update)
     }
 
     /// Folds the records of `ranges` (each partition's first offset and the offset it ends before)
@@ -70,16 +77,18 @@ public enum KafkaPartitionReader {
     /// skipped and the partition is done on reaching it; otherwise they are read too.
     private static func read<State: Sendable>(
         configuration: KafkaConfiguration, topic: String, starts: [Int32: Int64], ends: [Int32: Int64], exact: Bool,
-        timeout: Duration, into initial: State, _ update: @escaping @Sendable (inout State, KafkaMessage) -> Void
+        timeout: Duration, openTransactionWait: Duration? = nil, into initial: State,
+        _ update: @escaping @Sendable (inout State, KafkaMessage) -> Void
     ) async throws(KafkaError) -> (state: State, records: Int) {
         let targets = ends
+        let logger = Logger(label: "kafka.reader")
         // The fold sets the pace: records wait in librdkafka's small queue, not in memory here.
         let admission = KafkaAdmission(capacity: 8192, stallLimit: .seconds(30))
-        let consumer = try KafkaConsumer(
-            configuration: configuration, admission: admission, logger: Logger(label: "kafka.reader"))
+        let consumer = try KafkaConsumer(configuration: configuration, admission: admission, logger: logger)
         try consumer.assign(
             targets.keys.sorted().map { KafkaTopicPartitionOffset(topic: topic, partition: $0, offset: starts[$0]!) })
-        let outcome = await withTaskGroup(of: (State, Int)?.self) { group in
+        let held = HeldEnds()
+        let outcome = await withTaskGroup(of: ReadEnding<State>.self) { group in
             group.addTask {
                 var state = initial
                 var remaining = targets
@@ -88,10 +97,15 @@ public enum KafkaPartitionReader {
                     if case .endOfPartition(let partition, let offset) = event {
                         // (read_committed: the end of what is committed, which reaches `end` once
                         // the transactions open there commit or abort.)
-                        if let end = remaining[partition.partition], offset >= end {
-                            remaining[partition.partition] = nil
+                        if let end = remaining[partition.partition] {
+                            if offset >= end {
+                                remaining[partition.partition] = nil
+                                held.reached(partition.partition)
+                            } else {
+                                held.heldShort(partition.partition, at: offset, end: end)
+                            }
                         }
-                        if remaining.isEmpty { return (state, records) }
+                        if remaining.isEmpty { return .read(state, records) }
                         continue
                     }
                     guard case .messages(let batch) = event else { continue }
@@ -100,33 +114,113 @@ public enum KafkaPartitionReader {
                     // report the end as the last record batch's first offset + 1, short of its other
                     // records. A partition is done at the consumer's end-of-partition past the end.
                     for message in batch {
+                        held.moved(message.partition)
                         if exact {
                             // Done at the range's last offset, or past it (a control record may hold it).
                             guard let end = remaining[message.partition] else { continue }
-                            if message.offset >= end - 1 { remaining[message.partition] = nil }
+                            if message.offset >= end - 1 {
+                                remaining[message.partition] = nil
+                                held.reached(message.partition)
+                            }
                             if message.offset >= end { continue }
                         }
                         update(&state, message)
                         records += 1
                     }
-                    if exact && remaining.isEmpty { return (state, records) }
+                    if exact && remaining.isEmpty { return .read(state, records) }
                 }
-                return nil
+                // Ended by ``ReadEnding/settle``: what was read is the committed part.
+                return Task.isCancelled && held.settled ? .read(state, records) : .timedOut
             }
             group.addTask {
                 try? await Task.sleep(for: timeout)
-                return nil
+                return .timedOut
             }
-            let first = await group.next() ?? nil
+            if let openTransactionWait {
+                group.addTask {
+                    // Every partition still read is held short for the wait: settle for the committed end.
+                    while !Task.isCancelled {
+                        try? await Task.sleep(for: .milliseconds(250))
+                        if held.settle(remaining: targets.count, after: openTransactionWait) { return .settle }
+                    }
+                    return .timedOut
+                }
+            }
+            var first = await group.next() ?? .timedOut
+            if case .settle = first {
+                group.cancelAll()
+                first = await group.next() ?? .timedOut
+            }
             group.cancelAll()
             return first
         }
         await consumer.close()
-        guard let (state, records) = outcome else {
+        guard case .read(let state, let records) = outcome else {
             throw KafkaError(
                 code: .timedOut, message: "reading '\(topic)' did not reach the end of its partitions within \(timeout)"
             )
         }
+        for (partition, short) in held.shortEnds.sorted(by: { $0.key < $1.key }) {
+            logger.warning(
+                "reading '\(topic)' partition \(partition): a transaction open for \(openTransactionWait ?? .zero) holds what is committed at offset \(short.offset), short of the end \(short.end); read to the committed end (the transaction's records are not committed)"
+            )
+        }
         return (state, records)
+    }
+}
+
+private enum ReadEnding<State: Sendable>: Sendable {
+    case read(State, Int)
+    /// Every partition still read is held short of its end by an open transaction.
+    case settle
+    case timedOut
+}
+
+/// The partitions whose readable end (`read_committed`: the last stable offset) stays short of
+/// the end the reader aims at, and since when; shared by the reader and its watch.
+private final class HeldEnds: Sendable {
+    private struct Short {
+        var offset: Int64
+        var end: Int64
+        var since: ContinuousClock.Instant
+    }
+    private let state = Mutex<(short: [Int32: Short], done: Set<Int32>, settled: Bool)>(([:], [], false))
+
+    /// The consumer reached `offset`, short of `end`: held from now unless it already was there.
+    func heldShort(_ partition: Int32, at offset: Int64, end: Int64) {
+        state.withLock {
+            if $0.short[partition]?.offset != offset {
+                $0.short[partition] = Short(offset: offset, end: end, since: .now)
+            }
+        }
+    }
+
+    /// A record of the partition arrived: it is not held.
+    func moved(_ partition: Int32) { _ = state.withLock { $0.short.removeValue(forKey: partition) } }
+
+    func reached(_ partition: Int32) {
+        state.withLock {
+            $0.short[partition] = nil
+            $0.done.insert(partition)
+        }
+    }
+
+    /// Whether every one of the `remaining` partitions not done is held, each for `wait` at least.
+    func settle(remaining count: Int, after wait: Duration) -> Bool {
+        state.withLock {
+            let now = ContinuousClock.now
+            guard $0.done.count + $0.short.count == count,
+                $0.short.values.allSatisfy({ now - $0.since >= wait })
+            else { return false }
+            $0.settled = true
+            return true
+        }
+    }
+
+    var settled: Bool { state.withLock { $0.settled } }
+
+    /// The partitions read to a committed end short of their end (after ``settle(remaining:after:)``).
+    var shortEnds: [Int32: (offset: Int64, end: Int64)] {
+        state.withLock { $0.settled ? $0.short.mapValues { ($0.offset, $0.end) } : [:] }
     }
 }

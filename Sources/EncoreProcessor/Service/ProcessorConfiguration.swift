@@ -98,6 +98,14 @@ public struct ProcessorConfiguration: Sendable {
         return .milliseconds(max(1000, interval - drainTimeout.milliseconds - 5000))
     }
 
+    /// Exactly-once restores: how long a transaction left open on the changelog may hold what is
+    /// committed short of the end before the restore settles for the committed end. A broker
+    /// aborts a transaction older than `transaction.timeout.ms` (the processor's default is 10 s),
+    /// so on Kafka the wait outlasts any transaction but a live one; Tansu never aborts one.
+    var openTransactionWait: Duration {
+        .milliseconds((kafka["transaction.timeout.ms"].flatMap { Int($0) } ?? 10_000) + 5000)
+    }
+
     /// One worker's share: the in-flight bound divided among the workers (rounded up).
     var perWorker: ProcessorConfiguration {
         var share = self

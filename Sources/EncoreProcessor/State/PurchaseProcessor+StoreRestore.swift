@@ -178,7 +178,9 @@ extension PurchaseProcessor {
         vitals?.update { $0.restoreTarget += target }
         let (tail, _) = try await KafkaPartitionReader.fold(
             configuration: kafka, topic: configuration.stateTopic, starts: starts,
-            ends: marks.filter { starts[$0.key] != nil }.mapValues(\.high), into: Tail()
+            ends: marks.filter { starts[$0.key] != nil }.mapValues(\.high),
+            openTransactionWait: configuration.guarantee == .exactlyOnce ? configuration.openTransactionWait : nil,
+            into: Tail()
         ) { tail, message in
             let partition = message.partition
             guard tail.failure == nil, !tail.foreign.contains(partition) else { return }
