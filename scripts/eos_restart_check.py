@@ -128,7 +128,8 @@ def main():
         # (A kill that left no transaction open on the changelog holds nothing: nothing to settle.)
         log = open(report["log"]).read()
         report["settled"] = "read to the committed end" in log
-        report["restore_timed_out"] = "cannot read the changelog" in log or "cannot restore" in log
+        report["restore_retried"] = "cannot read the changelog" in log
+        report["restore_timed_out"] = "cannot restore" in log
         report["restart_exited"] = second.returncode not in (None, 0, -15)
         failed = failed or report["restore_timed_out"] or report["restart_exited"]
     print(json.dumps(report))
