@@ -113,8 +113,13 @@ public enum KafkaPartitionReader {
                     // Records past the end are read too: they are as real, and some brokers (Tansu)
                     // report the end as the last record batch's first offset + 1, short of its other
                     // records. A partition is done at the consumer's end-of-partition past the end.
+                    var moved: Int32 = -1
                     for message in batch {
-                        held.moved(message.partition)
+                        // (Once per run of one partition's records: the lock is off the per-record path.)
+                        if message.partition != moved {
+                            moved = message.partition
+                            held.moved(moved)
+                        }
                         if exact {
                             // Done at the range's last offset, or past it (a control record may hold it).
                             guard let end = remaining[message.partition] else { continue }
