@@ -83,7 +83,19 @@ public struct KafkaConfiguration: Sendable, Equatable {
     public func validate() throws(KafkaError) {
         let conf = try makeNativeConfiguration()
         rd_kafka_conf_destroy(conf)
+        // librdkafka checks the mechanism only when a client is created, after the start has
+        // succeeded: a misspelt one would pass `--check`.
+        if let mechanism = self["sasl.mechanisms"], !Self.saslMechanisms.contains(mechanism) {
+            throw KafkaError(
+                code: .invalidConfiguration,
+                message:
+                    "invalid value for property 'sasl.mechanisms' = '\(mechanism)': expected one of \(Self.saslMechanisms.joined(separator: ", "))"
+            )
+        }
     }
+
+    /// The SASL mechanisms librdkafka supports (`sasl.mechanisms`, case-sensitive).
+    static let saslMechanisms = ["GSSAPI", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
 
     /// Builds an `rd_kafka_conf_t`; the caller owns it.
     func makeNativeConfiguration() throws(KafkaError) -> OpaquePointer {

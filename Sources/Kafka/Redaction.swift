@@ -19,8 +19,12 @@ public enum Redaction {
 
     /// A URL (or a comma-separated list of them) without user info and query: credentials and
     /// tokens live there. Text that is not a URL is returned as it is.
+    ///
+    /// A password may hold a comma, so a list is cut only before an entry that starts a URL of its
+    /// own (`scheme://` or `NAME=scheme://`), and everything up to an entry's last `@` is masked:
+    /// what is shown may lose a host, never shows a part of a password.
     public static func url(_ text: String) -> String {
-        text.split(separator: ",", omittingEmptySubsequences: false).map { part -> String in
+        urlEntries(text).map { part -> String in
             var entry = String(part)
             // user:password@host → ***@host (in URLs and in bare host lists alike).
             if let at = entry.lastIndex(of: "@") {
@@ -32,6 +36,35 @@ public enum Redaction {
             }
             return entry
         }.joined(separator: ",")
+    }
+
+    /// `text` cut at the commas that start a URL (`scheme://`, or `NAME=scheme://`); text with no
+    /// `://` at all (a bootstrap server list) at every comma.
+    public static func urlEntries(_ text: String) -> [Substring] {
+        let items = text.split(separator: ",", omittingEmptySubsequences: false)
+        guard text.contains("://") else { return items }
+        var entries: [Substring] = []
+        for item in items {
+            if entries.isEmpty || startsURL(item) {
+                entries.append(item)
+            } else {
+                let previous = entries.removeLast()
+                entries.append(text[previous.startIndex..<item.endIndex])
+            }
+        }
+        return entries
+    }
+
+    /// Whether `item` starts with `scheme://` or `NAME=scheme://` (spaces before it ignored).
+    private static func startsURL(_ item: Substring) -> Bool {
+        var rest = item.drop { $0 == " " }
+        if let equals = rest.firstIndex(of: "="), let colon = rest.firstIndex(of: ":"), equals < colon {
+            rest = rest[rest.index(after: equals)...]
+        }
+        guard let separator = rest.range(of: "://") else { return false }
+        let scheme = rest[..<separator.lowerBound]
+        return scheme.first?.isLetter == true
+            && scheme.allSatisfy { $0.isASCII && ($0.isLetter || $0.isNumber || "+.-".contains($0)) }
     }
 
     /// Bootstrap servers as they may be shown.

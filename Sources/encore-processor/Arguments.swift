@@ -202,10 +202,13 @@ struct CommandDefinition {
             return true
         }
         // A list from one variable or key parses as the flag given once per comma-separated item
-        // (header values, which may hold commas, excepted).
+        // (header values, which may hold commas, excepted; a URL's password may hold one, so URLs
+        // are cut only where the next one starts).
+        let items =
+            option.name.hasSuffix("-url") ? Redaction.urlEntries(value) : value.split(separator: ",")
         values[option.name] =
             option.repeatable && !option.name.contains("header")
-            ? value.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+            ? items.map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
             : [value]
         return true
     }
@@ -213,9 +216,12 @@ struct CommandDefinition {
     /// `key=value` lines of a properties file (`#` and `!` start comments; spaces around `=` are
     /// trimmed), in order.
     static func readProperties(_ path: String) throws(UsageError) -> [(String, String)] {
-        guard let data = FileManager.default.contents(atPath: path),
-            let text = String(data: data, encoding: .utf8)
-        else { throw UsageError("--config: cannot read '\(path)'") }
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw UsageError("--config: cannot read '\(path)' (missing, a directory, or not readable)")
+        }
+        guard let text = String(data: data, encoding: .utf8), !text.contains("\0") else {
+            throw UsageError("--config: '\(path)' is not UTF-8 text (expected key=value lines)")
+        }
         var properties: [(String, String)] = []
         for (number, raw) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
             let line = raw.trimmingCharacters(in: .whitespaces)
@@ -325,6 +331,21 @@ struct ParsedOptions {
 }
 
 extension ParsedOptions {
+    /// Whether the command ends here, its configuration validated: `--check` says it is OK,
+    /// `--print-config` prints it. Called where everything `run` would refuse has been checked, so
+    /// neither accepts a configuration the command itself would refuse.
+    func endsAtCheck() -> Bool {
+        if flag("print-config") {
+            print(printedConfiguration())
+            return true
+        }
+        if flag("check") {
+            print("configuration OK")
+            return true
+        }
+        return false
+    }
+
     /// The effective configuration as a config file (`--print-config`): every option with its
     /// value and where it came from, then the librdkafka properties; secrets redacted.
     func printedConfiguration() -> String {

@@ -51,10 +51,7 @@ enum AuditCommand {
             .deadLetters: options.string("dead-letter-topic")!,
         ]
         topics[.sources] = options.string("sources-topic")
-        if options.flag("check") {
-            print("configuration OK")
-            return 0
-        }
+        if options.endsAtCheck() { return 0 }
         if let prefix = options.string("compare") {
             return try await compare(
                 prefix: prefix, production: topics[.state]!, kafka: kafka, timeout: timeout, options: options)

@@ -51,10 +51,7 @@ enum DeadLettersCommand {
         let errorClass = options.string("class")
         let topic = options.string("dead-letter-topic")!
         let timeout = try options.milliseconds("timeout-ms", minimum: 1)
-        if options.flag("check") {
-            print("configuration OK")
-            return 0
-        }
+        if options.endsAtCheck() { return 0 }
         guard
             let partitions = try await CommonOptions.partitionCount(
                 of: topic, described: "dead-letter topic", kafka: kafka)

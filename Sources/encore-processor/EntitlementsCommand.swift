@@ -34,10 +34,7 @@ enum EntitlementsCommand {
         }
         let topic = options.string("state-topic")!
         let timeout = try options.milliseconds("timeout-ms", minimum: 1)
-        if options.flag("check") {
-            print("configuration OK")
-            return 0
-        }
+        if options.endsAtCheck() { return 0 }
         guard
             let partitions = try await CommonOptions.partitionCount(
                 of: topic, described: "changelog topic", kafka: kafka)

@@ -74,10 +74,7 @@ enum GenerateCommand {
         }
         let rate = try options.number("rate", range: 0...1e9)
         let topic = options.string("topic")!
-        if options.flag("check") {
-            print("configuration OK")
-            return 0
-        }
+        if options.endsAtCheck() { return 0 }
         let cluster = try CommonOptions.embeddedBrokerIfNeeded(&kafka, topics: [topic], partitions: 8)
         let producer = try KafkaProducer(configuration: kafka)
         var generator = RequestGenerator(options: generatorOptions)

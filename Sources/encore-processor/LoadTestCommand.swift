@@ -81,10 +81,7 @@ enum LoadTestCommand {
         loadTest.requestsTopic = options.string("requests-topic")!
         loadTest.outcomesTopic = options.string("outcomes-topic")!
         loadTest.deadLetterTopic = options.string("dead-letter-topic")!
-        if options.flag("check") {
-            print("configuration OK")
-            return 0
-        }
+        if options.endsAtCheck() { return 0 }
         let json = options.flag("json")
         let report: LoadTestReport
         do {

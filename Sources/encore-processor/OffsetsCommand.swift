@@ -54,10 +54,7 @@ enum OffsetsCommand {
         }
         if action == "show" && !targets.isEmpty { throw UsageError("show takes no --to-* or --shift-by") }
         let topic = options.string("topic")!
-        if options.flag("check") {
-            print("configuration OK")
-            return 0
-        }
+        if options.endsAtCheck() { return 0 }
         guard let partitionCount = try await CommonOptions.partitionCount(of: topic, described: "topic", kafka: kafka)
         else { return 2 }
         let partitions = (0..<Int32(partitionCount)).map { KafkaTopicPartition(topic: topic, partition: $0) }

@@ -6,9 +6,14 @@ import Synchronization
     import Glibc
 #endif
 
-/// A small GET-only HTTP/1.1 server for `/metrics`, `/healthz` and `/readyz`: one accept thread,
-/// at most ``maximumConnections`` served at once (others get 503), a read timeout, requests of at
-/// most ``maximumRequestBytes``, and every connection closed after its answer.
+/// A small GET-only HTTP/1.1 server for `/metrics`, `/healthz`, `/readyz`, `/status` and `/`: one
+/// thread accepts connections and reads their requests, at most ``maximumConnections`` answers are
+/// prepared at once (others get 503), requests of at most ``maximumRequestBytes`` within
+/// ``readTimeoutSeconds``, and every connection closed after its answer.
+///
+/// A client that connects and sends nothing costs a slot among at most
+/// ``maximumWaitingConnections`` waiting ones, and the oldest of those is shed to make room for a
+/// new one: idle or reconnecting clients cannot keep a probe from being answered.
 final class OperationsServer: Sendable {
     struct Response: Sendable {
         var status: Int
@@ -17,6 +22,7 @@ final class OperationsServer: Sendable {
     }
 
     static let maximumConnections = 8
+    static let maximumWaitingConnections = 64
     static let maximumRequestBytes = 8 * 1024
     static let readTimeoutSeconds = 2
 
@@ -48,7 +54,7 @@ final class OperationsServer: Sendable {
                 bind(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
             }
         }
-        guard bound == 0, listen(descriptor, 64) == 0 else {
+        guard bound == 0, listen(descriptor, 128) == 0 else {
             let reason = String(cString: strerror(errno))
             close(descriptor)
             throw UsageError("--http-listen: cannot listen on \(address): \(reason)")
@@ -75,66 +81,103 @@ final class OperationsServer: Sendable {
         stopping.store(true, ordering: .releasing)
     }
 
+    /// A connection whose request is not complete yet.
+    private struct Waiting {
+        let connection: Int32
+        let deadline: ContinuousClock.Instant
+        var request: [UInt8] = []
+    }
+
+    private enum Reading {
+        case waiting, closed, complete, tooLarge
+    }
+
     private func acceptLoop() {
-        defer { close(socket) }
+        var waiting: [Waiting] = []
+        defer {
+            for entry in waiting { close(entry.connection) }
+            close(socket)
+        }
+        var buffer = [UInt8](repeating: 0, count: 2048)
         while !stopping.load(ordering: .acquiring) {
-            var waiting = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
-            guard poll(&waiting, 1, 200) > 0 else { continue }
+            var polled = [pollfd(fd: socket, events: Int16(POLLIN), revents: 0)]
+            polled += waiting.map { pollfd(fd: $0.connection, events: Int16(POLLIN), revents: 0) }
+            let now = ContinuousClock.now
+            let nearest = waiting.map(\.deadline).min().map { max(.zero, $0 - now) } ?? .milliseconds(200)
+            let wait = Int32(min(200, nearest.milliseconds + 1))
+            _ = poll(&polled, nfds_t(polled.count), wait)
+            // Requests first (before new connections can shed their senders), then the new ones.
+            var kept: [Waiting] = []
+            for (index, var entry) in waiting.enumerated() {
+                let ready = polled[index + 1].revents != 0
+                switch ready ? Self.read(into: &entry.request, from: entry.connection, buffer: &buffer) : .waiting {
+                case .waiting where ContinuousClock.now < entry.deadline: kept.append(entry)
+                case .waiting, .closed: close(entry.connection)  // Nothing in time: no answer is owed.
+                case .tooLarge: answer(entry.connection, Response(status: 431, body: "request too large\n"))
+                case .complete: answer(entry.connection, request: entry.request)
+                }
+            }
+            waiting = kept
+            guard polled[0].revents != 0 else { continue }
             let connection = accept(socket, nil, nil)
             guard connection >= 0 else { continue }
             var timeout = timeval(tv_sec: Self.readTimeoutSeconds, tv_usec: 0)
-            setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
             setsockopt(connection, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-            guard connections.add(1, ordering: .relaxed).newValue <= Self.maximumConnections else {
-                connections.subtract(1, ordering: .relaxed)
-                Self.write(Response(status: 503, body: "busy\n"), to: connection)
-                close(connection)
-                continue
+            if waiting.count >= Self.maximumWaitingConnections {
+                // The oldest waited longest without sending a request: shed it for the newcomer.
+                close(waiting.removeFirst().connection)
             }
-            // A serial queue per connection gets a thread at once (libdispatch's overcommitting
-            // pool): a shared concurrent queue served as many as there are cores, and clients
-            // that send nothing held up health checks until their read timeout.
-            DispatchQueue(label: "encore.operations.connection").async { [self] in
-                serve(connection)
-                // Its slot is free before its client sees the end: a client that connects again at
-                // once is not refused as one too many.
-                connections.subtract(1, ordering: .relaxed)
-                close(connection)
+            waiting.append(
+                Waiting(connection: connection, deadline: .now.advanced(by: .seconds(Self.readTimeoutSeconds))))
+        }
+    }
+
+    /// Reads what `connection` has sent so far without waiting.
+    private static func read(into request: inout [UInt8], from connection: Int32, buffer: inout [UInt8]) -> Reading {
+        while true {
+            let count = recv(connection, &buffer, buffer.count, Int32(MSG_DONTWAIT))
+            if count < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) { return .waiting }
+            guard count > 0 else { return .closed }
+            request += buffer.prefix(count)
+            if request.count > maximumRequestBytes { return .tooLarge }
+            let end = Array("\r\n\r\n".utf8)
+            let from = max(0, request.count - count - 3)
+            if request.count >= 4, (from...(request.count - 4)).contains(where: { Array(request[$0..<$0 + 4]) == end }) {
+                return .complete
             }
         }
     }
 
-    private func serve(_ connection: Int32) {
-        // One deadline for the whole request, not only per read: a client trickling bytes does
-        // not keep its slot (the cap is small).
-        let deadline = ContinuousClock.now.advanced(by: .seconds(Self.readTimeoutSeconds))
-        var request = [UInt8]()
-        var buffer = [UInt8](repeating: 0, count: 2048)
-        let end = Array("\r\n\r\n".utf8)
-        while true {
-            let count = read(connection, &buffer, buffer.count)
-            // Closed, or nothing within the read timeout: no answer is owed.
-            guard count > 0, ContinuousClock.now < deadline else { return }
-            request += buffer.prefix(count)
-            if request.count > Self.maximumRequestBytes {
-                Self.write(Response(status: 431, body: "request too large\n"), to: connection)
-                return
-            }
-            if let _ = request.indices.dropLast(3).first(where: { Array(request[$0..<$0 + 4]) == end }) { break }
-        }
-        let line = String(decoding: request.prefix { $0 != 13 && $0 != 10 }, as: UTF8.self).split(separator: " ")
-        guard line.count == 3, line[2].hasPrefix("HTTP/1.") else {
-            Self.write(Response(status: 400, body: "bad request\n"), to: connection)
+    /// Answers a complete request on a thread of its own, if one of ``maximumConnections`` is free.
+    private func answer(_ connection: Int32, request: [UInt8]) {
+        guard connections.add(1, ordering: .relaxed).newValue <= Self.maximumConnections else {
+            connections.subtract(1, ordering: .relaxed)
+            answer(connection, Response(status: 503, body: "busy\n"))
             return
         }
-        guard line[0] == "GET" || line[0] == "HEAD" else {
-            Self.write(Response(status: 405, body: "only GET\n"), to: connection)
-            return
+        // A serial queue per connection gets a thread at once (libdispatch's overcommitting pool):
+        // a handler or a slow reader of the answer never holds up the reading of other requests.
+        DispatchQueue(label: "encore.operations.connection").async { [self] in
+            Self.write(respond(to: request), to: connection)
+            // Its slot is free before its client sees the end: a client that connects again at
+            // once is not refused as one too many.
+            connections.subtract(1, ordering: .relaxed)
+            close(connection)
         }
-        let path = String(line[1].prefix { $0 != "?" })
-        var response = handler(path)
-        if line[0] == "HEAD" { response.body = "" }
+    }
+
+    private func answer(_ connection: Int32, _ response: Response) {
         Self.write(response, to: connection)
+        close(connection)
+    }
+
+    private func respond(to request: [UInt8]) -> Response {
+        let line = String(decoding: request.prefix { $0 != 13 && $0 != 10 }, as: UTF8.self).split(separator: " ")
+        guard line.count == 3, line[2].hasPrefix("HTTP/1.") else { return Response(status: 400, body: "bad request\n") }
+        guard line[0] == "GET" || line[0] == "HEAD" else { return Response(status: 405, body: "only GET\n") }
+        var response = handler(String(line[1].prefix { $0 != "?" }))
+        if line[0] == "HEAD" { response.body = "" }
+        return response
     }
 
     private static func write(_ response: Response, to connection: Int32) {

@@ -79,10 +79,7 @@ enum ReplayCommand {
         let timeout = try options.milliseconds("timeout-ms", minimum: 1)
         let replication = try options.integer("replication-factor", range: -1...100)
         guard replication != 0 else { throw UsageError("--replication-factor: 0 replicas cannot hold a record") }
-        if options.flag("check") {
-            print("configuration OK")
-            return 0
-        }
+        if options.endsAtCheck() { return 0 }
         do {
             return try await replay(
                 production: production, shadow: shadow, start: start, to: to, replication: replication,

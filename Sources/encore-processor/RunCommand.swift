@@ -370,10 +370,7 @@ enum RunCommand {
                 throw UsageError("--http-listen: '\(listen)' is not HOST:PORT or :PORT")
             }
         }
-        if options.flag("check") {
-            print("configuration OK")
-            return 0
-        }
+        if options.endsAtCheck() { return 0 }
         let cluster = try CommonOptions.embeddedBrokerIfNeeded(
             &kafka, topics: CommonOptions.topicNames(options), partitions: partitions)
         configuration.kafka = kafka

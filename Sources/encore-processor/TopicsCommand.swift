@@ -31,10 +31,7 @@ enum TopicsCommand {
         let retention = try options.integer("retention-ms", range: -1...Int.max)
         let kafka = try CommonOptions.clusterConfiguration(options)
         let names = CommonOptions.topicNames(options)
-        if options.flag("check") {
-            print("configuration OK")
-            return 0
-        }
+        if options.endsAtCheck() { return 0 }
         let admin = try KafkaAdmin(configuration: kafka)
         switch action {
         case "list":

@@ -30,8 +30,23 @@ let commands: [(definition: CommandDefinition, execute: (ParsedOptions) async th
 }
 
 func fail(_ message: String, usage: Int32 = 2) -> Never {
-    FileHandle.standardError.write(Data("encore-processor: \(message)\n".utf8))
+    FileHandle.standardError.write(Data("encore-processor: \(printable(message))\n".utf8))
     exit(usage)
+}
+
+/// `text` with control characters but line breaks and tabs written as `\u{1B}`: a value from the
+/// environment or a file, echoed in an error, never drives the reader's terminal.
+func printable(_ text: String) -> String {
+    var shown = ""
+    for scalar in text.unicodeScalars {
+        let isControl = scalar.value < 0x20 || (0x7F...0x9F).contains(scalar.value)
+        if isControl && scalar != "\n" && scalar != "\t" {
+            shown += "\\u{\(String(scalar.value, radix: 16, uppercase: true))}"
+        } else {
+            shown.unicodeScalars.append(scalar)
+        }
+    }
+    return shown
 }
 
 let arguments = Array(CommandLine.arguments.dropFirst())
@@ -60,7 +75,8 @@ do {
         print(command.definition.helpText())
         exit(0)
     }
-    if options.flag("print-config") {
+    // A command with --check validates all it would before printing (see `endsAtCheck()`).
+    if options.flag("print-config") && !options.definition.options.contains(where: { $0.name == "check" }) {
         print(options.printedConfiguration())
         exit(0)
     }

@@ -172,4 +172,28 @@ struct WorkerTests {
         let again = driven.worker.endTransaction(commit: nil)
         #expect(!again, "closed: nothing is left to abort")
     }
+
+    @Test("dead-letter warnings past 10 a second are counted in a line of their own once the second is over, with no later dead letter to carry it")
+    func leftOutDeadLetterWarningsAreSaid() {
+        var driven = Driven()
+        _ = driven.step(Self.assignment())
+        let invalid = (0..<15).map { offset in
+            IncomingRecord(
+                message: KafkaMessage(
+                    topic: Self.topic, partition: 0, offset: Int64(offset), key: Array("app:user".utf8),
+                    value: Array("not json".utf8), headers: []))
+        }
+        let logs = { (actions: [WorkerAction]) -> [String] in
+            actions.compactMap { if case .log(_, let message, _) = $0 { message } else { nil } }
+        }
+        let first = logs(driven.step(.records(invalid)))
+        #expect(first.filter { $0 == "dead letter" }.count == 10, "at most 10 warnings a second: \(first)")
+        #expect(!first.contains { $0.contains("more dead letters") }, "the second is not over yet")
+        let later = logs(driven.step(.tick, after: .milliseconds(1_100)))
+        #expect(
+            later.filter { $0.hasPrefix("5 more dead letters") }.count == 1,
+            "the 5 left out are said on the tick after the second ends: \(later)")
+        let quiet = logs(driven.step(.tick, after: .milliseconds(1_100)))
+        #expect(!quiet.contains { $0.contains("more dead letters") }, "said once: \(quiet)")
+    }
 }

@@ -142,4 +142,41 @@ struct CommandLineTests {
             ["topics", "create", "--check"], environment: ["ENCORE_BOOTSTRAP_SERVERS": ""])
         #expect(missing == 2 && message.contains("--bootstrap-servers"))
     }
+
+    @Test(
+        "--check refuses what run would refuse, naming the option",
+        arguments: [
+            // The drain timeout follows the call timeout, and librdkafka's max.poll.interval.ms follows
+            // the drain; derived from a call timeout of 24.8 days, it passes librdkafka's limit of 24 h.
+            (["--call-timeout-ms", "2147483647", "--dedupe-retention", "3650d"], "--call-timeout-ms"),
+            (["--drain-timeout-ms", "86400000", "--dedupe-retention", "3650d"], "--drain-timeout-ms"),
+            (["--group-id", ""], "--group-id"),
+            (["-X", "sasl.mechanisms=BOGUS"], "sasl.mechanisms"),
+        ])
+    func checkRefusesWhatRunRefuses(extra: [String], named: String) async throws {
+        let (status, output, error) = try await runBinary(
+            ["run", "--check", "--bootstrap-servers", "kafka:9092", "--controller", "simulated"] + extra)
+        #expect(status == 2, "\(extra): \(output)")
+        #expect(error.contains(named), "\(error)")
+        // --print-config validates as --check does: it never prints a configuration run refuses.
+        let (printed, printedOutput, printedError) = try await runBinary(
+            ["run", "--print-config", "--bootstrap-servers", "kafka:9092", "--controller", "simulated"] + extra)
+        #expect(printed == 2 && printedError.contains(named), "\(extra): \(printedOutput)\(printedError)")
+    }
+
+    @Test("a config file that is not text is named as such; an error never echoes a terminal escape")
+    func unreadableInput() async throws {
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("config-\(UUID()).bin")
+        try Data([0x7F, 0x45, 0x4C, 0x46, 0x02, 0x01, 0x01, 0x00, 0xFF, 0xFE, 0x00, 0xC3]).write(to: file)
+        defer { try? FileManager.default.removeItem(at: file) }
+        let (status, _, error) = try await runBinary(["run", "--check", "--config", file.path])
+        #expect(status == 2 && error.contains("not UTF-8 text"), "\(error)")
+        let (escaped, _, message) = try await runBinary(
+            ["run", "--check", "--bootstrap-servers", "kafka:9092", "--controller", "simulated"],
+            environment: ["ENCORE_LOG_LEVEL": "\u{1B}[2J\u{1B}[31mloud\u{07}"])
+        #expect(escaped == 2 && message.contains("--log-level"), "\(message)")
+        #expect(
+            !message.unicodeScalars.contains { $0.value < 0x20 && $0 != "\n" } && message.contains("\\u{1B}[31mloud"),
+            "control characters are shown escaped: \(message.debugDescription)")
+    }
 }

@@ -138,6 +138,27 @@ struct OperationsTests {
         #expect(processor.stderr.contains("\"msg\":\"dead letter\",\"request_id\":"))
     }
 
+    @Test("probes are answered however many idle clients are connected, and while they keep reconnecting")
+    func probesBesideIdleClients() throws {
+        let server = try OperationsServer(address: "127.0.0.1:0") { path in
+            .init(status: path == "/healthz" ? 200 : 404, body: "ok\n")
+        }
+        server.start()
+        defer { server.stop() }
+        // More idle clients than the server keeps waiting: the oldest are shed for the probe.
+        var idle = try (0..<(OperationsServer.maximumWaitingConnections + 8)).map { _ in
+            try TCPClient(port: server.port)
+        }
+        for round in 0..<3 {
+            #expect(try TCPClient(port: server.port).get("/healthz") == "HTTP/1.1 200", "round \(round)")
+            // Half of them reconnect, as a client that reopens its connections does.
+            idle.removeFirst(idle.count / 2)
+            idle += try (0..<(OperationsServer.maximumWaitingConnections / 2)).map { _ in
+                try TCPClient(port: server.port)
+            }
+        }
+    }
+
     @Test("a dispatch loop stalled by a controller that blocks its thread: /healthz 503, then 200 once it is free")
     func stalledLoop() async throws {
         let (broker, bootstrap) = try await startBroker(partitions: 1)

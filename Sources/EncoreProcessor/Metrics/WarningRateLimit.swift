@@ -24,4 +24,12 @@ struct WarningRateLimit {
         used += 1
         return (true, ended)
     }
+
+    /// How many were left out in a window that has ended by `now` (said once; 0 otherwise): on
+    /// the clock, so that a flood's count is told even when no later warning comes to carry it.
+    mutating func endedWindowLeftOut(now: ContinuousClock.Instant) -> Int {
+        guard leftOut > 0, let windowStart, now - windowStart >= .seconds(1) else { return 0 }
+        defer { leftOut = 0 }
+        return leftOut
+    }
 }

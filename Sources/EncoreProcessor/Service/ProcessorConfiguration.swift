@@ -86,6 +86,9 @@ public struct ProcessorConfiguration: Sendable {
         self.kafka = kafka
     }
 
+    /// librdkafka's upper bound of `max.poll.interval.ms` (24 h).
+    static let maximumPollIntervalMs = 86_400_000
+
     /// librdkafka's `max.poll.interval.ms` when not set: the drain plus a minute, at least
     /// librdkafka's default of five minutes.
     var minimumMaxPollIntervalMs: Int { max(300_000, drainTimeout.milliseconds + 60_000) }
@@ -145,12 +148,21 @@ public struct ProcessorConfiguration: Sendable {
             drainTimeout > callTimeout, "drain-timeout-ms",
             "must be longer than --call-timeout-ms (\(callTimeout.milliseconds) ms), so a hand-over outlasts every running call; got \(drainTimeout.milliseconds) ms"
         )
+        if kafka["max.poll.interval.ms"] == nil {
+            // Derived, not given: the drain plus a minute must still be a value librdkafka takes.
+            try require(
+                minimumMaxPollIntervalMs <= Self.maximumPollIntervalMs,
+                explicitDrainTimeout == nil ? "call-timeout-ms" : "drain-timeout-ms",
+                "the drain timeout (\(drainTimeout.milliseconds) ms\(explicitDrainTimeout == nil ? ", the call timeout plus 5 s" : "")) plus a minute is the group's rebalance timeout (max.poll.interval.ms), which librdkafka caps at \(Self.maximumPollIntervalMs) ms (24 h)"
+            )
+        }
         if let value = kafka["max.poll.interval.ms"], let interval = Int(value) {
             try require(
                 interval > drainTimeout.milliseconds, "max.poll.interval.ms",
                 "must be longer than the drain timeout (\(drainTimeout.milliseconds) ms): it is the group's rebalance timeout, and a member may take the drain timeout to hand its partitions over; got \(interval)"
             )
         }
+        try require(!groupID.isEmpty, "group-id", "must not be empty")
         try require(journal.retentionMs >= 60_000, "dedupe-retention", "must be at least a minute")
         try require(
             !instanceID.isEmpty && instanceID.count <= 200

@@ -440,9 +440,7 @@ struct Worker {
             attempts: attempts, failedAtMs: failedAtMs ?? nowMs, requestID: requestID)
         statistics.deadLettersByClass[.init(failure.stage.rawValue, failure.errorClass), default: 0] += 1
         let (allowed, leftOut) = warnings.allow(now: now)
-        if leftOut > 0 {
-            log(.warning, "\(leftOut) more dead letters in the last second (at most 10 a second are logged)")
-        }
+        logLeftOutDeadLetters(leftOut)
         if allowed {
             log(
                 .warning, failure.stage == .controller ? "controller failed: dead letter" : "dead letter",
@@ -529,7 +527,14 @@ struct Worker {
 
     // MARK: Time
 
+    mutating func logLeftOutDeadLetters(_ count: Int) {
+        if count > 0 {
+            log(.warning, "\(count) more dead letters in the last second (at most 10 a second are logged)")
+        }
+    }
+
     mutating func tick() {
+        logLeftOutDeadLetters(warnings.endedWindowLeftOut(now: now))
         // Published on the clock, not per batch: a copy of the histogram per batch costs more than the work.
         statistics.assignedPartitions = ownership.assigned.count
         statistics.inFlight = calls.count
