@@ -68,7 +68,47 @@ public struct Logger: Sendable {
     /// JSON object, or `key=value` after the text.
     public func log(_ level: Level, _ message: @autoclosure () -> String, fields: [(String, String)] = []) {
         guard isEnabled(level) else { return }
-        FileHandle.standardError.write(Data(Self.line(level, label, message(), fields: fields).utf8))
+        let text = message()
+        if level >= .warning { Self.recentEntries.withLock { $0.append(Entry(level, label, text, fields)) } }
+        FileHandle.standardError.write(Data(Self.line(level, label, text, fields: fields).utf8))
+    }
+
+    /// A warning or error as logged (for the status page; log lines carry no secrets).
+    public struct Entry: Sendable {
+        public let timestamp: String
+        public let level: Level
+        public let logger: String
+        public let message: String
+
+        init(_ level: Level, _ logger: String, _ message: String, _ fields: [(String, String)]) {
+            self.timestamp = Logger.timestamp()
+            self.level = level
+            self.logger = logger
+            self.message = ([message] + fields.map { "\($0.0)=\($0.1)" }).joined(separator: " ")
+        }
+    }
+
+    /// The last ``recentCapacity`` warnings and errors logged, oldest first.
+    public static var recent: [Entry] { recentEntries.withLock { $0.entries } }
+
+    public static let recentCapacity = 20
+
+    private static let recentEntries = Mutex(RecentEntries())
+
+    private struct RecentEntries {
+        var ring: [Entry] = []
+        var next = 0
+
+        mutating func append(_ entry: Entry) {
+            if ring.count < Logger.recentCapacity {
+                ring.append(entry)
+            } else {
+                ring[next] = entry
+                next = (next + 1) % Logger.recentCapacity
+            }
+        }
+
+        var entries: [Entry] { Array(ring[next...] + ring[..<next]) }
     }
 
     static func line(_ level: Level, _ label: String, _ message: String, fields: [(String, String)]) -> String {

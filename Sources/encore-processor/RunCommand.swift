@@ -308,7 +308,8 @@ enum RunCommand {
         return router
     }
 
-    /// `/metrics`, `/healthz` and `/readyz` of `processor`, served on `listen`.
+    /// `/metrics`, `/healthz`, `/readyz`, `/status` and the status page `/` of `processor`, served on
+    /// `listen`.
     static func operationsServer(listen: String, processor: PurchaseProcessor) throws(UsageError) -> OperationsServer {
         let server = try OperationsServer(address: listen) { path in
             switch path {
@@ -323,14 +324,19 @@ enum RunCommand {
                     ? health.reasons.filter { !$0.hasPrefix("not joined") && !$0.hasPrefix("restoring") }
                     : health.reasons
                 return .init(status: ok ? 200 : 503, body: ok ? "ok\n" : reasons.joined(separator: "\n") + "\n")
+            case "/status":
+                return .init(status: 200, contentType: "application/json", body: processor.status().json + "\n")
+            case "/":
+                return .init(
+                    status: 200, contentType: "text/html; charset=utf-8", body: StatusPage.html(processor.status()))
             default:
-                return .init(status: 404, body: "not found: /metrics, /healthz, /readyz\n")
+                return .init(status: 404, body: "not found: /, /status, /metrics, /healthz, /readyz\n")
             }
         }
         server.start()
         let host = listen.hasPrefix(":") ? "0.0.0.0" : String(listen[..<listen.lastIndex(of: ":")!])
         Logger(label: "encore").info(
-            "operations endpoint listening on http://\(host):\(server.port) (/metrics, /healthz, /readyz)")
+            "operations endpoint listening on http://\(host):\(server.port) (/ status page, /status, /metrics, /healthz, /readyz)")
         return server
     }
 

@@ -32,6 +32,9 @@ final class ProcessorVitals: Sendable {
         var restoreTarget = 0
         var restoreRead = 0
         var restoreFromStore = 0
+        /// Rebalance events this process saw: assignments and revocations.
+        var assignments = 0
+        var revocations = 0
         var admission: KafkaAdmission? = nil
         var consumer: KafkaConsumer? = nil
     }

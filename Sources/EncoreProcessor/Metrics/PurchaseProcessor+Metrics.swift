@@ -124,6 +124,21 @@ extension PurchaseProcessor {
         text.counter(
             "encore_state_restore_store_records_total", "Records restores took from the local state store.",
             [([:], vitals.restoredStoreRecords)])
+        text.gauge("encore_restoring", "Ledger restores running now (not ready meanwhile).", [([:], vitals.restoring)])
+        text.counter(
+            "encore_rebalances_total", "Rebalance events: partitions assigned to this process, or revoked from it.",
+            [(["event": "assigned"], vitals.assignments), (["event": "revoked"], vitals.revocations)])
+        text.gauge(
+            "encore_loop_tick_age_seconds",
+            "Seconds since the stalest dispatch loop ticked (they tick every 20 ms; 5 s is a stall, /healthz 503).",
+            [([:], Double(max(0, nowMs - (statistics.lastTickAtMs > 0 ? statistics.lastTickAtMs : vitals.startedAtMs ?? nowMs))) / 1000)])
+        let resources = ProcessResources.current()
+        text.counter("process_cpu_seconds_total", "User and system CPU time spent.", [([:], resources.cpuSeconds)])
+        text.gauge("process_resident_memory_bytes", "Resident memory size.", [([:], resources.residentBytes)])
+        text.gauge(
+            "process_start_time_seconds", "Start time of the process since the epoch.",
+            [([:], resources.startTimeSeconds)])
+        text.gauge("process_open_fds", "Open file descriptors.", [([:], resources.openDescriptors)])
         return text.text
     }
 }

@@ -153,7 +153,7 @@ public struct ProcessorConfiguration: Sendable {
             try require(
                 minimumMaxPollIntervalMs <= Self.maximumPollIntervalMs,
                 explicitDrainTimeout == nil ? "call-timeout-ms" : "drain-timeout-ms",
-                "the drain timeout (\(drainTimeout.milliseconds) ms\(explicitDrainTimeout == nil ? ", the call timeout plus 5 s" : "")) plus a minute is the group's rebalance timeout (max.poll.interval.ms), which librdkafka caps at \(Self.maximumPollIntervalMs) ms (24 h)"
+                "the drain timeout (\(drainTimeout.components.seconds * 1000 + drainTimeout.components.attoseconds / 1_000_000_000_000_000) ms\(explicitDrainTimeout == nil ? ", the call timeout plus 5 s" : "")) plus a minute is the group's rebalance timeout (max.poll.interval.ms), which librdkafka caps at \(Self.maximumPollIntervalMs) ms (24 h)"
             )
         }
         if let value = kafka["max.poll.interval.ms"], let interval = Int(value) {

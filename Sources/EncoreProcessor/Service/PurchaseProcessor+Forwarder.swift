@@ -21,6 +21,7 @@ extension PurchaseProcessor {
                     inboxes[worker].post(.records(part))
                 }
             case .partitionsAssigned(let partitions):
+                vitals.update { $0.assignments += 1 }
                 // Read before any record of these partitions: what the previous owner finished,
                 // and the ledger state of their users.
                 let (finished, committed) = await Self.finishedOffsets(
@@ -57,6 +58,7 @@ extension PurchaseProcessor {
                             committed: committed.filter { numbers.contains($0.key.number) }))
                 }
             case .partitionsRevoked(let partitions, let revocation):
+                vitals.update { $0.revocations += 1 }
                 // Each worker hands over its share; the partitions go once all have.
                 store?.revoked(partitions.filter { $0.topic == configuration.requestsTopic }.map(\.partition))
                 let shares = router.split(partitions, by: \.partition)
