@@ -15,6 +15,8 @@ python3 scripts/render_kustomize.py deploy/k8s -o "$work/rendered.yaml"
 if command -v kubectl >/dev/null 2>&1; then
   kubectl kustomize deploy/k8s >"$work/kubectl.yaml"
   python3 scripts/check_k8s_manifests.py --same "$work/rendered.yaml" "$work/kubectl.yaml"
+else
+  echo "note: no kubectl here: the rendering is not compared with kubectl kustomize's"
 fi
 
 # The oldest Kubernetes still commonly run, and the newest the installed schemas know.
