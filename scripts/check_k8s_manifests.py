@@ -91,12 +91,14 @@ def check_security(pod, container, user):
     pod_context = pod.get("securityContext", {})
     context = {**pod_context, **container.get("securityContext", {})}
     require(context.get("runAsNonRoot") is True, "runAsNonRoot must be true")
-    require(context.get("runAsUser") == user, f"runAsUser {context.get('runAsUser')} is not the Dockerfile's USER {user}")
+    require(context.get("runAsUser") == user,
+            f"runAsUser {context.get('runAsUser')} is not the Dockerfile's USER {user}")
     require(context.get("readOnlyRootFilesystem") is True, "readOnlyRootFilesystem must be true")
     require(context.get("allowPrivilegeEscalation") is False, "allowPrivilegeEscalation must be false")
     require("ALL" in context.get("capabilities", {}).get("drop", []), "capabilities must drop ALL")
     require(context.get("seccompProfile", {}).get("type") == "RuntimeDefault", "seccompProfile must be RuntimeDefault")
-    ok(f"non-root (uid {user}, the Dockerfile's USER), read-only root, no capabilities, no escalation, RuntimeDefault seccomp")
+    ok(f"non-root (uid {user}, the Dockerfile's USER), read-only root, no capabilities, no escalation,"
+       " RuntimeDefault seccomp")
     resources = container.get("resources", {})
     for kind in ("requests", "limits"):
         require({"cpu", "memory"} <= set(resources.get(kind, {})), f"resources.{kind} must set cpu and memory")
@@ -228,7 +230,8 @@ def check_services(documents, statefulset, container, port):
     headless = [s for s in services if s["spec"].get("clusterIP") == "None"]
     require(
         any(s["metadata"]["name"] == statefulset["spec"].get("serviceName") for s in headless),
-        f"no headless Service named {statefulset['spec'].get('serviceName')} (the StatefulSet's serviceName) selects the pods")
+        f"no headless Service named {statefulset['spec'].get('serviceName')} (the StatefulSet's serviceName)"
+        " selects the pods")
     metrics = [
         s for s in services for p in s["spec"].get("ports", [])
         if p["port"] == 9464 and resolve_port(p.get("targetPort", p["port"]), container) == port]
@@ -254,7 +257,8 @@ def check_writable_paths(statefulset, container, state_dir):
 def check_processor(binary, documents, dockerfile, compose):
     repository = built_image(compose)
     statefulset, container = find_processor(documents, repository)
-    ok(f"StatefulSet {statefulset['metadata']['name']} runs {container['image']} (docker-compose.yml builds {repository})")
+    ok(f"StatefulSet {statefulset['metadata']['name']} runs {container['image']}"
+       f" (docker-compose.yml builds {repository})")
     require(not container.get("command"), "command is set: leave the image's ENTRYPOINT, pass args")
     require(container.get("args", [])[:1] == ["run"], "args must start with the subcommand run")
     pod = statefulset["spec"]["template"]["spec"]
@@ -268,7 +272,8 @@ def check_processor(binary, documents, dockerfile, compose):
         for value in secret_file_options(container, mounts):
             value = unsubstitute(value, mounts)
             require(not value.startswith("@"),
-                    f"--controller-secret-file {value}: the option takes a path; it would sign with the text {value} as the key")
+                    f"--controller-secret-file {value}: the option takes a path;"
+                    f" it would sign with the text {value} as the key")
         environment = container_environment(container, pod_name, mounts)
         args = [substitute(expand(a, environment), mounts) for a in container["args"]]
         shown = " ".join(container["args"])
