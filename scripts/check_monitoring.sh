@@ -24,6 +24,7 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
+trap "exit 130" INT TERM
 
 echo "== rules, config, rule unit tests"
 promtool check rules "$rules"
