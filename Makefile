@@ -33,9 +33,12 @@ bench-ledger: build
 bench-audit: deps
 	scripts/audit_bench.sh
 
-# Deployment files cannot run here (no Docker engine): validate them instead.
+# Deployment files cannot run here (no Docker engine): validate them instead (compose, Dockerfile,
+# Kubernetes manifests, alert rules with their unit tests, the dashboard against a real Prometheus).
 deploy-check: deps
 	swift build --product encore-processor
 	python3 -m check_jsonschema --builtin-schema vendor.compose-spec docker-compose.yml
 	$(PYBIN)/hadolint Dockerfile
 	python3 scripts/check_compose_commands.py .build/debug/encore-processor docker-compose.yml
+	scripts/check_k8s.sh .build/debug/encore-processor
+	scripts/check_monitoring.sh .build/debug/encore-processor

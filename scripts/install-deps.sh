@@ -24,7 +24,7 @@ if ! dpkg -s prometheus >/dev/null 2>&1; then
     refuse_starts=1
   fi
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-  [ -n "$refuse_starts" ] && $sudo rm -f /usr/sbin/policy-rc.d
+  if [ -n "$refuse_starts" ]; then $sudo rm -f /usr/sbin/policy-rc.d; fi
 fi
 
 # kubernetes-validate: the schemas scripts/check_k8s.sh validates deploy/k8s against.
