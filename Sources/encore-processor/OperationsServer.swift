@@ -142,7 +142,8 @@ final class OperationsServer: Sendable {
             if request.count > maximumRequestBytes { return .tooLarge }
             let end = Array("\r\n\r\n".utf8)
             let from = max(0, request.count - count - 3)
-            if request.count >= 4, (from...(request.count - 4)).contains(where: { Array(request[$0..<$0 + 4]) == end }) {
+            if request.count >= 4, (from...(request.count - 4)).contains(where: { Array(request[$0..<$0 + 4]) == end })
+            {
                 return .complete
             }
         }

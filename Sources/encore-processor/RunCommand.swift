@@ -336,7 +336,8 @@ enum RunCommand {
         server.start()
         let host = listen.hasPrefix(":") ? "0.0.0.0" : String(listen[..<listen.lastIndex(of: ":")!])
         Logger(label: "encore").info(
-            "operations endpoint listening on http://\(host):\(server.port) (/ status page, /status, /metrics, /healthz, /readyz)")
+            "operations endpoint listening on http://\(host):\(server.port) (/ status page, /status, /metrics, /healthz, /readyz)"
+        )
         return server
     }
 

@@ -35,7 +35,8 @@ enum StatusPage {
         if status.partitions.isEmpty {
             body += "<p>none</p>\n"
         } else {
-            body += "<table>\n<tr><th>partition</th><th>lag</th><th>next</th><th>end</th><th>read</th><th>fetch</th></tr>\n"
+            body +=
+                "<table>\n<tr><th>partition</th><th>lag</th><th>next</th><th>end</th><th>read</th><th>fetch</th></tr>\n"
             for partition in status.partitions {
                 let path = "partitions.\(partition.topic)/\(partition.partition)"
                 let percent = Int((partition.progress * 100).rounded(.down))

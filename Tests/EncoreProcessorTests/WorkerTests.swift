@@ -173,7 +173,9 @@ struct WorkerTests {
         #expect(!again, "closed: nothing is left to abort")
     }
 
-    @Test("dead-letter warnings past 10 a second are counted in a line of their own once the second is over, with no later dead letter to carry it")
+    @Test(
+        "dead-letter warnings past 10 a second are counted in a line of their own once the second is over, with no later dead letter to carry it"
+    )
     func leftOutDeadLetterWarningsAreSaid() {
         var driven = Driven()
         _ = driven.step(Self.assignment())

@@ -97,7 +97,9 @@ extension PurchaseProcessor {
         var outcomes: [String: Int] = [:]
         for (key, count) in statistics.outcomesByController { outcomes[key.first, default: 0] += count }
         var deadLetters: [String: Int] = [:]
-        for (key, count) in statistics.deadLettersByClass { deadLetters["\(key.first)/\(key.second)", default: 0] += count }
+        for (key, count) in statistics.deadLettersByClass {
+            deadLetters["\(key.first)/\(key.second)", default: 0] += count
+        }
         return ProcessorStatus(
             version: EncoreVersion.current, librdkafka: LibrdkafkaVersion.string, group: configuration.groupID,
             instance: configuration.instanceID, guarantee: configuration.guarantee.rawValue,

@@ -131,7 +131,17 @@ extension PurchaseProcessor {
         text.gauge(
             "encore_loop_tick_age_seconds",
             "Seconds since the stalest dispatch loop ticked (they tick every 20 ms; 5 s is a stall, /healthz 503).",
-            [([:], Double(max(0, nowMs - (statistics.lastTickAtMs > 0 ? statistics.lastTickAtMs : vitals.startedAtMs ?? nowMs))) / 1000)])
+            [
+                (
+                    [:],
+                    Double(
+                        max(
+                            0,
+                            nowMs
+                                - (statistics.lastTickAtMs > 0 ? statistics.lastTickAtMs : vitals.startedAtMs ?? nowMs))
+                    ) / 1000
+                )
+            ])
         let resources = ProcessResources.current()
         text.counter("process_cpu_seconds_total", "User and system CPU time spent.", [([:], resources.cpuSeconds)])
         text.gauge("process_resident_memory_bytes", "Resident memory size.", [([:], resources.residentBytes)])
