@@ -114,7 +114,7 @@ enum ReplayCommand {
                 Data("replay: '\(used)' already holds records (an earlier replay?): choose another --into\n".utf8))
             return 2
         }
-        let ranges = try await range(
+        let plan = try await plan(
             of: requestsTopic, partitions: partitions, start: start, to: to, kafka: kafka)
         try await KafkaAdmin.create(
             shadow.all.map { name in
@@ -140,7 +140,7 @@ enum ReplayCommand {
                 Data("replay: the group '\(shadow.group)' already has offsets: choose another --into\n".utf8))
             return 2
         }
-        let copied = try await copy(ranges, from: requestsTopic, to: shadow.requests, kafka: kafka, timeout: timeout)
+        let copied = try await copy(plan, from: requestsTopic, to: shadow.requests, kafka: kafka, timeout: timeout)
         let log = FileHandle.standardError
         log.write(
             Data("replay: copied \(copied.records) requests of '\(requestsTopic)' into '\(shadow.requests)'\n".utf8))
@@ -236,39 +236,86 @@ enum ReplayCommand {
         }
     }
 
-    /// Each partition's offsets to replay: from the start to `to` (or the end now).
-    static func range(
+    /// What to copy of each partition. The watermarks cannot be trusted for the end: some brokers
+    /// (Tansu) report a partition's end as its last record batch's first offset + 1, short of the
+    /// batch's other records. So only an end found by a record's time (`--to`) is exact; otherwise
+    /// a partition is read to its end-of-partition, past the watermark.
+    struct Plan: Equatable {
+        /// Partitions whose range ends at a record's offset (the first at or after `--to`).
+        var exact: [Int32: Range<Int64>] = [:]
+        /// Partitions read from their first offset to their end-of-partition (at least to the
+        /// offset given), skipping records at or after `before` (`--to`, ms) if given.
+        var starts: [Int32: Int64] = [:]
+        var ends: [Int32: Int64] = [:]
+        var before: Int64? = nil
+
+        var isEmpty: Bool { exact.isEmpty && starts.isEmpty }
+
+        /// `marks`: each partition's watermarks. `starts`: the first offset to copy, and whether a
+        /// record is known to be there (found by time). `stops`: with `--to`, the first record at
+        /// or after it (`nil`: none).
+        static func make(
+            marks: [Int32: (low: Int64, high: Int64)], starts: [Int32: (offset: Int64, isRecord: Bool)],
+            stops: [Int32: Int64?]?, before: Int64?
+        ) -> Plan {
+            var plan = Plan(before: before)
+            for (partition, start) in starts {
+                guard let mark = marks[partition] else { continue }
+                let first = max(start.offset, mark.low)
+                if let stop = stops?[partition] ?? nil {
+                    if first < stop { plan.exact[partition] = first..<stop }
+                    continue
+                }
+                // Read to the end-of-partition; at least to the watermark, and past `first` when a
+                // record is known there (a short watermark may put the end before it).
+                let end = start.isRecord ? max(mark.high, first + 1) : mark.high
+                if first < end {
+                    plan.starts[partition] = first
+                    plan.ends[partition] = end
+                }
+            }
+            return plan
+        }
+    }
+
+    /// What to replay of each partition, from the start to `to` (or the end).
+    static func plan(
         of topic: String, partitions: Int, start: Start, to: Int64?, kafka: KafkaConfiguration
-    ) async throws -> [Int32: Range<Int64>] {
+    ) async throws -> Plan {
         let admin = try KafkaAdmin(configuration: kafka)
         let all = (0..<Int32(partitions)).map { KafkaTopicPartition(topic: topic, partition: $0) }
         var marks: [Int32: (low: Int64, high: Int64)] = [:]
         for partition in all { marks[partition.partition] = try await admin.watermarks(of: partition) }
-        func offsets(at ms: Int64) async throws -> [Int32: Int64] {
-            var found: [Int32: Int64] = [:]
+        // The first record at or after `ms` in each partition (`nil`: none).
+        func records(at ms: Int64) async throws -> [Int32: Int64?] {
+            var found: [Int32: Int64?] = [:]
             for entry in try await admin.offsets(atOrAfter: ms, of: all) {
-                found[entry.partition] = entry.offset >= 0 ? entry.offset : marks[entry.partition]!.high
+                found[entry.partition] = entry.offset >= 0 ? entry.offset : nil
             }
             return found
         }
-        let starts: [Int32: Int64]
+        let starts: [Int32: (offset: Int64, isRecord: Bool)]
         switch start {
-        case .time(let ms): starts = try await offsets(at: ms)
+        case .time(let ms):
+            starts = try await records(at: ms).compactMapValues { found in found.map { ($0, true) } }
         case .offsets(let given):
             if let unknown = given.keys.first(where: { marks[$0] == nil }) {
                 throw UsageError("--from-offsets: '\(topic)' has no partition \(unknown)")
             }
-            starts = given
+            starts = given.mapValues { ($0, false) }
         }
-        var ends = marks.mapValues(\.high)
-        if let to { ends = try await offsets(at: to) }
-        var ranges: [Int32: Range<Int64>] = [:]
-        for (partition, first) in starts {
-            let from = max(first, marks[partition]!.low)
-            let end = ends[partition]!
-            if from < end { ranges[partition] = from..<end }
+        var stops: [Int32: Int64?]? = nil
+        if let to { stops = try await records(at: to) }
+        return Plan.make(marks: marks, starts: starts, stops: stops, before: to)
+    }
+
+    /// Fewer records reached the shadow topic than were read from the range.
+    struct IncompleteCopy: Error, CustomStringConvertible {
+        var delivered: Int
+        var read: Int
+        var description: String {
+            "copied \(delivered) of the \(read) requests read: the shadow topic does not hold the whole range"
         }
-        return ranges
     }
 
     struct Copied: Sendable {
@@ -278,24 +325,26 @@ enum ReplayCommand {
         var ends: [Int32: Int64] = [:]
     }
 
-    /// Copies the ranges to the same partitions of `target`, keys, values and headers as they are;
-    /// throws when a record was not delivered.
+    /// Copies the plan's records to the same partitions of `target`, keys, values and headers as
+    /// they are; throws when a record was not delivered, or fewer were delivered than read.
     static func copy(
-        _ ranges: [Int32: Range<Int64>], from topic: String, to target: String, kafka: KafkaConfiguration,
-        timeout: Duration
+        _ plan: Plan, from topic: String, to target: String, kafka: KafkaConfiguration, timeout: Duration
     ) async throws -> Copied {
         let producer = try KafkaProducer(configuration: kafka)
         let failures = Mutex<[KafkaError]>([])
-        let read = try await KafkaPartitionReader.fold(
-            configuration: kafka, topic: topic, ranges: ranges, timeout: timeout, into: Copied()
-        ) { copied, message in
+        let delivered = Atomic<Int>(0)
+        let copy: @Sendable (inout Copied, KafkaMessage) -> Void = { copied, message in
+            if let before = plan.before, let time = message.timestampMs, time >= before { return }
             let record = KafkaProducerRecord(
                 topic: target, partition: message.partition, key: message.key, value: message.value,
                 headers: message.headers)
             while true {
                 do throws(KafkaError) {
                     try producer.produce(record) { result in
-                        if case .failure(let error) = result { failures.withLock { $0.append(error) } }
+                        switch result {
+                        case .success: delivered.add(1, ordering: .relaxed)
+                        case .failure(let error): failures.withLock { $0.append(error) }
+                        }
                     }
                     break
                 } catch  where error.code == .queueFull {
@@ -312,12 +361,22 @@ enum ReplayCommand {
                 copied.requestIDs.insert(id)
             }
         }
+        var copied = try await KafkaPartitionReader.fold(
+            configuration: kafka, topic: topic, ranges: plan.exact, timeout: timeout, into: Copied(), copy
+        ).state
+        copied = try await KafkaPartitionReader.fold(
+            configuration: kafka, topic: topic, starts: plan.starts, ends: plan.ends, timeout: timeout,
+            into: copied, copy
+        ).state
         try await producer.flush()
         await producer.close()
         if let error = failures.withLock({ $0.first }) { throw error }
+        let count = delivered.load(ordering: .relaxed)
+        guard count == copied.records else {
+            throw IncompleteCopy(delivered: count, read: copied.records)
+        }
         // The shadow topic was empty (checked) and every record was delivered: its end in each
         // partition is the count copied there (some brokers, Tansu, report a shorter end).
-        let copied = read.state
         return copied
     }
 

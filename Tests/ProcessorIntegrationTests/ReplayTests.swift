@@ -5,6 +5,8 @@ import Kafka
 import TestSupport
 import Testing
 
+@testable import encore_processor
+
 /// `replay` and `audit --compare` against the real binary on the embedded broker.
 @Suite("replay: the real binary on the embedded broker")
 struct ReplayTests {
@@ -128,5 +130,51 @@ struct ReplayTests {
             "replay", "--bootstrap-servers", bootstrap, "--from-offsets", start, "--into", "encore",
         ])
         #expect(clash == 2 && clashErrors.contains("would write the production topic"), "\(clashErrors)")
+    }
+
+    @Test("a range is planned past a short watermark: to the end-of-partition, and past a start found by time")
+    func planPastShortWatermarks() {
+        // Partition 0 ends (the broker says) at 5, its records go on to 7; the start by time, 6, is
+        // past that end.
+        let marks: [Int32: (low: Int64, high: Int64)] = [0: (0, 5), 1: (2, 9)]
+        let byTime = ReplayCommand.Plan.make(
+            marks: marks, starts: [0: (6, true), 1: (4, true)], stops: nil, before: nil)
+        #expect(byTime.starts == [0: 6, 1: 4] && byTime.ends == [0: 7, 1: 9] && byTime.exact.isEmpty)
+        // Given offsets are no record known: read from them to the end-of-partition, at least to
+        // the watermark; a start below the low watermark moves up to it.
+        let byOffsets = ReplayCommand.Plan.make(
+            marks: marks, starts: [0: (0, false), 1: (0, false)], stops: nil, before: nil)
+        #expect(byOffsets.starts == [0: 0, 1: 2] && byOffsets.ends == [0: 5, 1: 9])
+        // --to: where a record at or after it exists, the range ends exactly there; where none
+        // does, the partition is read to its end, records at or after the time skipped.
+        let bounded = ReplayCommand.Plan.make(
+            marks: marks, starts: [0: (0, false), 1: (4, true)], stops: [0: 3, 1: nil], before: 1_000)
+        #expect(bounded.exact == [0: 0..<3] && bounded.starts == [1: 4] && bounded.ends == [1: 9])
+        #expect(bounded.before == 1_000)
+    }
+
+    @Test("the copy reads past a short watermark: every record of the range reaches the shadow topic")
+    func copyPastShortWatermarks() async throws {
+        let (broker, bootstrap) = try await startBroker(partitions: 2)
+        defer { Task { await broker.stop() } }
+        var options = RequestGenerator.Options()
+        options.seed = 63
+        let produced = try await produceRequests(bootstrap: bootstrap, count: 40, options: options)
+        let kafka = KafkaConfiguration(["bootstrap.servers": bootstrap])
+        let admin = try KafkaAdmin(configuration: kafka)
+        var marks: [Int32: (low: Int64, high: Int64)] = [:]
+        for partition in Int32(0)..<2 {
+            let real = try await admin.watermarks(of: KafkaTopicPartition(topic: Topics.requests, partition: partition))
+            try #require(real.high > 3)
+            // What Tansu reports: the end short of the last batch's other records.
+            marks[partition] = (real.low, real.high - 3)
+        }
+        let plan = ReplayCommand.Plan.make(
+            marks: marks, starts: [0: (0, false), 1: (0, false)], stops: nil, before: nil)
+        let copied = try await ReplayCommand.copy(
+            plan, from: Topics.requests, to: "replayed.shadow", kafka: kafka, timeout: .seconds(120))
+        #expect(copied.records == produced.count, "every record read, past the short ends")
+        #expect(try await recordCount(bootstrap: bootstrap, topic: "replayed.shadow", partitions: 2) == 40)
+        #expect(copied.requestIDs.count == Set(produced.compactMap(\.requestID)).count)
     }
 }
