@@ -83,7 +83,12 @@ struct CommandDefinition {
     }
 
     /// Parses `arguments` (after the subcommand name). Returns `nil` when help was asked for.
-    func parse(_ arguments: [String], environment: [String: String] = ProcessInfo.processInfo.environment)
+    /// `sharedOptions`: option names of the other commands; a config file's `encore.` key naming
+    /// one of them is theirs, not a mistake (one file serves `run` and `topics`).
+    func parse(
+        _ arguments: [String], environment: [String: String] = ProcessInfo.processInfo.environment,
+        sharedOptions: Set<String> = []
+    )
         throws(UsageError)
         -> ParsedOptions?
     {
@@ -161,6 +166,8 @@ struct CommandDefinition {
         }
         var fileProperties: [String] = []
         if options.contains(where: { $0.name == "config" }), let path = values["config"]?.last {
+            // Within the file, a key given again replaces the earlier value, as on the command line.
+            var fromFile = Set<String>()
             for (key, value) in try Self.readProperties(path) {
                 guard key.hasPrefix("encore.") else {
                     fileProperties.append("\(key)=\(value)")
@@ -168,14 +175,23 @@ struct CommandDefinition {
                 }
                 let name = String(key.dropFirst("encore.".count))
                 guard let option = options.first(where: { $0.name == name && $0.short == nil }) else {
-                    throw UsageError("--config \(path): '\(key)' is not an option of this command")
+                    if sharedOptions.contains(name) { continue }
+                    throw UsageError("--config \(path): '\(key)' is not an option of any command")
                 }
                 guard !option.isCommandLineOnly else {
                     throw UsageError("--config \(path): --\(name) is given on the command line only")
                 }
-                guard values[name] == nil && !flags.contains(name) else { continue }
+                if fromFile.contains(name) {
+                    values[name] = nil
+                    flags.remove(name)
+                } else if values[name] != nil || flags.contains(name) {
+                    continue
+                }
+                fromFile.insert(name)
                 if try apply(value, to: option, from: "--config \(path): \(key)", values: &values, flags: &flags) {
                     sources[name] = .file(path)
+                } else {
+                    sources[name] = nil
                 }
             }
         }

@@ -21,7 +21,7 @@ enum AuditCommand {
                 "Instead: list the users whose grants or access answers differ between production's changelog and the replay PREFIX.*."
             ),
             .option("timeout-ms", value: "MS", default: "600000", "Give up reading a topic after this long."),
-            .flag("check", "Validate the arguments and exit."),
+            .flag("check", "Validate the arguments and exit.", commandLineOnly: true),
         ],
         discussion: """
             Reads the requests topic, then the outcomes, sources (when given), entitlement changes,

@@ -21,7 +21,7 @@ enum CommonOptions {
             "config", value: "FILE",
             "Properties file: encore.<option>=VALUE sets an option, any other key is a librdkafka property (flag > env > file > default)."
         ),
-        .flag("print-config", "Print the effective configuration (secrets redacted) and exit."),
+        .flag("print-config", "Print the effective configuration (secrets redacted) and exit.", commandLineOnly: true),
     ]
 
     static let topics: [OptionDefinition] = [

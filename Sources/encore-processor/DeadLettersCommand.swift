@@ -21,7 +21,7 @@ enum DeadLettersCommand {
             .flag(
                 "execute", "redrive: produce the records (without it, print what would be produced).",
                 commandLineOnly: true),
-            .flag("check", "Validate the arguments and exit."),
+            .flag("check", "Validate the arguments and exit.", commandLineOnly: true),
         ],
         discussion: """
             Reads the dead-letter topic to its current end. redrive produces each matching dead

@@ -15,7 +15,7 @@ enum EntitlementsCommand {
                 "state-topic", value: "TOPIC", default: "encore.entitlement-state", "The ledger's changelog topic."),
             .option("timeout-ms", value: "MS", default: "60000", "Give up reading the changelog after this long."),
             .flag("json", "Print the state record as JSON (schemas/entitlement-state.schema.json)."),
-            .flag("check", "Validate the arguments and exit."),
+            .flag("check", "Validate the arguments and exit.", commandLineOnly: true),
         ],
         discussion: """
             Reads the changelog up to its current end and keeps the user's latest record: what the

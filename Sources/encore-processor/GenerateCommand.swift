@@ -31,7 +31,7 @@ enum GenerateCommand {
             .option("rate", value: "R", default: "0", "Records per second, steady; 0 = as fast as possible."),
             .option("topic", value: "TOPIC", default: "encore.purchase-requests", "Topic to produce to."),
             .option("seed", value: "N", default: "1", "Seed: the same seed gives the same records."),
-            .flag("check", "Validate the arguments and exit."),
+            .flag("check", "Validate the arguments and exit.", commandLineOnly: true),
         ])
 
     static func generatorOptions(_ options: ParsedOptions) throws(UsageError) -> RequestGenerator.Options {

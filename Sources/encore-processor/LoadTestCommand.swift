@@ -33,7 +33,7 @@ enum LoadTestCommand {
             .option("html", value: "FILE", "Also write a self-contained HTML report with charts to FILE."),
             .option(
                 "hdr", value: "FILE", "Also write the latency histogram of each window in HdrHistogram's log format."),
-            .flag("check", "Validate the arguments and exit."),
+            .flag("check", "Validate the arguments and exit.", commandLineOnly: true),
         ],
         discussion: """
             Produces generated requests (environment SANDBOX unless --environment says otherwise;

@@ -24,7 +24,7 @@ enum OffsetsCommand {
                 "shift-by", value: "N",
                 "reset: move each partition's offset by N (negative: back), within what is held."),
             .flag("execute", "reset: commit the new offsets (without it, only print the plan).", commandLineOnly: true),
-            .flag("check", "Validate the arguments and exit."),
+            .flag("check", "Validate the arguments and exit.", commandLineOnly: true),
         ],
         discussion: """
             show prints each partition's committed offset, end and lag. reset prints the plan

@@ -33,7 +33,7 @@ enum ReplayCommand {
                     "Replicas of the shadow topics' partitions (-1: the broker's default)."),
                 .option("timeout-ms", value: "MS", default: "600000", "Give up when the replay is not over by then."),
                 .flag("json", "Print the summary as one JSON object."),
-                .flag("check", "Validate the arguments and exit."),
+                .flag("check", "Validate the arguments and exit.", commandLineOnly: true),
             ],
         discussion: """
             Copies the range of the requests topic into PREFIX.purchase-requests, then processes it

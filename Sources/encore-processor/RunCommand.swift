@@ -27,7 +27,7 @@ enum RunCommand {
             .option(
                 "state-cache-mb", value: "MB", default: "64",
                 "The state store's block cache; with its 32 MB of write buffers, what the store may hold in memory."),
-            .flag("check", "Validate the arguments and exit (0 when they are valid)."),
+            .flag("check", "Validate the arguments and exit (0 when they are valid).", commandLineOnly: true),
         ],
         discussion: """
             Routes: --route rc_=revenuecat sends products starting with rc_ to the controller named
@@ -260,6 +260,10 @@ enum RunCommand {
             }
             var signingKey: [UInt8]? = nil
             if let path = options.string("controller-secret-file") {
+                // A path, not `@/path`: read as `@@`, the key would be the path's text.
+                guard !path.hasPrefix("@") else {
+                    throw UsageError("--controller-secret-file: give the file's path without '@' (got '\(path)')")
+                }
                 let secret = try CommonOptions.secret("@" + path, origin: "--controller-secret-file")
                 guard secret.utf8.count >= 16 else {
                     throw UsageError("--controller-secret-file: the secret in '\(path)' is shorter than 16 bytes")

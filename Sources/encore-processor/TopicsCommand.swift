@@ -12,7 +12,7 @@ enum TopicsCommand {
             .option("partitions", value: "N", default: "8", "Partitions of each topic."),
             .option("replication-factor", value: "N", default: "1", "Replicas of each partition (3 in production)."),
             .option("retention-ms", value: "MS", default: "604800000", "Retention of outcomes and dead letters."),
-            .flag("check", "Validate the arguments and exit."),
+            .flag("check", "Validate the arguments and exit.", commandLineOnly: true),
         ],
         discussion: """
             create makes the topics (existing ones are left alone; the changelog compacted). list

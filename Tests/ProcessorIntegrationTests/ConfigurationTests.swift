@@ -146,4 +146,44 @@ struct ConfigurationTests {
             #expect(output.contains("billing:8080/purchase"), "the host is still shown: \(output)")
         }
     }
+
+    @Test("a config file's key given twice: the last wins, as on the command line; one file serves run and topics")
+    func configFileRules() async throws {
+        let file = try temporaryFile(
+            "bootstrap.servers=kafka:9092\nencore.max-in-flight=11\nencore.max-in-flight=44\nencore.group-id=g\n"
+                + "encore.controller=simulated\n")
+        defer { try? FileManager.default.removeItem(at: file) }
+        let (status, output, error) = try await runBinary(["run", "--print-config", "--config", file.path])
+        try #require(status == 0, "\(error)")
+        #expect(printed(output, "max-in-flight")?.value == "44", "\(output)")
+        // Keys of run's options in a file topics also reads: they are run's, not a mistake.
+        let (topics, _, topicsError) = try await runBinary(["topics", "create", "--check", "--config", file.path])
+        #expect(topics == 0, "\(topicsError)")
+        let typo = try temporaryFile("bootstrap.servers=kafka:9092\nencore.max-in-fligth=11\n")
+        defer { try? FileManager.default.removeItem(at: typo) }
+        let (refused, _, refusal) = try await runBinary(["topics", "create", "--check", "--config", typo.path])
+        #expect(refused == 2 && refusal.contains("encore.max-in-fligth"), "\(refusal)")
+    }
+
+    @Test("--check and --print-config are given on the command line only: a stray ENCORE_CHECK never ends a run")
+    func checkIsCommandLineOnly() async throws {
+        for variable in ["ENCORE_CHECK", "ENCORE_PRINT_CONFIG"] {
+            // No broker listens there: a run that went on fails to reach it, one that stopped at a
+            // check or a printed configuration exits 0 having printed it.
+            let (status, output, error) = try await runBinary(
+                ["run", "--controller", "simulated", "--bootstrap-servers", "127.0.0.1:9"],
+                environment: [variable: "1"])
+            #expect(status != 0 && !output.contains("configuration OK"), "\(variable): \(output)\(error)")
+            #expect(!output.contains("encore.controller="), "\(variable): \(output)")
+        }
+    }
+
+    @Test("--controller-secret-file takes a path, not @/path: the literal '@' would sign with the path's text")
+    func secretFileIsAPath() async throws {
+        let (status, _, error) = try await runBinary([
+            "run", "--check", "--bootstrap-servers", "kafka:9092", "--controller", "http", "--controller-url",
+            "http://billing:8080/p", "--controller-secret-file", "@/run/secrets/encore/controller-signing-key",
+        ])
+        #expect(status == 2 && error.contains("--controller-secret-file"), "\(error)")
+    }
 }
