@@ -84,12 +84,14 @@ enum StatusPage {
             <html lang="en"><head><meta charset="utf-8">
             <meta http-equiv="refresh" content="\(refreshSeconds)">
             <title>encore-processor status</title>
+            <link rel="icon" href="data:,">
             <style>
             body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
             table{border-collapse:collapse;margin-bottom:1em}
             td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}
             td[data-status],span[data-status]{font-variant-numeric:tabular-nums}
             .ok{color:#176317}.bad{color:#a11}.log td{font-family:monospace;font-size:12px}
+            .log td:first-child{white-space:nowrap}
             </style></head><body>
             \(body)<p>Reloads every \(refreshSeconds) s. The same data as JSON: <a href="/status">/status</a>; \
             metrics: <a href="/metrics">/metrics</a>.</p>
