@@ -30,7 +30,7 @@ With --outage-s, billing has an outage from --outage-at of the production time: 
 call, charges the request on its first call, and answers nothing; every call held so ends (for
 billing) when the outage does, whatever the caller did meanwhile. The outage lasts --outage-s at
 least, and then until a member has published a request in doubt (a pending with pending_reason
-outcome_unknown), at most 60 s: a run on a loaded machine, or one whose members were rebalancing,
+outcome_unknown), at most 150 s: a run on a loaded machine, or one whose members were rebalancing,
 still shows the in-doubt path. A call of another of
 the user's requests while billing still works on a held one is an overlap (a recovery call of the
 same request is the same purchase, counted apart as asks_over_held).
@@ -733,7 +733,7 @@ def main():
     started = time.monotonic()
     watching = threading.Event()
     if args.outage_s > 0:
-        billing.outage = (started + args.outage_at * args.seconds, args.outage_s, 60.0)
+        billing.outage = (started + args.outage_at * args.seconds, args.outage_s, 150.0)
         threading.Thread(target=watch_in_doubt, args=(cluster.bootstrap, billing, watching), daemon=True).start()
     try:
         for slot in range(3):

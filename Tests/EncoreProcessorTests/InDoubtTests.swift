@@ -86,13 +86,13 @@ struct InDoubtTests {
         // commit again, with it in the metadata, and the offset still at 1.
         harness.feed(request(99, user: "early", product: "rc_other"))
         #expect(
-            await eventually(timeout: .seconds(60)) {
+            await eventually(timeout: .seconds(180)) {
                 harness.consumer.snapshot.metadata.values.contains { $0 != nil }
             })
         #expect(harness.consumer.snapshot.stored.values.max() == 1)
         billing.endOutage()
         #expect(await harness.waitForFinished(14))
-        #expect(await eventually(timeout: .seconds(60)) { harness.consumer.snapshot.stored.values.max() == 14 })
+        #expect(await eventually(timeout: .seconds(180)) { harness.consumer.snapshot.stored.values.max() == 14 })
         let outcomes = harness.producer.outcomes().filter { $0.requestID != "req-99" }
         Self.expectOutcomesMatchBilling(outcomes, billing.snapshot, requests: Self.requests())
         #expect(harness.producer.deadLetters().map(\.error.errorClass) == ["request_id_conflict"])
@@ -110,7 +110,7 @@ struct InDoubtTests {
         let requests = Self.requests()
         // The in-doubt marks must be in the changelog before the "crash".
         #expect(
-            await eventually(timeout: .seconds(60)) {
+            await eventually(timeout: .seconds(180)) {
                 first.producer.journal().filter { $0.entry.inDoubtSinceMs != nil }.count >= Self.users.count
             })
         await first.stop()
@@ -175,7 +175,7 @@ struct InDoubtTests {
         // Every ask is waiting or hangs in the outage for at most the call timeout.
         let offsets = await harness.revoke([0])
         #expect(offsets.map(\.offset) == [0], "the hand-over's commit passed an in-doubt record")
-        #expect(await eventually(timeout: .seconds(60)) { harness.admission.held == 0 })
+        #expect(await eventually(timeout: .seconds(180)) { harness.admission.held == 0 })
         #expect(!harness.hasEnded, "the loop stopped as if a call were stuck")
         billing.endOutage()
         await harness.stop()

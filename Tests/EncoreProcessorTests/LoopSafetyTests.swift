@@ -10,7 +10,7 @@ import Testing
 /// The engine's promise within one process, through the production intake path: no purchase
 /// called twice or twice at once for a user, none handed over while running, outputs in order,
 /// no commit past an output that cannot be delivered.
-@Suite("Loop safety: rebalance, timeouts, redelivery, fatal outputs (no Kafka)", .timeLimit(.minutes(1)))
+@Suite("Loop safety: rebalance, timeouts, redelivery, fatal outputs (no Kafka)", .timeLimit(.minutes(5)))
 struct LoopSafetyTests {
     /// Whether a hand-over happened, with its offsets.
     final class HandOverProbe: Sendable {

@@ -8,7 +8,7 @@ import Testing
 
 /// The request journal: its rules with an injected clock, and what the loop does with a journal
 /// restored from the changelog (a restart, a rebalance, a re-send days later).
-@Suite("Request journal: intents, results, retention, recovery (no Kafka)", .timeLimit(.minutes(1)))
+@Suite("Request journal: intents, results, retention, recovery (no Kafka)", .timeLimit(.minutes(5)))
 struct RequestJournalTests {
     static let day: Int64 = 86_400_000
     static let t0: Int64 = 1_764_475_643_000

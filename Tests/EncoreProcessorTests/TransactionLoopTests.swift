@@ -71,7 +71,7 @@ struct TransactionLoopTests {
 }
 
 /// Failure, hand-over and shutdown in exactly-once mode.
-@Suite("Exactly-once loop: failed commits, hand-over, shutdown (no Kafka)", .timeLimit(.minutes(1)))
+@Suite("Exactly-once loop: failed commits, hand-over, shutdown (no Kafka)", .timeLimit(.minutes(5)))
 struct TransactionEndingTests {
     final class FailingCommitter: TransactionCommitter {
         let attempts = Mutex(0)

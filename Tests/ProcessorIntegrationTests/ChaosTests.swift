@@ -40,7 +40,7 @@ struct ChaosTests {
         #expect((report?["resent"] as? Int ?? 0) > 0)
         // Billing's outage held calls, and requests went in doubt (each resolved: the script
         // fails the run otherwise). The outage lasts until a member published a request in doubt
-        // (8 s at least, 60 s at most), so a loaded machine or a rebalance cannot skip that path.
+        // (8 s at least, 150 s at most), so a loaded machine or a rebalance cannot skip that path.
         #expect((report?["held_calls"] as? Int ?? 0) > 0)
         #expect((report?["in_doubt_opened"] as? Int ?? 0) > 0)
     }

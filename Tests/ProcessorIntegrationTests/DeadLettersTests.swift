@@ -33,7 +33,7 @@ struct DeadLettersTests {
         let failed = try await outcomes().filter { $0.result == .failed }.count
         #expect(failed > 0)
         #expect(
-            try await eventually(timeout: .seconds(60)) {
+            try await eventually(timeout: .seconds(180)) {
                 try await recordCount(bootstrap: bootstrap, topic: Topics.deadLetters) == Int64(invalid + failed)
             })
 
@@ -60,7 +60,7 @@ struct DeadLettersTests {
         for round in 1...2 {
             if round == 2 {
                 #expect(
-                    try await eventually(timeout: .seconds(60)) {
+                    try await eventually(timeout: .seconds(180)) {
                         try await committedOffsets(bootstrap: bootstrap, group: "dead-letters", topic: Topics.requests)
                             .values.reduce(0, +) == requestsBefore + Int64(failed)
                     })
@@ -78,7 +78,7 @@ struct DeadLettersTests {
         }
         let everything = requestsBefore + Int64(2 * failed)
         #expect(
-            try await eventually(timeout: .seconds(60)) {
+            try await eventually(timeout: .seconds(180)) {
                 try await committedOffsets(bootstrap: bootstrap, group: "dead-letters", topic: Topics.requests).values
                     .reduce(0, +) == everything
             })

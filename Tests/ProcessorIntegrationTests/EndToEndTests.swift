@@ -115,7 +115,7 @@ extension EndToEndTests {
             $0.guarantee = .exactlyOnce
         }
         async let running: Void = processor.run()
-        let done = await eventually(timeout: .seconds(120)) { processor.statistics.finished >= 3000 }
+        let done = await eventually(timeout: .seconds(300)) { processor.statistics.finished >= 3000 }
         processor.shutdown()
         try await running
         #expect(done, "finished \(processor.statistics.finished) of 3000")

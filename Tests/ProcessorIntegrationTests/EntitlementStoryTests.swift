@@ -62,7 +62,7 @@ struct EntitlementStoryTests {
     }
 
     static func committedAll(_ bootstrap: String, group: String, topic: String, count: Int64) async throws -> Bool {
-        try await eventually(timeout: .seconds(60)) {
+        try await eventually(timeout: .seconds(180)) {
             let committed = try await committedOffsets(
                 bootstrap: bootstrap, group: group, topic: topic, partitions: partitions)
             // A partition with nothing committed reports a negative offset.
@@ -114,7 +114,7 @@ struct EntitlementStoryTests {
         expiredTrials["carol", default: []] += [
             "expired freeTrial verified inactive #3", "expired access:pro inactive #4",
         ]
-        let sawAct1 = try await eventually(timeout: .seconds(60)) {
+        let sawAct1 = try await eventually(timeout: .seconds(180)) {
             let changes = try await Self.changes(bootstrap)
             return Self.isPrefix(act1, of: changes) && Self.isPrefix(changes, of: expiredTrials)
         }
@@ -141,7 +141,7 @@ struct EntitlementStoryTests {
         // Act 2: the restart restores the ledger; the expiries that passed are published once, on start.
         let second = try ChildProcess(try processorBinary(), arguments)
         var expected = expiredTrials
-        let sawExpiries = try await eventually(timeout: .seconds(60)) { try await Self.changes(bootstrap) == expected }
+        let sawExpiries = try await eventually(timeout: .seconds(180)) { try await Self.changes(bootstrap) == expected }
         let afterRestart = try await Self.changes(bootstrap)
         #expect(sawExpiries, "\(afterRestart) \(second.stderr.suffix(3000))")
         // Alice's purchase completes; RevenueCat reports carol active again, and a stale report arrives late.
@@ -151,7 +151,7 @@ struct EntitlementStoryTests {
         try await feed.source("carol", active: false, occurredAtMs: now - 60_000, eventID: "rc-0")
         expected["alice", default: []] += ["verified discount verified active #2"]
         expected["carol", default: []] += ["granted access:pro active #5"]
-        let sawAct2 = try await eventually(timeout: .seconds(60)) { try await Self.changes(bootstrap) == expected }
+        let sawAct2 = try await eventually(timeout: .seconds(180)) { try await Self.changes(bootstrap) == expected }
         let afterAct2 = try await Self.changes(bootstrap)
         #expect(sawAct2, "\(afterAct2) \(second.stderr.suffix(3000))")
         #expect(try await Self.committedAll(bootstrap, group: "story", topic: Self.sources, count: 4))

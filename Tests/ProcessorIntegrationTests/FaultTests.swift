@@ -24,7 +24,7 @@ struct FaultTests {
         let processor = try simulatedProcessor(
             bootstrap: bootstrap, group: "outage", latency: .milliseconds(10), maxInFlight: 20, seed: 4)
         async let running: Void = processor.run()
-        #expect(await eventually(timeout: .seconds(60)) { processor.statistics.finished >= 500 })
+        #expect(await eventually(timeout: .seconds(180)) { processor.statistics.finished >= 500 })
         // Outputs cannot be delivered while the broker is away; they must not be given up on.
         try cluster.setRoundTripTime(broker: 1, .seconds(3))
         let finishedDuringOutage = processor.statistics.finished
@@ -33,7 +33,7 @@ struct FaultTests {
         let done = await eventually(timeout: .seconds(120)) { processor.statistics.finished >= produced.count }
         #expect(done, "finished \(processor.statistics.finished) of \(produced.count)")
         #expect(finishedDuringOutage < produced.count, "the outage should land mid-run")
-        let committedAll = try await eventually(timeout: .seconds(60)) {
+        let committedAll = try await eventually(timeout: .seconds(180)) {
             try await committedOffsets(bootstrap: bootstrap, group: "outage", topic: Topics.requests, partitions: 4)
                 .values.reduce(0, +) == Int64(produced.count)
         }

@@ -136,7 +136,7 @@ struct HTTPControllerTests {
         let processor = try ChildProcess(
             try processorBinary(), arguments + ["--group-id", "signed", "--controller-secret-file", file.path])
         #expect(
-            try await eventually(timeout: .seconds(60)) {
+            try await eventually(timeout: .seconds(180)) {
                 // (A partition without records has no committed offset: -1001.)
                 try await committedOffsets(bootstrap: bootstrap, group: "signed", topic: Topics.requests, partitions: 2)
                     .values.reduce(0) { $0 + max(0, $1) } == 20
@@ -180,7 +180,7 @@ struct HTTPControllerTests {
         let refused = try ChildProcess(
             try processorBinary(), secondArguments + ["--group-id", "forged", "--controller-secret-file", wrong.path])
         #expect(
-            try await eventually(timeout: .seconds(60)) {
+            try await eventually(timeout: .seconds(180)) {
                 try await committedOffsets(
                     bootstrap: secondBootstrap, group: "forged", topic: Topics.requests, partitions: 2
                 )

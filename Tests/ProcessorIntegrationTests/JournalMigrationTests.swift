@@ -52,7 +52,7 @@ struct JournalMigrationTests {
         let controller = RecordingController()
         let processor = try processor(bootstrap: bootstrap, group: "migration", maxInFlight: 8, controller: controller)
         async let run: Void = processor.run()
-        let finished = try await eventually(timeout: .seconds(60)) {
+        let finished = try await eventually(timeout: .seconds(180)) {
             try await committedOffsets(bootstrap: bootstrap, group: "migration", topic: Topics.requests, partitions: 4)
                 .values.reduce(0, +) == Int64(requests.count)
         }

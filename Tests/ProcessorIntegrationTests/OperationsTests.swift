@@ -72,13 +72,13 @@ struct OperationsTests {
         let first = processor.stderr.split(separator: "\n").first ?? ""
         #expect(first.contains("\"msg\":\"encore-processor ") && first.contains("group observed"), "\(first)")
         #expect(
-            try await eventually(timeout: .seconds(60)) {
+            try await eventually(timeout: .seconds(180)) {
                 let now = try await metrics(base)
                 return now["encore_requests_received_total{}"] == 100 && now["encore_ready{}"] == 1
             })
         let valid = produced.filter { $0.kind == .valid }.count
         #expect(
-            try await eventually(timeout: .seconds(60)) {
+            try await eventually(timeout: .seconds(180)) {
                 try await metrics(base)["encore_outcomes_total{controller=simulated,result=purchased}"] == Double(valid)
             })
         var seen = try await metrics(base)
@@ -94,7 +94,7 @@ struct OperationsTests {
         options.invalidRatio = 0
         _ = try await produceRequests(bootstrap: bootstrap, count: 50, options: options)
         #expect(
-            try await eventually(timeout: .seconds(60)) {
+            try await eventually(timeout: .seconds(180)) {
                 try await metrics(base)["encore_outcomes_total{controller=simulated,result=purchased}"]
                     == Double(valid + 50)
             })
@@ -170,7 +170,7 @@ struct OperationsTests {
                 "--simulated-latency-ms", "0", "--simulated-stalls", "--http-listen", "127.0.0.1:0",
             ])
         let base = try await endpoint(of: processor)
-        #expect(try await eventually(timeout: .seconds(60)) { try await status(["\(base)/readyz"]) == "200" })
+        #expect(try await eventually(timeout: .seconds(180)) { try await status(["\(base)/readyz"]) == "200" })
         let event = PurchaseRequestEvent(
             requestID: "r-stall", appID: "app", appUserID: "u", productID: "p", store: .appStore,
             environment: .sandbox, requestedAtMs: wallClockMs(), attributes: ["simulated_stall_ms": "20000"])

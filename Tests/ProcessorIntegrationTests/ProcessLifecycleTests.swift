@@ -39,7 +39,7 @@ struct ProcessLifecycleTests {
         }
         #expect(allDone, "\(second.stderr.suffix(2000))")
         // Wait until the committed offsets reach the end, then stop cleanly.
-        let committedAll = try await eventually(timeout: .seconds(60)) {
+        let committedAll = try await eventually(timeout: .seconds(180)) {
             let committed = try await committedOffsets(bootstrap: bootstrap, group: "crash", topic: Topics.requests)
             return committed.values.reduce(0, +) == Int64(produced.count)
         }

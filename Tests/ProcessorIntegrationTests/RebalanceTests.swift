@@ -35,7 +35,7 @@ struct RebalanceTests {
         let first = try makeProcessor(workers: 2)
         async let firstRun: Void = first.run()
         // Let a commit carrying finished offsets beyond the committed one reach the broker first.
-        let committedWithMetadata = try await eventually(timeout: .seconds(60)) {
+        let committedWithMetadata = try await eventually(timeout: .seconds(180)) {
             let consumer = try KafkaConsumer(
                 configuration: KafkaConfiguration(["bootstrap.servers": bootstrap, "group.id": "rebalance"]))
             let committed = try await consumer.committed(

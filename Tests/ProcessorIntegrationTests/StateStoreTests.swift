@@ -22,7 +22,7 @@ struct StateStoreTests {
             $0.stateDirectory = directory
         }
         async let running: Void = processor.run()
-        let finished = try await eventually(timeout: .seconds(60)) {
+        let finished = try await eventually(timeout: .seconds(180)) {
             try await committedOffsets(bootstrap: bootstrap, group: group, topic: Topics.requests, partitions: 4)
                 .values.reduce(0, +) == total
         }
