@@ -9,9 +9,17 @@ binary=$(realpath "${1:?usage: $0 BINARY}")
 checker="$(cd "$(dirname "$0")" && pwd)/browser_check.py"
 work=$(mktemp -d)
 pids=()
+# The processor first, while its broker still answers; whatever has not stopped in 15 s is killed.
 cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  local pid deadline
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+    pid=${pids[i]}
+    kill -TERM "$pid" 2>/dev/null || continue
+    deadline=$((SECONDS + 15))
+    while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
   rm -rf "$work"
 }
 trap cleanup EXIT
