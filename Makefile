@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` and `make test`. Both install what they need first.
-.PHONY: deps build demo test lint deploy-check bench bench-ledger bench-audit
+.PHONY: deps build demo test lint deploy-check browser-check bench bench-ledger bench-audit
 
 # Where pip puts console scripts (pyenv shims may not be rehashed on a fresh machine).
 PYBIN := $(shell python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
@@ -19,6 +19,13 @@ test: deps
 
 lint:
 	swift format lint --strict -r Sources Tests
+
+# Headless Chromium opens the status page of a running processor and the loadtest and audit HTML
+# reports: no console errors, charts drawn, every number shown equal to the JSON beside it.
+browser-check: deps
+	swift build --product encore-processor
+	scripts/check_reports_in_browser.sh .build/debug/encore-processor
+	python3 scripts/check_status_page.py .build/debug/encore-processor
 
 # limit.c and the processor side by side on the mock cluster and on Tansu (several minutes).
 bench: deps
