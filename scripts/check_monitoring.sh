@@ -39,22 +39,24 @@ $helper dashboard-rules "${dashboards[@]}" > "$tmp/dashboard-rules.yml"
 promtool check rules "$tmp/dashboard-rules.yml"  # the panels' PromQL parses
 
 echo "== a real Prometheus scraping the processor"
-read -r metrics_port prometheus_port < <(python3 -c '
+# The processor takes a port the system chooses (its log names it); Prometheus needs one named.
+read -r prometheus_port < <(python3 -c '
 import socket
-sockets = [socket.socket() for _ in range(2)]
-for s in sockets: s.bind(("127.0.0.1", 0))
-print(*[s.getsockname()[1] for s in sockets])')
+s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
 # Controller errors and dead letters need traffic that makes them: mixed environments (the
 # simulated store refuses PRODUCTION), invalid records, and some error answers.
-"$binary" run --embedded-broker --controller simulated --http-listen "127.0.0.1:$metrics_port" \
+"$binary" run --embedded-broker --controller simulated --http-listen "127.0.0.1:0" \
   --state-dir "$tmp/state" --group-id check-monitoring --instance-id check-monitoring \
   --simulated-outcomes purchased=0.8,cancelled=0.1,pending=0.04,retryable-error=0.03,error=0.03 \
   > "$tmp/processor.log" 2>&1 &
 pids+=($!)
 
 deadline=$((SECONDS + 60))
-until curl -fsS "http://127.0.0.1:$metrics_port/readyz" > /dev/null 2>&1; do
+metrics_port=
+until [ -n "$metrics_port" ] && curl -fsS "http://127.0.0.1:$metrics_port/readyz" > /dev/null 2>&1; do
+  metrics_port=$(sed -n 's/.*operations endpoint listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' \
+    "$tmp/processor.log" | head -1)
   if ! kill -0 "${pids[0]}" 2>/dev/null || [ $SECONDS -ge $deadline ]; then
     echo "FAIL the processor was not ready within 60 s:"; tail -20 "$tmp/processor.log"; exit 1
   fi

@@ -17,7 +17,7 @@ import argparse
 import json
 import os
 import re
-import socket
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,16 +26,9 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from browser_check import open_page  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
 
 # Numbers that move while the page is read (time, CPU, memory): compared for presence only.
 MOVING = {"uptime_seconds", "cpu_seconds", "resident_bytes", "in_doubt.oldest_age_seconds"}
-
-
-def free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def get(url):
@@ -97,19 +90,24 @@ def main():
         children.append(broker)
         servers = None
         deadline = time.monotonic() + 60
-        while servers is None and time.monotonic() < deadline:
+        while servers is None and time.monotonic() < deadline and broker.poll() is None:
             line = broker.stdout.readline()
             if line.startswith("bootstrap.servers="):
                 servers = line.strip().split("=", 1)[1]
         if servers is None:
             raise RuntimeError("the broker did not say its bootstrap.servers")
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
+        log = os.path.join(work, "processor.log")
         processor = subprocess.Popen(
             [binary, "run", "--bootstrap-servers", servers, "--controller", "simulated", "--simulated-latency-ms",
-             "0", "--http-listen", f"127.0.0.1:{port}", "--state-dir", os.path.join(work, "state")],
-            stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "processor.log"), "w"))
+             "0", "--http-listen", "127.0.0.1:0", "--state-dir", os.path.join(work, "state")],
+            stdout=subprocess.DEVNULL, stderr=open(log, "w"))
         children.append(processor)
+
+        def port():
+            found = re.search(r"operations endpoint listening on http://127\.0\.0\.1:([0-9]+)", open(log).read())
+            return found and found.group(1)
+
+        base = f"http://127.0.0.1:{wait_for(port, 'the operations endpoint in the log', 60)}"
         wait_for(lambda: get(f"{base}/readyz").startswith("ok"), "the processor ready", 120)
         subprocess.run([binary, "generate", "--bootstrap-servers", servers, "--count", str(arguments.count),
                         "--invalid-ratio", "0.05", "--seed", "5"], check=True, stdout=subprocess.DEVNULL,
@@ -135,8 +133,11 @@ def main():
             status = json.loads(get(f"{base}/status"))
             if errors:
                 failures.append(f"console errors: {errors}")
-            shown = {element.get_attribute("data-status"): element.text
-                     for element in driver.find_elements(By.CSS_SELECTOR, "[data-status]")}
+            # In one call: the page reloads itself, and elements read one by one could go stale.
+            shown = driver.execute_script(
+                "const shown = {};"
+                "for (const e of document.querySelectorAll('[data-status]')) shown[e.dataset.status] = e.textContent;"
+                "return shown;")
             expected = flatten(status)
             for path, value in expected.items():
                 if path not in shown:
@@ -157,7 +158,7 @@ def main():
             for path in shown:
                 if path not in expected:
                     failures.append(f"the page shows {path}, which /status does not have")
-            page = driver.find_element(By.TAG_NAME, "body").text
+            page = driver.execute_script("return document.body.innerText")
             for entry in status["last_errors"][:5]:
                 if entry["message"][:60] not in page:
                     failures.append(f"last error not shown: {entry['message'][:60]!r}")
@@ -179,6 +180,7 @@ def main():
                 child.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 child.kill()
+        shutil.rmtree(work, ignore_errors=True)
     for failure in failures:
         print(f"status page: {failure}", file=sys.stderr)
     return 1 if failures else 0

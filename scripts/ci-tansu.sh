@@ -108,7 +108,9 @@ echo "tansu offsets: reset refused with a member, a dry run left the offsets, --
 
 # replay copies the whole range although Tansu reports each partition's end as its last record
 # batch's first offset + 1: 200 processed requests and 7 late ones, all 207 copied and processed.
-run_binary generate --bootstrap-servers "$servers" --topic offsets.requests --count 7 >/dev/null 2>&1
+late_from=$(($(date +%s%3N) + 1))
+until [ "$(date +%s%3N)" -gt "$late_from" ]; do :; done
+run_binary generate --bootstrap-servers "$servers" --topic offsets.requests --count 7 --seed 9 >/dev/null 2>&1
 run_binary replay --bootstrap-servers "$servers" --requests-topic offsets.requests \
   --outcomes-topic offsets.outcomes --entitlements-topic offsets.changes --dead-letter-topic offsets.dead \
   --state-topic offsets.state --from-offsets 0:0,1:0 --into replaycheck --controller simulated \
@@ -116,3 +118,11 @@ run_binary replay --bootstrap-servers "$servers" --requests-topic offsets.reques
   >"$work/replay.json" 2>"$work/replay.log" || { cat "$work/replay.log"; exit 1; }
 grep -q "copied 207 requests" "$work/replay.log" || { echo "replay check: not all 207 copied"; cat "$work/replay.log"; exit 1; }
 echo "tansu replay: $(grep -o 'copied [0-9]* requests' "$work/replay.log") of 207, processed to the end"
+# From a time: offsets looked up by time on Tansu, the range past its short ends: the 7 late ones.
+run_binary replay --bootstrap-servers "$servers" --requests-topic offsets.requests \
+  --outcomes-topic offsets.outcomes --entitlements-topic offsets.changes --dead-letter-topic offsets.dead \
+  --state-topic offsets.state --from "$late_from" --into replaylate --controller simulated \
+  --allow-simulated-production --simulated-latency-ms 0 --log-level warning --json \
+  >"$work/replay-late.json" 2>"$work/replay-late.log" || { cat "$work/replay-late.log"; exit 1; }
+grep -q "copied 7 requests" "$work/replay-late.log" || { echo "replay check: --from a time did not copy the 7 late ones"; cat "$work/replay-late.log"; exit 1; }
+echo "tansu replay --from a time: $(grep -o 'copied [0-9]* requests' "$work/replay-late.log") (the 7 late ones)"

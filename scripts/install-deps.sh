@@ -18,14 +18,13 @@ fi
 # on a machine that has none, and is removed again.
 if ! dpkg -s prometheus >/dev/null 2>&1; then
   $sudo apt-get update -qq
-  refuse_starts=
   if [ ! -e /usr/sbin/policy-rc.d ]; then
+    # (Removed however the install ends: left behind, it would refuse every later service start.)
+    trap '$sudo rm -f /usr/sbin/policy-rc.d' EXIT
     printf '#!/bin/sh\nexit 101\n' | $sudo tee /usr/sbin/policy-rc.d >/dev/null
     $sudo chmod +x /usr/sbin/policy-rc.d
-    refuse_starts=1
   fi
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-  if [ -n "$refuse_starts" ]; then $sudo rm -f /usr/sbin/policy-rc.d; fi
 fi
 
 # kubernetes-validate: the schemas scripts/check_k8s.sh validates deploy/k8s against; selenium drives

@@ -94,6 +94,32 @@ public struct KafkaConfiguration: Sendable, Equatable {
         }
     }
 
+    /// The kind of client ``validateClient(_:)`` creates.
+    public enum ClientKind: Sendable {
+        case producer, consumer
+    }
+
+    /// Creates a client of `kind` with these properties but no brokers, and destroys it at once:
+    /// the checks librdkafka makes only when a client is created (sizes that must agree, timeouts
+    /// that must nest) run without connecting anywhere.
+    public func validateClient(_ kind: ClientKind) throws(KafkaError) {
+        var offline = self
+        offline["bootstrap.servers"] = nil
+        let conf = try offline.makeNativeConfiguration()
+        var errorText = [CChar](repeating: 0, count: 512)
+        let type = kind == .producer ? RD_KAFKA_PRODUCER : RD_KAFKA_CONSUMER
+        guard let handle = rd_kafka_new(type, conf, &errorText, errorText.count) else {
+            // (On failure the configuration stays the caller's.)
+            rd_kafka_conf_destroy(conf)
+            var reason = String(cBuffer: errorText)
+            for (key, value) in properties where Redaction.isSecret(key: key) {
+                reason = Redaction.scrub(reason, secret: value)
+            }
+            throw KafkaError(code: .invalidConfiguration, message: "a \(kind) cannot be created: \(reason)")
+        }
+        rd_kafka_destroy(handle)
+    }
+
     /// The SASL mechanisms librdkafka supports (`sasl.mechanisms`, case-sensitive).
     static let saslMechanisms = ["GSSAPI", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
 

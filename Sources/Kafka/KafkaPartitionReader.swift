@@ -31,16 +31,21 @@ public enum KafkaPartitionReader {
     /// end the caller read from the watermarks), in offset order per partition: what a restore from
     /// a checkpoint reads. Records past the end are read too, and `openTransactionWait` is as with
     /// ``fold(configuration:topic:partitions:timeout:openTransactionWait:into:_:)``.
+    ///
+    /// `endsAt`: a record at or past a partition's end for which it is true ends that partition's
+    /// read and is not folded (a copy that stops at records written after it began, however fast
+    /// they come).
     public static func fold<State: Sendable>(
         configuration: KafkaConfiguration, topic: String, starts: [Int32: Int64], ends: [Int32: Int64],
-        timeout: Duration = .seconds(60), openTransactionWait: Duration? = nil, into initial: State,
+        timeout: Duration = .seconds(60), openTransactionWait: Duration? = nil,
+        endsAt: (@Sendable (KafkaMessage) -> Bool)? = nil, into initial: State,
         _ update: @escaping @Sendable (inout State, KafkaMessage) -> Void
     ) async throws(KafkaError) -> (state: State, records: Int) {
         let ends = ends.filter { partition, end in starts[partition].map { $0 < end } ?? false }
         guard !ends.isEmpty else { return (initial, 0) }
         return try await read(
             configuration: readerConfiguration(configuration), topic: topic, starts: starts, ends: ends, exact: false,
-            timeout: timeout, openTransactionWait: openTransactionWait, into: initial, update)
+            timeout: timeout, openTransactionWait: openTransactionWait, endsAt: endsAt, into: initial, update)
     }
 
     /// Folds the records of `ranges` (each partition's first offset and the offset it ends before)
@@ -77,7 +82,8 @@ public enum KafkaPartitionReader {
     /// skipped and the partition is done on reaching it; otherwise they are read too.
     private static func read<State: Sendable>(
         configuration: KafkaConfiguration, topic: String, starts: [Int32: Int64], ends: [Int32: Int64], exact: Bool,
-        timeout: Duration, openTransactionWait: Duration? = nil, into initial: State,
+        timeout: Duration, openTransactionWait: Duration? = nil, endsAt: (@Sendable (KafkaMessage) -> Bool)? = nil,
+        into initial: State,
         _ update: @escaping @Sendable (inout State, KafkaMessage) -> Void
     ) async throws(KafkaError) -> (state: State, records: Int) {
         let targets = ends
@@ -128,11 +134,19 @@ public enum KafkaPartitionReader {
                                 held.reached(message.partition)
                             }
                             if message.offset >= end { continue }
+                        } else if let endsAt, let end = targets[message.partition], message.offset >= end,
+                            endsAt(message)
+                        {
+                            if remaining.removeValue(forKey: message.partition) != nil {
+                                held.reached(message.partition)
+                            }
+                            continue
                         }
+                        if !exact && endsAt != nil && remaining[message.partition] == nil { continue }
                         update(&state, message)
                         records += 1
                     }
-                    if exact && remaining.isEmpty { return .read(state, records) }
+                    if (exact || endsAt != nil) && remaining.isEmpty { return .read(state, records) }
                 }
                 // Ended by ``ReadEnding/settle``: what was read is the committed part.
                 return Task.isCancelled && held.settled ? .read(state, records) : .timedOut

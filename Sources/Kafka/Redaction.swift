@@ -20,22 +20,42 @@ public enum Redaction {
     /// A URL (or a comma-separated list of them) without user info and query: credentials and
     /// tokens live there. Text that is not a URL is returned as it is.
     ///
-    /// A password may hold a comma, so a list is cut only before an entry that starts a URL of its
-    /// own (`scheme://` or `NAME=scheme://`), and everything up to an entry's last `@` is masked:
-    /// what is shown may lose a host, never shows a part of a password.
+    /// A password may hold a comma, and so may a query, so a list is cut only before an entry
+    /// that starts a URL of its own (`scheme://` or `NAME=scheme://`) and never after a `?` or
+    /// `#`; text with an `@` but no scheme is one entry. Everything up to an entry's last `@` is
+    /// masked, and everything from its first `?` or `#` is left out, scheme or not: what is shown
+    /// may lose a host, never a part of a password or a token.
     public static func url(_ text: String) -> String {
-        urlEntries(text).map { part -> String in
+        redactionEntries(text).map { part -> String in
             var entry = String(part)
             // user:password@host → ***@host (in URLs and in bare host lists alike).
             if let at = entry.lastIndex(of: "@") {
                 let start = entry.range(of: "://")?.upperBound ?? entry.startIndex
                 if start < at { entry.replaceSubrange(start..<at, with: "***") }
             }
-            if entry.contains("://"), let query = entry.firstIndex(where: { $0 == "?" || $0 == "#" }) {
+            if entry.contains("://") || entry.contains("/") || entry.contains("@"),
+                let query = entry.firstIndex(where: { $0 == "?" || $0 == "#" })
+            {
                 entry = String(entry[..<query])
             }
             return entry
         }.joined(separator: ",")
+    }
+
+    /// The entries ``url(_:)`` redacts one by one (see there).
+    private static func redactionEntries(_ text: String) -> [Substring] {
+        guard text.contains("://") else {
+            return text.contains("@") ? [text[...]] : text.split(separator: ",", omittingEmptySubsequences: false)
+        }
+        var entries: [Substring] = []
+        for item in text.split(separator: ",", omittingEmptySubsequences: false) {
+            if let previous = entries.last, !startsURL(item) || previous.contains("?") || previous.contains("#") {
+                entries[entries.count - 1] = text[previous.startIndex..<item.endIndex]
+            } else {
+                entries.append(item)
+            }
+        }
+        return entries
     }
 
     /// `text` cut at the commas that start a URL (`scheme://`, or `NAME=scheme://`); text with no

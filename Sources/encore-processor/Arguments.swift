@@ -181,6 +181,8 @@ struct CommandDefinition {
                 guard !option.isCommandLineOnly else {
                     throw UsageError("--config \(path): --\(name) is given on the command line only")
                 }
+                // (A repeatable option's lines add up, as the flag given again does.)
+                let earlier = fromFile.contains(name) && option.repeatable ? values[name] ?? [] : []
                 if fromFile.contains(name) {
                     values[name] = nil
                     flags.remove(name)
@@ -193,6 +195,7 @@ struct CommandDefinition {
                 } else {
                     sources[name] = nil
                 }
+                if !earlier.isEmpty { values[name] = earlier + (values[name] ?? []) }
             }
         }
         if !fileProperties.isEmpty {

@@ -114,15 +114,26 @@ final class OperationsServer: Sendable {
                 case .waiting where ContinuousClock.now < entry.deadline: kept.append(entry)
                 case .waiting, .closed: close(entry.connection)  // Nothing in time: no answer is owed.
                 case .tooLarge: answer(entry.connection, Response(status: 431, body: "request too large\n"))
+                case .complete where Self.isProbe(entry.request):
+                    // Health probes are answered here, outside the answer slots: small and quick,
+                    // written without waiting (what does not fit at once is not owed to a client
+                    // that does not read), so clients that fill the slots cannot fail a probe.
+                    Self.write(respond(to: entry.request), to: entry.connection, until: .now)
+                    close(entry.connection)
                 case .complete: answer(entry.connection, request: entry.request)
                 }
             }
             waiting = kept
             guard polled[0].revents != 0 else { continue }
             let connection = accept(socket, nil, nil)
-            guard connection >= 0 else { continue }
-            var timeout = timeval(tv_sec: Self.readTimeoutSeconds, tv_usec: 0)
-            setsockopt(connection, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+            guard connection >= 0 else {
+                // Out of descriptors: the listening socket stays readable, so make room instead of
+                // spinning on it.
+                if errno == EMFILE || errno == ENFILE {
+                    if waiting.isEmpty { usleep(50_000) } else { close(waiting.removeFirst().connection) }
+                }
+                continue
+            }
             if waiting.count >= Self.maximumWaitingConnections {
                 // The oldest waited longest without sending a request: shed it for the newcomer.
                 close(waiting.removeFirst().connection)
@@ -159,7 +170,9 @@ final class OperationsServer: Sendable {
         // A serial queue per connection gets a thread at once (libdispatch's overcommitting pool):
         // a handler or a slow reader of the answer never holds up the reading of other requests.
         DispatchQueue(label: "encore.operations.connection").async { [self] in
-            Self.write(respond(to: request), to: connection)
+            // One deadline for the whole answer: a client that reads slowly does not keep its slot.
+            let response = respond(to: request)
+            Self.write(response, to: connection, until: .now.advanced(by: .seconds(Self.readTimeoutSeconds)))
             // Its slot is free before its client sees the end: a client that connects again at
             // once is not refused as one too many.
             connections.subtract(1, ordering: .relaxed)
@@ -167,9 +180,18 @@ final class OperationsServer: Sendable {
         }
     }
 
+    /// Answers on the accepting thread, without waiting for a client that does not read.
     private func answer(_ connection: Int32, _ response: Response) {
-        Self.write(response, to: connection)
+        Self.write(response, to: connection, until: .now)
         close(connection)
+    }
+
+    /// Whether `request` is a `GET` or `HEAD` of `/healthz` or `/readyz`.
+    private static func isProbe(_ request: [UInt8]) -> Bool {
+        let line = String(decoding: request.prefix { $0 != 13 && $0 != 10 }, as: UTF8.self).split(separator: " ")
+        guard line.count == 3, line[0] == "GET" || line[0] == "HEAD" else { return false }
+        let path = line[1].prefix { $0 != "?" }
+        return path == "/healthz" || path == "/readyz"
     }
 
     private func respond(to request: [UInt8]) -> Response {
@@ -181,7 +203,8 @@ final class OperationsServer: Sendable {
         return response
     }
 
-    private static func write(_ response: Response, to connection: Int32) {
+    /// Writes `response`, waiting for the client to read until `deadline` at most; then gives up.
+    private static func write(_ response: Response, to connection: Int32, until deadline: ContinuousClock.Instant) {
         let reason =
             [
                 200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 431: "Too Large",
@@ -196,10 +219,17 @@ final class OperationsServer: Sendable {
         while sent < bytes.count {
             // (MSG_NOSIGNAL: a peer that went away is an error here, not a SIGPIPE for the process.)
             let written = bytes[sent...].withUnsafeBytes {
-                Glibc.send(connection, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL))
+                Glibc.send(connection, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL | MSG_DONTWAIT))
             }
-            guard written > 0 else { return }
-            sent += written
+            if written > 0 {
+                sent += written
+                continue
+            }
+            guard written < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) else { return }
+            let left = deadline - .now
+            guard left > .zero else { return }
+            var writable = pollfd(fd: connection, events: Int16(POLLOUT), revents: 0)
+            _ = poll(&writable, 1, Int32(min(left.milliseconds + 1, 1000)))
         }
     }
 }

@@ -244,10 +244,12 @@ enum ReplayCommand {
         /// Partitions whose range ends at a record's offset (the first at or after `--to`).
         var exact: [Int32: Range<Int64>] = [:]
         /// Partitions read from their first offset to their end-of-partition (at least to the
-        /// offset given), skipping records at or after `before` (`--to`, ms) if given.
+        /// offset given), or, past that offset, to the first record written at or after `cutoff`
+        /// (ms: `--to`, else the time the replay began), so records written during the copy are
+        /// not copied, however fast they come.
         var starts: [Int32: Int64] = [:]
         var ends: [Int32: Int64] = [:]
-        var before: Int64? = nil
+        var cutoff: Int64 = 0
 
         var isEmpty: Bool { exact.isEmpty && starts.isEmpty }
 
@@ -256,9 +258,9 @@ enum ReplayCommand {
         /// or after it (`nil`: none).
         static func make(
             marks: [Int32: (low: Int64, high: Int64)], starts: [Int32: (offset: Int64, isRecord: Bool)],
-            stops: [Int32: Int64?]?, before: Int64?
+            stops: [Int32: Int64?]?, cutoff: Int64
         ) -> Plan {
-            var plan = Plan(before: before)
+            var plan = Plan(cutoff: cutoff)
             for (partition, start) in starts {
                 guard let mark = marks[partition] else { continue }
                 let first = max(start.offset, mark.low)
@@ -282,6 +284,7 @@ enum ReplayCommand {
     static func plan(
         of topic: String, partitions: Int, start: Start, to: Int64?, kafka: KafkaConfiguration
     ) async throws -> Plan {
+        let began = Int64(Date().timeIntervalSince1970 * 1000)
         let admin = try KafkaAdmin(configuration: kafka)
         let all = (0..<Int32(partitions)).map { KafkaTopicPartition(topic: topic, partition: $0) }
         var marks: [Int32: (low: Int64, high: Int64)] = [:]
@@ -306,7 +309,17 @@ enum ReplayCommand {
         }
         var stops: [Int32: Int64?]? = nil
         if let to { stops = try await records(at: to) }
-        return Plan.make(marks: marks, starts: starts, stops: stops, before: to)
+        let plan = Plan.make(marks: marks, starts: starts, stops: stops, cutoff: to ?? began)
+        if case .offsets(let given) = start {
+            for (partition, offset) in given.sorted(by: { $0.key < $1.key })
+            where plan.starts[partition] == nil && plan.exact[partition] == nil {
+                FileHandle.standardError.write(
+                    Data(
+                        "replay: partition \(partition) from offset \(offset): at or past its end as the broker reports it (\(marks[partition]!.high)), nothing copied there\n"
+                            .utf8))
+            }
+        }
+        return plan
     }
 
     /// Fewer records reached the shadow topic than were read from the range.
@@ -334,7 +347,6 @@ enum ReplayCommand {
         let failures = Mutex<[KafkaError]>([])
         let delivered = Atomic<Int>(0)
         let copy: @Sendable (inout Copied, KafkaMessage) -> Void = { copied, message in
-            if let before = plan.before, let time = message.timestampMs, time >= before { return }
             let record = KafkaProducerRecord(
                 topic: target, partition: message.partition, key: message.key, value: message.value,
                 headers: message.headers)
@@ -364,9 +376,10 @@ enum ReplayCommand {
         var copied = try await KafkaPartitionReader.fold(
             configuration: kafka, topic: topic, ranges: plan.exact, timeout: timeout, into: Copied(), copy
         ).state
+        let cutoff = plan.cutoff
         copied = try await KafkaPartitionReader.fold(
             configuration: kafka, topic: topic, starts: plan.starts, ends: plan.ends, timeout: timeout,
-            into: copied, copy
+            endsAt: { ($0.timestampMs ?? .max) >= cutoff }, into: copied, copy
         ).state
         try await producer.flush()
         await producer.close()
@@ -374,6 +387,15 @@ enum ReplayCommand {
         let count = delivered.load(ordering: .relaxed)
         guard count == copied.records else {
             throw IncompleteCopy(delivered: count, read: copied.records)
+        }
+        // Read back: the shadow topic holds, in each partition, as many records as were copied
+        // there (it was empty). A shortfall leaves the read short of its end: it times out.
+        let shadow = try await KafkaPartitionReader.fold(
+            configuration: kafka, topic: target, starts: copied.ends.mapValues { _ in 0 }, ends: copied.ends,
+            timeout: timeout, into: [Int32: Int64]()
+        ) { counts, message in counts[message.partition, default: 0] += 1 }.state
+        guard shadow == copied.ends else {
+            throw IncompleteCopy(delivered: shadow.values.reduce(0) { $0 + Int($1) }, read: copied.records)
         }
         // The shadow topic was empty (checked) and every record was delivered: its end in each
         // partition is the count copied there (some brokers, Tansu, report a shorter end).

@@ -194,6 +194,7 @@ enum RunCommand {
             : defaultWorkers(maxInFlight: configuration.maxInFlight)
         do {
             try configuration.validate()
+            try configuration.validateClients()
         } catch {
             throw UsageError(error.message.hasPrefix("-X") ? error.message : "--\(error.message)")
         }

@@ -71,7 +71,7 @@ guard let command = commands.first(where: { $0.definition.name == name }) else {
 }
 let status: Int32
 do {
-    let shared = Set(commands.flatMap { $0.definition.options.map(\.name) })
+    let shared = Set(commands.flatMap { $0.definition.options.filter { $0.short == nil }.map(\.name) })
     guard let options = try command.definition.parse(Array(arguments.dropFirst()), sharedOptions: shared) else {
         print(command.definition.helpText())
         exit(0)

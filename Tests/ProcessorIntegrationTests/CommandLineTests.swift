@@ -152,6 +152,9 @@ struct CommandLineTests {
             (["--drain-timeout-ms", "86400000", "--dedupe-retention", "3650d"], "--drain-timeout-ms"),
             (["--group-id", ""], "--group-id"),
             (["-X", "sasl.mechanisms=BOGUS"], "sasl.mechanisms"),
+            // librdkafka refuses these only when it creates the client.
+            (["-X", "fetch.max.bytes=1"], "fetch.max.bytes"),
+            (["-X", "session.timeout.ms=400000"], "session.timeout.ms"),
         ])
     func checkRefusesWhatRunRefuses(extra: [String], named: String) async throws {
         let (status, output, error) = try await runBinary(

@@ -133,6 +133,16 @@ struct ConfigurationTests {
             (["--config", config.path], [:]),
             (["--route", "*=rc"], ["ENCORE_CONTROLLER_URL": "rc=\(url),sk=http://billing:8080/storekit"]),
         ]
+        // Refused ones (no scheme; a query with a comma and a URL in it): the error shows none of it.
+        for refused in [
+            "usrQ7:pwA1,pwB2@billing:8080", "billing:8080/p?token=QueryTok55",
+            "http://billing:8080/p?cb=a,https://x&token=QueryTok55",
+        ] {
+            let (_, output, error) = try await runBinary(base + ["--controller-url", refused, "--print-config"])
+            for part in hidden {
+                #expect(!(output + error).contains(part), "'\(part)' shown for \(refused): \(output)\(error)")
+            }
+        }
         for way in ways {
             let (printed, output, printError) = try await runBinary(
                 base + way.arguments + ["--print-config"], environment: way.environment)
@@ -156,6 +166,22 @@ struct ConfigurationTests {
         let (status, output, error) = try await runBinary(["run", "--print-config", "--config", file.path])
         try #require(status == 0, "\(error)")
         #expect(printed(output, "max-in-flight")?.value == "44", "\(output)")
+        // A repeatable option's lines add up, as the flag given again does.
+        let routes = try temporaryFile(
+            "bootstrap.servers=kafka:9092\nencore.controller=http\nencore.controller-url=a=http://a:1/p\n"
+                + "encore.controller-url=b=http://b:2/p\nencore.route=rc_=a\nencore.route=*=b\n"
+                + "encore.controller-header=X-One=1\nencore.controller-header=X-Two=2\n")
+        defer { try? FileManager.default.removeItem(at: routes) }
+        let (listed, lists, listError) = try await runBinary(["run", "--print-config", "--config", routes.path])
+        #expect(listed == 0, "\(listError)")
+        for line in ["a=http://a:1/p", "b=http://b:2/p", "rc_=a", "*=b", "X-One=", "X-Two="] {
+            #expect(lists.contains(line), "'\(line)' missing: \(lists)")
+        }
+        // -X is given as -X, or as a bare librdkafka key: `encore.X` is no key of any command.
+        let bareX = try temporaryFile("bootstrap.servers=kafka:9092\nencore.X=bogus.key=1\n")
+        defer { try? FileManager.default.removeItem(at: bareX) }
+        let (xStatus, _, xError) = try await runBinary(["topics", "create", "--check", "--config", bareX.path])
+        #expect(xStatus == 2 && xError.contains("encore.X"), "\(xError)")
         // Keys of run's options in a file topics also reads: they are run's, not a mistake.
         let (topics, _, topicsError) = try await runBinary(["topics", "create", "--check", "--config", file.path])
         #expect(topics == 0, "\(topicsError)")

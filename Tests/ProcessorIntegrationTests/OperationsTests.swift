@@ -159,6 +159,26 @@ struct OperationsTests {
         }
     }
 
+    @Test("probes are answered while clients that never read their answers hold every answer slot")
+    func probesBesideSlowReaders() throws {
+        let large = String(repeating: "x", count: 8 << 20)
+        let server = try OperationsServer(address: "127.0.0.1:0") { path in
+            .init(status: path == "/healthz" ? 200 : 404, body: path == "/large" ? large : "ok\n")
+        }
+        server.start()
+        defer { server.stop() }
+        // Twice as many as there are slots: each asks for 8 MiB and reads none of it.
+        let readers = try (0..<(2 * OperationsServer.maximumConnections)).map { _ in
+            let client = try TCPClient(port: server.port)
+            try client.send("/large")
+            return client
+        }
+        for round in 0..<3 {
+            #expect(try TCPClient(port: server.port).get("/healthz") == "HTTP/1.1 200", "round \(round)")
+        }
+        #expect(readers.count == 2 * OperationsServer.maximumConnections)
+    }
+
     @Test("a dispatch loop stalled by a controller that blocks its thread: /healthz 503, then 200 once it is free")
     func stalledLoop() async throws {
         let (broker, bootstrap) = try await startBroker(partitions: 1)
@@ -220,10 +240,15 @@ final class TCPClient {
 
     deinit { _ = Glibc.close(socket) }
 
+    /// Sends `GET path` without reading the answer.
+    func send(_ path: String) throws {
+        let request = Array("GET \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".utf8)
+        guard Glibc.send(socket, request, request.count, 0) == request.count else { throw TestFailure("cannot send") }
+    }
+
     /// Sends `GET path` and returns the answer's status line (`HTTP/1.1 200`, without the reason).
     func get(_ path: String) throws -> String {
-        let request = Array("GET \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".utf8)
-        guard send(socket, request, request.count, 0) == request.count else { throw TestFailure("cannot send") }
+        try send(path)
         var answer = [UInt8]()
         var buffer = [UInt8](repeating: 0, count: 4096)
         while true {

@@ -138,22 +138,24 @@ struct ReplayTests {
         // past that end.
         let marks: [Int32: (low: Int64, high: Int64)] = [0: (0, 5), 1: (2, 9)]
         let byTime = ReplayCommand.Plan.make(
-            marks: marks, starts: [0: (6, true), 1: (4, true)], stops: nil, before: nil)
+            marks: marks, starts: [0: (6, true), 1: (4, true)], stops: nil, cutoff: 0)
         #expect(byTime.starts == [0: 6, 1: 4] && byTime.ends == [0: 7, 1: 9] && byTime.exact.isEmpty)
         // Given offsets are no record known: read from them to the end-of-partition, at least to
         // the watermark; a start below the low watermark moves up to it.
         let byOffsets = ReplayCommand.Plan.make(
-            marks: marks, starts: [0: (0, false), 1: (0, false)], stops: nil, before: nil)
+            marks: marks, starts: [0: (0, false), 1: (0, false)], stops: nil, cutoff: 0)
         #expect(byOffsets.starts == [0: 0, 1: 2] && byOffsets.ends == [0: 5, 1: 9])
         // --to: where a record at or after it exists, the range ends exactly there; where none
         // does, the partition is read to its end, records at or after the time skipped.
         let bounded = ReplayCommand.Plan.make(
-            marks: marks, starts: [0: (0, false), 1: (4, true)], stops: [0: 3, 1: nil], before: 1_000)
+            marks: marks, starts: [0: (0, false), 1: (4, true)], stops: [0: 3, 1: nil], cutoff: 1_000)
         #expect(bounded.exact == [0: 0..<3] && bounded.starts == [1: 4] && bounded.ends == [1: 9])
-        #expect(bounded.before == 1_000)
+        #expect(bounded.cutoff == 1_000)
     }
 
-    @Test("the copy reads past a short watermark: every record of the range reaches the shadow topic")
+    @Test(
+        "the copy reads past a short watermark: every record of the range reaches the shadow topic, none written after the replay began"
+    )
     func copyPastShortWatermarks() async throws {
         let (broker, bootstrap) = try await startBroker(partitions: 2)
         defer { Task { await broker.stop() } }
@@ -169,11 +171,16 @@ struct ReplayTests {
             // What Tansu reports: the end short of the last batch's other records.
             marks[partition] = (real.low, real.high - 3)
         }
+        // The replay begins: records written from now on are not part of its range.
+        let began = Int64(Date().timeIntervalSince1970 * 1000)
         let plan = ReplayCommand.Plan.make(
-            marks: marks, starts: [0: (0, false), 1: (0, false)], stops: nil, before: nil)
+            marks: marks, starts: [0: (0, false), 1: (0, false)], stops: nil, cutoff: began + 1)
+        while Int64(Date().timeIntervalSince1970 * 1000) <= began + 1 { await Task.yield() }
+        options.seed = 64
+        _ = try await produceRequests(bootstrap: bootstrap, count: 10, options: options)
         let copied = try await ReplayCommand.copy(
             plan, from: Topics.requests, to: "replayed.shadow", kafka: kafka, timeout: .seconds(120))
-        #expect(copied.records == produced.count, "every record read, past the short ends")
+        #expect(copied.records == produced.count, "every record read, past the short ends, none written later")
         #expect(try await recordCount(bootstrap: bootstrap, topic: "replayed.shadow", partitions: 2) == 40)
         #expect(copied.requestIDs.count == Set(produced.compactMap(\.requestID)).count)
     }

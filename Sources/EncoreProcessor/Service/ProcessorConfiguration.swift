@@ -150,6 +150,8 @@ public struct ProcessorConfiguration: Sendable {
         )
         if kafka["max.poll.interval.ms"] == nil {
             // Derived, not given: the drain plus a minute must still be a value librdkafka takes.
+            // (Written out from the components: `milliseconds` stops at Int32.max, which would
+            // show a drain that overflowed as if it fitted.)
             try require(
                 minimumMaxPollIntervalMs <= Self.maximumPollIntervalMs,
                 explicitDrainTimeout == nil ? "call-timeout-ms" : "drain-timeout-ms",

@@ -257,54 +257,11 @@ public final class PurchaseProcessor: Sendable {
     private func makeClients(
         admission: KafkaAdmission, inboxes: [Inbox<ProcessorInput>], store: StateStoreWriter?
     ) throws(ProcessorError) -> Clients {
-        var producerConfiguration = configuration.kafka
-        producerConfiguration.setDefault("enable.idempotence", "true")
-        producerConfiguration.setDefault("acks", "all")
-        producerConfiguration.setDefault("linger.ms", "5")
-        // Java clients' partitioner, so keys land where other producers put them.
-        producerConfiguration.setDefault("partitioner", "murmur2_random")
-        // The buffer capacity bounds what is queued; never refuse a record locally.
-        producerConfiguration.setDefault("queue.buffering.max.messages", "1000000")
-        var consumerConfiguration = configuration.kafka
-        consumerConfiguration.groupID = configuration.groupID
-        // The processor commits itself, with the finished offsets beyond the commit as metadata.
-        consumerConfiguration.setDefault("enable.auto.commit", "false")
-        // A member may take the drain timeout to hand partitions over (its calls must return first);
-        // the group's rebalance timeout is max.poll.interval.ms, so it must be longer (checked in validate()).
-        consumerConfiguration.setDefault("max.poll.interval.ms", "\(configuration.minimumMaxPollIntervalMs)")
-        // Consumer lag per partition for /metrics.
-        consumerConfiguration.setDefault("statistics.interval.ms", "5000")
-        if configuration.sourcesTopic != nil {
-            // Co-partitioned topics stay together only under the range assignor (checked in validate()).
-            consumerConfiguration.setDefault("partition.assignment.strategy", "range")
-        }
-        // librdkafka's own prefetch (64 MiB by default) adds to the processor's buffer. From 2.1 on,
-        // a full prefetch queue is refilled after `fetch.queue.backoff.ms` (1 s by default, an idle
-        // second each time); refilled within 10 ms, 4 MiB keep the loops fed (measured on Tansu:
-        // 143 MB peak instead of 183 for a 1,000,000 backlog, same throughput). Older versions have
-        // no such setting and were measured slower with a small queue, so they keep a deeper one.
-        if LibrdkafkaVersion.isAtLeast(2, 1) {
-            consumerConfiguration.setDefault("fetch.queue.backoff.ms", "10")
-            consumerConfiguration.setDefault("queued.max.messages.kbytes", "4096")
-        } else {
-            consumerConfiguration.setDefault("queued.max.messages.kbytes", "16384")
-        }
-        // At-least-once: one producer for every worker (its batches are shared). Exactly-once: one
-        // transactional producer per worker; a zombie is fenced through the group metadata sent
-        // with the offsets. A stable id (from --instance-id, or -X transactional.id; each worker
-        // adds its number when there are several) also aborts a crashed member's open
-        // transactions at once instead of after transaction.timeout.ms (Tansu never times one out).
-        var producerConfigurations = [producerConfiguration]
+        let (consumerConfiguration, producerConfigurations) = configuration.clientConfigurations(
+            workers: inboxes.count)
         if configuration.guarantee == .exactlyOnce {
-            producerConfiguration.setDefault("transaction.timeout.ms", "10000")
-            consumerConfiguration.setDefault("isolation.level", "read_committed")
             let id = configuration.transactionalIDBase
             logger.info("exactly-once: transactional.id \(id)\(inboxes.count == 1 ? "" : "-<worker>")")
-            producerConfigurations = inboxes.indices.map { worker in
-                var own = producerConfiguration
-                own["transactional.id"] = inboxes.count == 1 ? id : "\(id)-\(worker)"
-                return own
-            }
         }
         let ownProducers = producerConfigurations.count == inboxes.count
         do {
@@ -330,6 +287,75 @@ public final class PurchaseProcessor: Sendable {
                 admission: admission, logger: Logger(label: "encore.consumer"))
             return Clients(
                 consumer: consumer, producers: producers, ownProducers: ownProducers, workers: inboxes.count)
+        } catch {
+            throw ProcessorError(.invalidConfiguration, "-X: \(error.message)")
+        }
+    }
+}
+
+extension ProcessorConfiguration {
+    /// The consumer's configuration and each producer's (one shared at-least-once, one per worker
+    /// exactly-once): the processor's defaults under what `-X` set.
+    func clientConfigurations(workers: Int) -> (consumer: KafkaConfiguration, producers: [KafkaConfiguration]) {
+        var producerConfiguration = kafka
+        producerConfiguration.setDefault("enable.idempotence", "true")
+        producerConfiguration.setDefault("acks", "all")
+        producerConfiguration.setDefault("linger.ms", "5")
+        // Java clients' partitioner, so keys land where other producers put them.
+        producerConfiguration.setDefault("partitioner", "murmur2_random")
+        // The buffer capacity bounds what is queued; never refuse a record locally.
+        producerConfiguration.setDefault("queue.buffering.max.messages", "1000000")
+        var consumerConfiguration = kafka
+        consumerConfiguration.groupID = groupID
+        // The processor commits itself, with the finished offsets beyond the commit as metadata.
+        consumerConfiguration.setDefault("enable.auto.commit", "false")
+        // A member may take the drain timeout to hand partitions over (its calls must return first);
+        // the group's rebalance timeout is max.poll.interval.ms, so it must be longer (checked in validate()).
+        consumerConfiguration.setDefault("max.poll.interval.ms", "\(minimumMaxPollIntervalMs)")
+        // Consumer lag per partition for /metrics.
+        consumerConfiguration.setDefault("statistics.interval.ms", "5000")
+        if sourcesTopic != nil {
+            // Co-partitioned topics stay together only under the range assignor (checked in validate()).
+            consumerConfiguration.setDefault("partition.assignment.strategy", "range")
+        }
+        // librdkafka's own prefetch (64 MiB by default) adds to the processor's buffer. From 2.1 on,
+        // a full prefetch queue is refilled after `fetch.queue.backoff.ms` (1 s by default, an idle
+        // second each time); refilled within 10 ms, 4 MiB keep the loops fed (measured on Tansu:
+        // 143 MB peak instead of 183 for a 1,000,000 backlog, same throughput). Older versions have
+        // no such setting and were measured slower with a small queue, so they keep a deeper one.
+        if LibrdkafkaVersion.isAtLeast(2, 1) {
+            consumerConfiguration.setDefault("fetch.queue.backoff.ms", "10")
+            consumerConfiguration.setDefault("queued.max.messages.kbytes", "4096")
+        } else {
+            consumerConfiguration.setDefault("queued.max.messages.kbytes", "16384")
+        }
+        // At-least-once: one producer for every worker (its batches are shared). Exactly-once: one
+        // transactional producer per worker; a zombie is fenced through the group metadata sent
+        // with the offsets. A stable id (from --instance-id, or -X transactional.id; each worker
+        // adds its number when there are several) also aborts a crashed member's open
+        // transactions at once instead of after transaction.timeout.ms (Tansu never times one out).
+        var producerConfigurations = [producerConfiguration]
+        if guarantee == .exactlyOnce {
+            producerConfiguration.setDefault("transaction.timeout.ms", "10000")
+            consumerConfiguration.setDefault("isolation.level", "read_committed")
+            let id = transactionalIDBase
+            producerConfigurations = (0..<workers).map { worker in
+                var own = producerConfiguration
+                own["transactional.id"] = workers == 1 ? id : "\(id)-\(worker)"
+                return own
+            }
+        }
+        return (consumerConfiguration, producerConfigurations)
+    }
+
+    /// Creates every client `run` would, without brokers, and destroys them: `--check` refuses what
+    /// librdkafka would refuse at the start.
+    public func validateClients() throws(ProcessorError) {
+        let (consumer, producers) = clientConfigurations(workers: workers)
+        do {
+            try consumer.validateClient(.consumer)
+            // (The workers' producers differ in their transactional.id only.)
+            try producers.first?.validateClient(.producer)
         } catch {
             throw ProcessorError(.invalidConfiguration, "-X: \(error.message)")
         }
