@@ -105,6 +105,8 @@ public struct KafkaConfiguration: Sendable, Equatable {
     public func validateClient(_ kind: ClientKind) throws(KafkaError) {
         var offline = self
         offline["bootstrap.servers"] = nil
+        // Silent: it would warn on standard error, past the process's log format, of the missing brokers.
+        offline["log_level"] = "0"
         let conf = try offline.makeNativeConfiguration()
         var errorText = [CChar](repeating: 0, count: 512)
         let type = kind == .producer ? RD_KAFKA_PRODUCER : RD_KAFKA_CONSUMER
