@@ -32,33 +32,19 @@ enum StatusPage {
         body += row("resolved", number(status.inDoubt.resolved, "in_doubt.resolved"))
         body += row("expired", number(status.inDoubt.expired, "in_doubt.expired"))
         body += "</table>\n<h2>Partitions owned</h2>\n"
-        if status.partitions.isEmpty {
-            body += "<p>none</p>\n"
-        } else {
-            body +=
-                "<table>\n<tr><th>partition</th><th>lag</th><th>next</th><th>end</th><th>read</th><th>fetch</th></tr>\n"
-            for partition in status.partitions {
+        body += table(
+            status.partitions.map { partition in
                 let path = "partitions.\(partition.topic)/\(partition.partition)"
                 let percent = Int((partition.progress * 100).rounded(.down))
-                body += "<tr><td>\(escape(partition.topic))/\(partition.partition)</td>"
-                body += "<td>" + (partition.lag.map { number(Int($0), "\(path).lag") } ?? "-") + "</td>"
-                body += "<td>" + number(Int(partition.nextOffset), "\(path).next_offset") + "</td>"
-                body += "<td>" + number(Int(partition.highWatermark), "\(path).high_watermark") + "</td>"
-                body += "<td><progress max=\"100\" value=\"\(percent)\"></progress> \(percent)%</td>"
-                body += "<td>\(escape(partition.fetchState))</td></tr>\n"
-            }
-            body += "</table>\n"
-        }
+                var row = "<tr><td>\(escape(partition.topic))/\(partition.partition)</td>"
+                row += "<td>" + (partition.lag.map { number(Int($0), "\(path).lag") } ?? "-") + "</td>"
+                row += "<td>" + number(Int(partition.nextOffset), "\(path).next_offset") + "</td>"
+                row += "<td>" + number(Int(partition.highWatermark), "\(path).high_watermark") + "</td>"
+                row += "<td><progress max=\"100\" value=\"\(percent)\"></progress> \(percent)%</td>"
+                return row + "<td>\(escape(partition.fetchState))</td></tr>\n"
+            }, header: "<tr><th>partition</th><th>lag</th><th>next</th><th>end</th><th>read</th><th>fetch</th></tr>\n")
         body += "<h2>Dead letters by reason</h2>\n"
-        if status.deadLetters.isEmpty {
-            body += "<p>none</p>\n"
-        } else {
-            body += "<table>\n"
-            for letter in status.deadLetters {
-                body += row(letter.name, number(letter.count, "dead_letters.\(letter.name)"))
-            }
-            body += "</table>\n"
-        }
+        body += table(status.deadLetters.map { row($0.name, number($0.count, "dead_letters.\($0.name)")) })
         body += "<h2>Rebalances</h2>\n<table>\n"
         body += row("assigned", number(status.rebalances.assigned, "rebalances.assigned"))
         body += row("revoked", number(status.rebalances.revoked, "rebalances.revoked"))
@@ -69,16 +55,11 @@ enum StatusPage {
         body += row("CPU (s)", number(status.cpuSeconds, "cpu_seconds", decimals: 2))
         body += row("resident memory (bytes)", number(status.residentBytes, "resident_bytes"))
         body += "</table>\n<h2>Last warnings and errors</h2>\n"
-        if status.lastErrors.isEmpty {
-            body += "<p>none</p>\n"
-        } else {
-            body += "<table class=\"log\">\n"
-            for entry in status.lastErrors {
-                body += "<tr><td>\(escape(entry.time))</td><td>\(escape(entry.level))</td>"
-                body += "<td>\(escape(entry.logger))</td><td>\(escape(entry.message))</td></tr>\n"
-            }
-            body += "</table>\n"
-        }
+        body += table(
+            status.lastErrors.map { entry in
+                "<tr><td>\(escape(entry.time))</td><td>\(escape(entry.level))</td>"
+                    + "<td>\(escape(entry.logger))</td><td>\(escape(entry.message))</td></tr>\n"
+            }, className: "log")
         return """
             <!DOCTYPE html>
             <html lang="en"><head><meta charset="utf-8">
@@ -101,6 +82,13 @@ enum StatusPage {
     }
 
     private static func escape(_ text: String) -> String { HTMLReport.escape(text) }
+
+    /// `rows` as a table (after `header`), or "none".
+    private static func table(_ rows: [String], header: String = "", className: String? = nil) -> String {
+        guard !rows.isEmpty else { return "<p>none</p>\n" }
+        let opening = className.map { "<table class=\"\($0)\">\n" } ?? "<table>\n"
+        return opening + header + rows.joined() + "</table>\n"
+    }
 
     private static func row(_ label: String, _ value: String) -> String {
         "<tr><th>\(escape(label))</th><td>\(value)</td></tr>\n"
