@@ -398,8 +398,10 @@ class Cluster:
     def __init__(self, args, work):
         self.args, self.work, self.env, self.process = args, work, dict(os.environ), None
         if args.broker == "embedded":
+            # Its log kept in the work directory: a broker that dies mid-run says why there.
             self.process = subprocess.Popen(
-                [args.binary, "broker", "--partitions", str(PARTITIONS)], stdout=subprocess.PIPE, text=True)
+                [args.binary, "broker", "--partitions", str(PARTITIONS)], stdout=subprocess.PIPE,
+                stderr=open(f"{work}/broker.log", "w"), text=True)
             line = self.process.stdout.readline().strip()
             assert line.startswith("bootstrap.servers="), line
             self.bootstrap = line.split("=", 1)[1]
@@ -426,6 +428,17 @@ class Cluster:
         if self.process:
             self.process.terminate()
             self.process.wait(30)
+
+    def died(self):
+        """The broker's exit status and the end of its log, when it ended before it was stopped."""
+        if not self.process or self.process.poll() is None:
+            return None
+        log = f"{self.work}/broker.log" if self.args.broker == "embedded" else f"{self.work}/tansu.log"
+        try:
+            tail = open(log, errors="replace").read()[-2000:]
+        except OSError:
+            tail = ""
+        return f"the broker exited with status {self.process.returncode} mid-run ({log}):\n{tail}"
 
 
 class Members:
@@ -830,6 +843,14 @@ def main():
         # What a read_committed reader missed is told apart: never written, or written and not
         # (yet) visible as committed.
         everything = read_topic(cluster.bootstrap, OUTCOMES, False) if committed_only else records
+    except BaseException:
+        # Named first: a broker that died takes every later read down with it.
+        died = cluster.died()
+        if died:
+            # (On standard output too: a caller shows the end of standard error, after the traceback.)
+            print(died, file=sys.stderr)
+            print(died)
+        raise
     finally:
         watching.set()
         for slot in list(members.running):
