@@ -93,7 +93,8 @@ public enum KafkaPartitionReader {
         let consumer = try KafkaConsumer(configuration: configuration, admission: admission, logger: logger)
         try consumer.assign(
             targets.keys.sorted().map { KafkaTopicPartitionOffset(topic: topic, partition: $0, offset: starts[$0]!) })
-        let held = HeldEnds()
+        // Only a reader that may settle for a committed end keeps track of the ends held short.
+        let held = openTransactionWait.map { _ in HeldEnds() }
         let outcome = await withTaskGroup(of: ReadEnding<State>.self) { group in
             group.addTask {
                 var state = initial
@@ -106,9 +107,9 @@ public enum KafkaPartitionReader {
                         if let end = remaining[partition.partition] {
                             if offset >= end {
                                 remaining[partition.partition] = nil
-                                held.reached(partition.partition)
+                                held?.reached(partition.partition)
                             } else {
-                                held.heldShort(partition.partition, at: offset, end: end)
+                                held?.heldShort(partition.partition, at: offset, end: end)
                             }
                         }
                         if remaining.isEmpty { return .read(state, records) }
@@ -124,21 +125,21 @@ public enum KafkaPartitionReader {
                         // (Once per run of one partition's records: the lock is off the per-record path.)
                         if message.partition != moved {
                             moved = message.partition
-                            held.moved(moved)
+                            held?.moved(moved)
                         }
                         if exact {
                             // Done at the range's last offset, or past it (a control record may hold it).
                             guard let end = remaining[message.partition] else { continue }
                             if message.offset >= end - 1 {
                                 remaining[message.partition] = nil
-                                held.reached(message.partition)
+                                held?.reached(message.partition)
                             }
                             if message.offset >= end { continue }
                         } else if let endsAt, let end = targets[message.partition], message.offset >= end,
                             endsAt(message)
                         {
                             if remaining.removeValue(forKey: message.partition) != nil {
-                                held.reached(message.partition)
+                                held?.reached(message.partition)
                             }
                             continue
                         }
@@ -149,13 +150,13 @@ public enum KafkaPartitionReader {
                     if (exact || endsAt != nil) && remaining.isEmpty { return .read(state, records) }
                 }
                 // Ended by ``ReadEnding/settle``: what was read is the committed part.
-                return Task.isCancelled && held.settled ? .read(state, records) : .timedOut
+                return Task.isCancelled && held?.settled == true ? .read(state, records) : .timedOut
             }
             group.addTask {
                 try? await Task.sleep(for: timeout)
                 return .timedOut
             }
-            if let openTransactionWait {
+            if let openTransactionWait, let held {
                 group.addTask {
                     // Every partition still read is held short for the wait: settle for the committed end.
                     while !Task.isCancelled {
@@ -179,7 +180,7 @@ public enum KafkaPartitionReader {
                 code: .timedOut, message: "reading '\(topic)' did not reach the end of its partitions within \(timeout)"
             )
         }
-        for (partition, short) in held.shortEnds.sorted(by: { $0.key < $1.key }) {
+        for (partition, short) in (held?.shortEnds ?? [:]).sorted(by: { $0.key < $1.key }) {
             logger.warning(
                 "reading '\(topic)' partition \(partition): a transaction open for \(openTransactionWait ?? .zero) holds what is committed at offset \(short.offset), short of the end \(short.end); read to the committed end (the transaction's records are not committed)"
             )

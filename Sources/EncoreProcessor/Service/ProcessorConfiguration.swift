@@ -105,8 +105,10 @@ public struct ProcessorConfiguration: Sendable {
     /// committed short of the end before the restore settles for the committed end. A broker
     /// aborts a transaction older than `transaction.timeout.ms` (the processor's default is 10 s),
     /// so on Kafka the wait outlasts any transaction but a live one; Tansu never aborts one.
-    var openTransactionWait: Duration {
-        .milliseconds((kafka["transaction.timeout.ms"].flatMap { Int($0) } ?? 10_000) + 5000)
+    /// `nil` at least once: nothing is read `read_committed`, so no transaction holds a restore.
+    var openTransactionWait: Duration? {
+        guard guarantee == .exactlyOnce else { return nil }
+        return .milliseconds((kafka["transaction.timeout.ms"].flatMap { Int($0) } ?? 10_000) + 5000)
     }
 
     /// One worker's share: the in-flight bound divided among the workers (rounded up).

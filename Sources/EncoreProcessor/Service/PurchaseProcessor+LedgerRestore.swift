@@ -70,7 +70,7 @@ extension PurchaseProcessor {
         let horizon = currentTimeMs() - configuration.journal.retentionMs
         let (folded, records) = try await KafkaPartitionReader.fold(
             configuration: kafka, topic: configuration.stateTopic, partitions: partitions,
-            openTransactionWait: configuration.guarantee == .exactlyOnce ? configuration.openTransactionWait : nil,
+            openTransactionWait: configuration.openTransactionWait,
             into: (latest: [Int32: RestoredPartition](), invalid: [String]())
         ) { folded, message in
             do throws(EventValidationError) {

@@ -179,7 +179,7 @@ extension PurchaseProcessor {
         let (tail, _) = try await KafkaPartitionReader.fold(
             configuration: kafka, topic: configuration.stateTopic, starts: starts,
             ends: marks.filter { starts[$0.key] != nil }.mapValues(\.high),
-            openTransactionWait: configuration.guarantee == .exactlyOnce ? configuration.openTransactionWait : nil,
+            openTransactionWait: configuration.openTransactionWait,
             into: Tail()
         ) { tail, message in
             let partition = message.partition
