@@ -35,13 +35,20 @@ public enum KafkaPartitionReader {
     /// `endsAt`: a record at or past a partition's end for which it is true ends that partition's
     /// read and is not folded (a copy that stops at records written after it began, however fast
     /// they come).
+    ///
+    /// A partition whose start is at or past its end is not read, unless `readsPastShortEnds`: then
+    /// it is read to its first end of partition, for a broker that reports an end short of the
+    /// records it holds (Tansu: the last record batch's first offset + 1). Where the start is past
+    /// the records (the end was right), the consumer's offset reset takes it to the end at once.
     public static func fold<State: Sendable>(
         configuration: KafkaConfiguration, topic: String, starts: [Int32: Int64], ends: [Int32: Int64],
         timeout: Duration = .seconds(60), openTransactionWait: Duration? = nil,
-        endsAt: (@Sendable (KafkaMessage) -> Bool)? = nil, into initial: State,
+        endsAt: (@Sendable (KafkaMessage) -> Bool)? = nil, readsPastShortEnds: Bool = false, into initial: State,
         _ update: @escaping @Sendable (inout State, KafkaMessage) -> Void
     ) async throws(KafkaError) -> (state: State, records: Int) {
-        let ends = ends.filter { partition, end in starts[partition].map { $0 < end } ?? false }
+        let ends = ends.filter { partition, end in
+            starts[partition].map { $0 < end || readsPastShortEnds } ?? false
+        }
         guard !ends.isEmpty else { return (initial, 0) }
         return try await read(
             configuration: readerConfiguration(configuration), topic: topic, starts: starts, ends: ends, exact: false,

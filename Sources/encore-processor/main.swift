@@ -15,6 +15,7 @@ let commands: [(definition: CommandDefinition, execute: (ParsedOptions) async th
     (AuditCommand.definition, AuditCommand.execute),
     (OffsetsCommand.definition, OffsetsCommand.execute),
     (ReplayCommand.definition, ReplayCommand.execute),
+    (StateCheckCommand.definition, StateCheckCommand.execute),
 ]
 
 @MainActor func overview() -> String {

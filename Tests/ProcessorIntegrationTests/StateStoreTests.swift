@@ -6,6 +6,7 @@ import Kafka
 import TestSupport
 import Testing
 
+@testable import EncoreProcessor
 @testable import encore_processor
 
 /// The local state store (docs/STATE.md) on the embedded broker: a restart reads the changelog from
@@ -107,6 +108,72 @@ struct StateStoreTests {
         // Rebuilt: every changelog record read, the re-sent requests known from it.
         #expect(moved.changelog == changelog.count)
         #expect(moved.duplicates == 150 && moved.calls.callsByRequest.isEmpty)
+    }
+
+    @Test("a store whose checkpoints lie past a shorter changelog (the topics created again) is rebuilt, not trusted")
+    func storePastTheEndRebuilt() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("encore-state-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let old = try embeddedClusterWithTopics(partitions: 4)
+        _ = try await produceRequests(bootstrap: old.bootstrapServers, count: 150, options: generated(150, seed: 5))
+        _ = try await run(bootstrap: old.bootstrapServers, group: "shorter", directory: directory, total: 150)
+        // Another cluster, the same topic names and group, and a shorter changelog.
+        let new = try embeddedClusterWithTopics(partitions: 4)
+        let bootstrap = new.bootstrapServers
+        let requests = try await produceRequests(bootstrap: bootstrap, count: 40, options: generated(40, seed: 6))
+        let other = FileManager.default.temporaryDirectory.appendingPathComponent("encore-state-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: other) }
+        _ = try await run(bootstrap: bootstrap, group: "shorter", directory: other, total: 40)
+        let changelog = try await readTopic(bootstrap: bootstrap, topic: Topics.state, partitions: 4)
+        // What state-check says of the old store here: every partition rebuilt, some past the end.
+        let check = try await StateStoreCheck.run(
+            directory: directory, group: "shorter", stateTopic: Topics.state,
+            kafka: KafkaConfiguration(["bootstrap.servers": bootstrap]), timeout: .seconds(60))
+        #expect(check.partitions.count == 4 && check.partitions.allSatisfy { $0.verdict == .rebuilt }, "\(check)")
+        #expect(check.partitions.contains { $0.checkpoint > $0.changelogEnd }, "no checkpoint past the end: \(check)")
+        try await resend(requests, bootstrap: bootstrap)
+        let moved = try await run(bootstrap: bootstrap, group: "shorter", directory: directory, total: 80)
+        // Rebuilt: every changelog record read, the re-sent requests known from it, none called.
+        #expect(moved.changelog == changelog.count)
+        #expect(moved.duplicates == 40 && moved.calls.callsByRequest.isEmpty)
+    }
+
+    @Test("state-check finds a store the changelog vouches for consistent, and a changed or added key wrong")
+    func stateCheckComparesKeyForKey() async throws {
+        let cluster = try embeddedClusterWithTopics(partitions: 4)
+        let bootstrap = cluster.bootstrapServers
+        let root = FileManager.default.temporaryDirectory.appendingPathComponent("encore-state-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        let directory = RunCommand.stateDirectory(root, group: "checked")!
+        _ = try await produceRequests(bootstrap: bootstrap, count: 80, options: generated(80, seed: 7))
+        _ = try await run(bootstrap: bootstrap, group: "checked", directory: directory, total: 80)
+        let changelog = try await readTopic(bootstrap: bootstrap, topic: Topics.state, partitions: 4)
+        let keys = Set(changelog.map { "\($0.partition):\(String(decoding: $0.key ?? [], as: UTF8.self))" })
+        func check() async throws -> StateStoreCheck {
+            try await StateStoreCheck.run(
+                directory: directory, group: "checked", stateTopic: Topics.state,
+                kafka: KafkaConfiguration(["bootstrap.servers": bootstrap]), timeout: .seconds(60))
+        }
+        let clean = try await check()
+        #expect(clean.isSafe && clean.partitions.allSatisfy { $0.verdict == .consistent }, "\(clean)")
+        #expect(clean.partitions.reduce(0) { $0 + $1.matching } == keys.count)
+
+        // One value changed and one key added, the checkpoint kept: what a restore would trust.
+        let victim = changelog.first { $0.partition == clean.partitions[0].partition }!
+        let store = try StateStore(
+            directory: directory, group: "checked", stateTopic: Topics.state, cacheBytes: 1 << 20,
+            writeBufferBytes: 4 << 20, logger: Logger(label: "test"))
+        let checkpoint = try store.checkpoint(of: victim.partition)!
+        try store.apply(
+            [(victim.key, Array("{}".utf8)), (Array("app:added".utf8), Array("{}".utf8))], partition: victim.partition,
+            checkpoint: checkpoint)
+        store.close()
+        let tampered = try await check()
+        let partition = tampered.partitions.first { $0.partition == victim.partition }!
+        #expect(!tampered.isSafe && partition.verdict == .trustedAndWrong)
+        #expect(partition.different == 1 && partition.extra == 1 && partition.missing == 0, "\(partition)")
+        let rendered = StateCheckCommand.table(tampered)
+        #expect(rendered.contains("trusted-and-wrong") && rendered.contains("extra: app:added"), "\(rendered)")
     }
 
     @Test("each group id gets a directory of its own under --state-dir, and 'none' turns the store off")

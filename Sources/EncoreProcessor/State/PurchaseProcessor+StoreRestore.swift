@@ -31,14 +31,16 @@ extension PurchaseProcessor {
         }
         var checkpoints: [Int32: StateStore.Checkpoint] = [:]
         for partition in partitions {
-            let (low, high) = marks[partition]!
+            let low = marks[partition]!.low
             var checkpoint: StateStore.Checkpoint? = nil
             do { checkpoint = try store.checkpoint(of: partition) } catch {
                 logger.warning("the state store's checkpoint of partition \(partition) cannot be read (\(error))")
             }
-            if let found = checkpoint, found.offset > high || found.offset - 1 < low {
+            // (A checkpoint past the reported end is checked by reading the record before it: some
+            // brokers (Tansu) report the end short of the last record batch.)
+            if let found = checkpoint, found.offset - 1 < low {
                 logger.warning(
-                    "the state store of changelog partition \(partition) is at offset \(found.offset), outside the changelog's \(low)..<\(high) (the topic was deleted or truncated): rebuilding it"
+                    "the state store of changelog partition \(partition) is at offset \(found.offset), before the changelog's first offset \(low) (the topic was deleted, truncated or compacted): rebuilding it"
                 )
                 checkpoint = nil
             }
@@ -57,7 +59,7 @@ extension PurchaseProcessor {
         let foreign = tail.foreign
         if !foreign.isEmpty {
             logger.warning(
-                "the state store of changelog partitions \(foreign.sorted()) does not match the changelog (the topic was created again): rebuilding them"
+                "the state store of changelog partitions \(foreign.sorted()) does not match the changelog (the topic was created again or truncated: the record before the checkpoint is another or none): rebuilding them"
             )
             rebuilt.formUnion(foreign)
             let again = try await readTail(
@@ -179,7 +181,7 @@ extension PurchaseProcessor {
         let (tail, _) = try await KafkaPartitionReader.fold(
             configuration: kafka, topic: configuration.stateTopic, starts: starts,
             ends: marks.filter { starts[$0.key] != nil }.mapValues(\.high),
-            openTransactionWait: configuration.openTransactionWait,
+            openTransactionWait: configuration.openTransactionWait, readsPastShortEnds: true,
             into: Tail()
         ) { tail, message in
             let partition = message.partition

@@ -26,10 +26,12 @@ final class RocksDB: @unchecked Sendable {
 
     /// Opens (creating when missing) the database at `path`. `cacheBytes` bounds the block cache
     /// (which also holds the index and filter blocks); `writeBufferBytes` bounds all memtables.
-    init(path: String, cacheBytes: Int, writeBufferBytes: Int) throws(RocksDBError) {
+    /// `readOnly`: an existing database as it is now (its write-ahead log read, not replayed into
+    /// its files), without its lock: a running writer may hold it; nothing is written.
+    init(path: String, cacheBytes: Int, writeBufferBytes: Int, readOnly: Bool = false) throws(RocksDBError) {
         self.path = path
         options = rocksdb_options_create()
-        rocksdb_options_set_create_if_missing(options, 1)
+        rocksdb_options_set_create_if_missing(options, readOnly ? 0 : 1)
         rocksdb_options_set_max_background_jobs(options, 2)
         rocksdb_options_set_compression(options, Int32(rocksdb_lz4_compression))
         // Memory: the memtables of the one column family, bounded together.
@@ -66,7 +68,8 @@ final class RocksDB: @unchecked Sendable {
         rocksdb_writeoptions_set_sync(syncWrite, 1)
         read = rocksdb_readoptions_create()
         var error: UnsafeMutablePointer<CChar>? = nil
-        let opened = rocksdb_open(options, path, &error)
+        let opened =
+            readOnly ? rocksdb_open_for_read_only(options, path, 0, &error) : rocksdb_open(options, path, &error)
         if let failure = Self.take(error) {
             rocksdb_readoptions_destroy(read)
             rocksdb_writeoptions_destroy(syncWrite)

@@ -77,6 +77,27 @@ final class StateStore: Sendable {
         db = opened!
     }
 
+    private init(directory: String, topic: String, db: RocksDB) {
+        self.directory = directory
+        self.topic = topic
+        self.db = db
+    }
+
+    /// Opens the store in `directory` to read it as it is (nothing written, rebuilt or locked: a
+    /// running processor may hold it), with the `group` and `topic` it says it was built for.
+    static func openForReading(
+        directory: String, cacheBytes: Int = 64 << 20
+    ) throws(RocksDBError) -> (store: StateStore, format: Int?, group: String?, topic: String?) {
+        let db = try RocksDB(path: directory, cacheBytes: cacheBytes, writeBufferBytes: 4 << 20, readOnly: true)
+        var fields: [String: String] = [:]
+        for line in String(decoding: try db.get(identityKey) ?? [], as: UTF8.self).split(separator: "\n") {
+            guard let equals = line.firstIndex(of: "=") else { continue }
+            fields[String(line[..<equals])] = String(line[line.index(after: equals)...])
+        }
+        let store = StateStore(directory: directory, topic: fields["topic"] ?? "", db: db)
+        return (store, fields["format"].flatMap { Int($0) }, fields["group"], fields["topic"])
+    }
+
     private static func recreate(
         _ directory: String, cacheBytes: Int, writeBufferBytes: Int
     ) throws(ProcessorError) -> RocksDB {

@@ -1,0 +1,107 @@
+import EncoreProcessor
+import Foundation
+import Kafka
+
+/// `encore-processor state-check`: a local state store compared with the changelog it caches.
+enum StateCheckCommand {
+    static let definition = CommandDefinition(
+        name: "state-check",
+        summary: "Compare a local state store with its changelog (exit 1 when one a restore would trust is wrong).",
+        usage: "state-check --state-dir DIR --bootstrap-servers HOST:PORT [options]",
+        options: CommonOptions.kafka + [
+            .option(
+                "state-dir", value: "DIR",
+                "The --state-dir the processor ran with (its group's store is in DIR/<group-id>)."),
+            .option("group-id", value: "ID", default: "encore-processor", "The processor's consumer group."),
+            .option(
+                "state-topic", value: "TOPIC", default: "encore.entitlement-state", "The ledger's changelog topic."),
+            .option("timeout-ms", value: "MS", default: "120000", "Give up reading the changelog after this long."),
+            .flag("json", "Print the result as one JSON object."),
+            .flag("check", "Validate the arguments and exit.", commandLineOnly: true),
+        ],
+        discussion: """
+            Opens the store read-only (a running processor may hold it: what is compared is the store
+            as it is at the start) and reads the changelog to its end. For each partition the store
+            holds: would a restore trust it (its checkpoint within the changelog, the record just
+            before it the one the store saw), and does it hold, key for key, the changelog's latest
+            record below its checkpoint? Keys whose records there were compacted away behind a
+            later record are counted, not compared. Exit status 1 when a partition a restore would
+            trust differs from the changelog; a store a restore would rebuild is reported, not an error.
+            """)
+
+    static func execute(_ options: ParsedOptions) async throws -> Int32 {
+        try options.noPositionals()
+        let kafka = try CommonOptions.clusterConfiguration(options)
+        guard let stateDir = options.string("state-dir"), stateDir != "none" else {
+            throw UsageError("--state-dir DIR is required")
+        }
+        let group = options.string("group-id")!
+        guard !group.isEmpty else { throw UsageError("--group-id must not be empty") }
+        let topic = options.string("state-topic")!
+        let timeout = try options.milliseconds("timeout-ms", minimum: 1)
+        let directory = RunCommand.stateDirectory(stateDir, group: group)!
+        if options.endsAtCheck() { return 0 }
+        guard FileManager.default.fileExists(atPath: directory) else {
+            throw UsageError("--state-dir \(stateDir): no store of group '\(group)' in it (\(directory))")
+        }
+        let check = try await StateStoreCheck.run(
+            directory: directory, group: group, stateTopic: topic, kafka: kafka, timeout: timeout)
+        if options.flag("json") {
+            print(json(check))
+        } else {
+            print(table(check))
+        }
+        return check.isSafe ? 0 : 1
+    }
+
+    static func table(_ check: StateStoreCheck) -> String {
+        var lines = ["state store \(check.directory), built for \(check.builtFor)"]
+        if let reason = check.foreignReason { lines.append("a restore would rebuild it whole: \(reason)") }
+        lines.append("")
+        lines.append("partition  checkpoint  changelog       matching  missing  extra  different  superseded  verdict")
+        for partition in check.partitions {
+            let changelog = "\(partition.changelogStart)..<\(partition.changelogEnd)"
+            lines.append(
+                [
+                    pad(String(partition.partition), 9), pad(String(partition.checkpoint), 10), pad(changelog, 14),
+                    pad(String(partition.matching), 8), pad(String(partition.missing), 7),
+                    pad(String(partition.extra), 5),
+                    pad(String(partition.different), 9), pad(String(partition.superseded), 10),
+                    partition.verdict.rawValue,
+                ].joined(separator: "  "))
+            if let reason = partition.rebuildReason, check.foreignReason == nil { lines.append("  rebuilt: \(reason)") }
+            for example in partition.examples { lines.append("  \(example)") }
+        }
+        if check.partitions.isEmpty { lines.append("(the store holds no partition)") }
+        lines.append("")
+        lines.append(
+            check.isSafe
+                ? "no partition a restore would trust differs from the changelog"
+                : "a partition a restore would trust differs from the changelog")
+        return lines.joined(separator: "\n")
+    }
+
+    private static func pad(_ text: String, _ width: Int) -> String {
+        text.count >= width ? text : String(repeating: " ", count: width - text.count) + text
+    }
+
+    static func json(_ check: StateStoreCheck) -> String {
+        let partitions: [[String: Any]] = check.partitions.map { partition in
+            var object: [String: Any] = [
+                "partition": partition.partition, "checkpoint": partition.checkpoint,
+                "changelog_start": partition.changelogStart, "changelog_end": partition.changelogEnd,
+                "matching": partition.matching, "missing": partition.missing, "extra": partition.extra,
+                "different": partition.different, "superseded": partition.superseded,
+                "verdict": partition.verdict.rawValue, "examples": partition.examples,
+            ]
+            if let reason = partition.rebuildReason { object["rebuild_reason"] = reason }
+            return object
+        }
+        var object: [String: Any] = [
+            "directory": check.directory, "built_for": check.builtFor, "safe": check.isSafe, "partitions": partitions,
+        ]
+        if let reason = check.foreignReason { object["foreign_reason"] = reason }
+        let data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])) ?? Data("{}".utf8)
+        return String(decoding: data, as: UTF8.self)
+    }
+}
