@@ -146,6 +146,37 @@ struct WorkerTests {
         #expect(accepted.allSatisfy { if case .commit = $0 { false } else { true } })
     }
 
+    @Test("intents go out at most three call bounds ahead of the calls: a crash leaves few users held at takeover")
+    func intentsStayNearTheCalls() throws {
+        var driven = Driven { $0.maxInFlight = 2 }
+        _ = driven.step(Self.assignment())
+        // 40 users' requests in one batch, with calls that do not answer.
+        let records = (0..<40).map { index in
+            let event = request(index, user: "u\(index)")
+            return IncomingRecord(
+                message: KafkaMessage(
+                    topic: Self.topic, partition: 0, offset: Int64(index), key: Array(event.key.utf8),
+                    value: event.jsonBytes(), headers: []))
+        }
+        func intents(_ outputs: [(token: UInt, output: UnsentOutput)]) -> Int {
+            outputs.filter { if case .journal(let entry, _) = $0.output { entry.entry.result == nil } else { false } }
+                .count
+        }
+        // Each intent is an open intent a restart must hold its user for (until the call could be
+        // over): journaled for 6 (3 x 2) requests ahead, not for all 40.
+        let first = Self.produced(driven.step(.records(records)))
+        #expect(intents(first) == 6)
+        // Acknowledged: 2 calls start (the bound), and 2 more intents take their place ahead.
+        let started = driven.step(Self.acknowledged(first))
+        #expect(Self.calls(started).count == 2)
+        #expect(intents(Self.produced(started)) == 2)
+        // A call answered: its slot goes to an acknowledged intent, whose place ahead goes to one more.
+        let call = try #require(Self.calls(started).first)
+        let answered = driven.step(.attemptFinished(call: call.id, attempt: 1, .success(.purchased)))
+        #expect(Self.calls(answered).count == 1)
+        #expect(intents(Self.produced(answered)) == 1)
+    }
+
     @Test("a call past its timeout is cancelled on the tick that finds it, not before")
     func timeout() throws {
         var driven = Driven { $0.callTimeout = .seconds(2) }

@@ -63,10 +63,32 @@ extension Worker {
             }
             item.controllerName = route.name
             item.controller = route.controller
-            let intent = ledger.recordIntent(
-                item.request, attempt: item.firstAttempt, partition: item.ref.partition.number,
-                nowMs: nowMs, offset: item.ref.offset, digest: item.digest)
-            outputs.publish(intent, for: nil, intent: item)
+            if intentsAhead < intentWindow {
+                publishIntent(item)
+            } else {
+                waitingForIntent.append(item)
+            }
+        }
+    }
+
+    /// Journals the first intent of a new request; its call starts once it is durable.
+    mutating func publishIntent(_ item: WorkItem) {
+        intentsAhead += 1
+        item.intentAhead = true
+        let intent = ledger.recordIntent(
+            item.request, attempt: item.firstAttempt, partition: item.ref.partition.number,
+            nowMs: nowMs, offset: item.ref.offset, digest: item.digest)
+        outputs.publish(intent, for: nil, intent: item)
+    }
+
+    /// The item's first call entered the call table, or will never be made here: its place ahead
+    /// of the calls goes to the next new request waiting for one.
+    mutating func leaveIntentWindow(_ item: WorkItem) {
+        guard item.intentAhead else { return }
+        item.intentAhead = false
+        intentsAhead -= 1
+        while intentsAhead < intentWindow, failure == nil, let next = waitingForIntent.popFirst() {
+            publishIntent(next)
         }
     }
 
@@ -177,6 +199,7 @@ extension Worker {
             journalAfter: isRecovery ? item.takeoverHold ?? now : nil, inDoubtUntil: item.inDoubtUntil,
             inDoubtFor: item.inDoubtFor)
         perform(action)
+        leaveIntentWindow(item)
         statistics.peakInFlight = max(statistics.peakInFlight, calls.count)
     }
 

@@ -100,6 +100,15 @@ extension Worker {
     /// Items of leaving partitions that wait for a call slot are left to the next owner (their
     /// intent is durable: it calls them as recoveries) rather than holding the hand-over.
     mutating func abandonWaitingForSlot(of isLeaving: (InputPartition) -> Bool) {
+        // New requests whose intent is not out yet: nothing journaled, read again as new (first, so
+        // that no place ahead freed below goes to one of them).
+        if !waitingForIntent.isEmpty {
+            var keptNew = FIFO<WorkItem>()
+            while let item = waitingForIntent.popFirst() {
+                if isLeaving(item.ref.partition) { perform(.abandon(item)) } else { keptNew.append(item) }
+            }
+            waitingForIntent = keptNew
+        }
         guard !waitingForSlot.isEmpty else { return }
         var kept = FIFO<WorkItem>()
         while let item = waitingForSlot.popFirst() {
