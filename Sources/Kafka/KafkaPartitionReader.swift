@@ -36,18 +36,20 @@ public enum KafkaPartitionReader {
     /// read and is not folded (a copy that stops at records written after it began, however fast
     /// they come).
     ///
-    /// A partition whose start is at or past its end is not read, unless `readsPastShortEnds`: then
-    /// it is read to its first end of partition, for a broker that reports an end short of the
-    /// records it holds (Tansu: the last record batch's first offset + 1). Where the start is past
-    /// the records (the end was right), the consumer's offset reset takes it to the end at once.
+    /// A partition whose start is at or past its end is not read, unless it is in
+    /// `readsPastShortEnds`: then it is read to its first end of partition, for a broker that
+    /// reports an end short of the records it holds (Tansu: the last record batch's first offset
+    /// + 1). Where the start is past the records (the end was right), the offset reset moves the
+    /// read (to the beginning: `earliest`, which a start the log no longer holds needs elsewhere),
+    /// and the caller sees records other than the one it started at.
     public static func fold<State: Sendable>(
         configuration: KafkaConfiguration, topic: String, starts: [Int32: Int64], ends: [Int32: Int64],
         timeout: Duration = .seconds(60), openTransactionWait: Duration? = nil,
-        endsAt: (@Sendable (KafkaMessage) -> Bool)? = nil, readsPastShortEnds: Bool = false, into initial: State,
-        _ update: @escaping @Sendable (inout State, KafkaMessage) -> Void
+        endsAt: (@Sendable (KafkaMessage) -> Bool)? = nil, readsPastShortEnds: Set<Int32> = [],
+        into initial: State, _ update: @escaping @Sendable (inout State, KafkaMessage) -> Void
     ) async throws(KafkaError) -> (state: State, records: Int) {
         let ends = ends.filter { partition, end in
-            starts[partition].map { $0 < end || readsPastShortEnds } ?? false
+            starts[partition].map { $0 < end || readsPastShortEnds.contains(partition) } ?? false
         }
         guard !ends.isEmpty else { return (initial, 0) }
         return try await read(

@@ -20,8 +20,9 @@ enum StateCheckCommand {
             .flag("check", "Validate the arguments and exit.", commandLineOnly: true),
         ],
         discussion: """
-            Opens the store read-only (a running processor may hold it: what is compared is the store
-            as it is at the start) and reads the changelog to its end. For each partition the store
+            Opens the store read-only, without its lock, and reads the changelog to its end. Meant for
+            a stopped instance's store: beside a running processor, a compaction may remove a file
+            under it, and it stops with an error (run it again). For each partition the store
             holds: would a restore trust it (its checkpoint within the changelog, the record just
             before it the one the store saw), and does it hold, key for key, the changelog's latest
             record below its checkpoint? Keys whose records there were compacted away behind a
@@ -47,7 +48,7 @@ enum StateCheckCommand {
         let check = try await StateStoreCheck.run(
             directory: directory, group: group, stateTopic: topic, kafka: kafka, timeout: timeout)
         if options.flag("json") {
-            print(json(check))
+            print(try json(check))
         } else {
             print(table(check))
         }
@@ -85,7 +86,7 @@ enum StateCheckCommand {
         text.count >= width ? text : String(repeating: " ", count: width - text.count) + text
     }
 
-    static func json(_ check: StateStoreCheck) -> String {
+    static func json(_ check: StateStoreCheck) throws -> String {
         let partitions: [[String: Any]] = check.partitions.map { partition in
             var object: [String: Any] = [
                 "partition": partition.partition, "checkpoint": partition.checkpoint,
@@ -101,7 +102,7 @@ enum StateCheckCommand {
             "directory": check.directory, "built_for": check.builtFor, "safe": check.isSafe, "partitions": partitions,
         ]
         if let reason = check.foreignReason { object["foreign_reason"] = reason }
-        let data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])) ?? Data("{}".utf8)
-        return String(decoding: data, as: UTF8.self)
+        return String(
+            decoding: try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]), as: UTF8.self)
     }
 }

@@ -74,7 +74,7 @@ extension Worker {
     /// Journals the first intent of a new request; its call starts once it is durable.
     mutating func publishIntent(_ item: WorkItem) {
         intentsAhead += 1
-        item.intentAhead = true
+        item.holdsPlaceAhead = true
         let intent = ledger.recordIntent(
             item.request, attempt: item.firstAttempt, partition: item.ref.partition.number,
             nowMs: nowMs, offset: item.ref.offset, digest: item.digest)
@@ -84,8 +84,8 @@ extension Worker {
     /// The item's first call entered the call table, or will never be made here: its place ahead
     /// of the calls goes to the next new request waiting for one.
     mutating func leaveIntentWindow(_ item: WorkItem) {
-        guard item.intentAhead else { return }
-        item.intentAhead = false
+        guard item.holdsPlaceAhead else { return }
+        item.holdsPlaceAhead = false
         intentsAhead -= 1
         while intentsAhead < intentWindow, failure == nil, let next = waitingForIntent.popFirst() {
             publishIntent(next)

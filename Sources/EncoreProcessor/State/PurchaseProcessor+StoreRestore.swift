@@ -181,7 +181,7 @@ extension PurchaseProcessor {
         let (tail, _) = try await KafkaPartitionReader.fold(
             configuration: kafka, topic: configuration.stateTopic, starts: starts,
             ends: marks.filter { starts[$0.key] != nil }.mapValues(\.high),
-            openTransactionWait: configuration.openTransactionWait, readsPastShortEnds: true,
+            openTransactionWait: configuration.openTransactionWait, readsPastShortEnds: Set(expected.keys),
             into: Tail()
         ) { tail, message in
             let partition = message.partition

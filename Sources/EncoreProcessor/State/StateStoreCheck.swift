@@ -67,7 +67,9 @@ public struct StateStoreCheck: Sendable {
         let builtFor =
             "format \(opened.format.map(String.init) ?? "?"), group '\(opened.group ?? "?")', changelog '\(opened.topic ?? "?")'"
         var foreignReason: String? = nil
-        if opened.format != StateStore.format || opened.group != group || opened.topic != stateTopic {
+        // (A store with no identity record at all is kept by the processor, which writes one.)
+        let hasIdentity = opened.format != nil || opened.group != nil || opened.topic != nil
+        if hasIdentity && (opened.format != StateStore.format || opened.group != group || opened.topic != stateTopic) {
             foreignReason =
                 "built for \(builtFor), not format \(StateStore.format), group '\(group)', changelog '\(stateTopic)'"
         }

@@ -43,7 +43,7 @@ final class WorkItem {
     let digest: String
     /// Its first intent is out and its call not yet in the call table: it takes a place of the
     /// worker's intents ahead of the calls (``Worker/intentWindow``).
-    var intentAhead = false
+    var holdsPlaceAhead = false
     /// A recovery found at takeover: its first call waits until an earlier owner's call could
     /// no longer be running (the intent's time, the call timeout and the clock-skew margin).
     var takeoverHold: ContinuousClock.Instant? = nil

@@ -91,24 +91,31 @@ extension Worker {
         let dropped = scheduler.removeWaiting { leaving.contains($0.ref.partition) }
         released += dropped.count
         if !dropped.isEmpty { log(.info, "revoked: \(dropped.count) queued requests left to the next owner") }
+        abandonWaitingForIntent { leaving.contains($0) }
         for action in calls.handOver(where: leaving.contains, by: now.advanced(by: configuration.drainTimeout)) {
             perform(action)
         }
         abandonWaitingForSlot { leaving.contains($0) }
     }
 
+    /// New requests of leaving partitions whose intent is not out yet are left to the next owner
+    /// (nothing is journaled: it reads them again as new). Before anything frees a call slot or a
+    /// place ahead (a hand-over's abandoned calls do): a freed place would publish one's intent.
+    mutating func abandonWaitingForIntent(of isLeaving: (InputPartition) -> Bool) {
+        guard !waitingForIntent.isEmpty else { return }
+        var kept = FIFO<WorkItem>()
+        var leaving: [WorkItem] = []
+        while let item = waitingForIntent.popFirst() {
+            if isLeaving(item.ref.partition) { leaving.append(item) } else { kept.append(item) }
+        }
+        // (Set before abandoning: an abandon frees places, which go to the kept ones only.)
+        waitingForIntent = kept
+        for item in leaving { perform(.abandon(item)) }
+    }
+
     /// Items of leaving partitions that wait for a call slot are left to the next owner (their
     /// intent is durable: it calls them as recoveries) rather than holding the hand-over.
     mutating func abandonWaitingForSlot(of isLeaving: (InputPartition) -> Bool) {
-        // New requests whose intent is not out yet: nothing journaled, read again as new (first, so
-        // that no place ahead freed below goes to one of them).
-        if !waitingForIntent.isEmpty {
-            var keptNew = FIFO<WorkItem>()
-            while let item = waitingForIntent.popFirst() {
-                if isLeaving(item.ref.partition) { perform(.abandon(item)) } else { keptNew.append(item) }
-            }
-            waitingForIntent = keptNew
-        }
         guard !waitingForSlot.isEmpty else { return }
         var kept = FIFO<WorkItem>()
         while let item = waitingForSlot.popFirst() {
