@@ -45,16 +45,16 @@ struct IntentWindowTests {
         // A on partition 1: intent, call.
         let a = driven.step(.records([Self.rec(0, user: "a", partition: 1, offset: 0)]))
         let aCall = try #require(W.calls(driven.step(W.acknowledged(W.produced(a)))).first)
-        // B1..B3 on partition 0 fill the window; C on partition 1 waits for a place.
+        // Users B on partition 0 fill the window; C on partition 1 waits for a place.
+        let window = driven.worker.intentWindow
         let b = driven.step(
-            .records([
-                Self.rec(1, user: "b1", partition: 0, offset: 0), Self.rec(2, user: "b2", partition: 0, offset: 1),
-                Self.rec(3, user: "b3", partition: 0, offset: 2), Self.rec(4, user: "c", partition: 1, offset: 1),
-            ]))
-        #expect(Self.intents(b).count == 3)
+            .records(
+                (1...window).map { Self.rec($0, user: "b\($0)", partition: 0, offset: Int64($0 - 1)) }
+                    + [Self.rec(window + 1, user: "c", partition: 1, offset: 1)]))
+        #expect(Self.intents(b).count == window)
         // B's intents durable: they wait for the one slot.
         _ = driven.step(W.acknowledged(W.produced(b)))
-        #expect(driven.worker.waitingForSlot.count == 3 && driven.worker.waitingForIntent.count == 1)
+        #expect(driven.worker.waitingForSlot.count == window && driven.worker.waitingForIntent.count == 1)
         // A fails retriably: it backs off 5-10 s holding its slot.
         _ = driven.step(
             .attemptFinished(
@@ -101,16 +101,17 @@ struct IntentWindowTests {
         let ask = driven.step(.tick, after: .seconds(2))
         let asked = Self.settleOutputs(&driven, ask)
         let askCall = try #require(W.calls(asked).first, "no ask: \(ask) \(asked)")
-        // Y1..Y3 fill the window and wait for the slot; Y4 waits for a place.
+        // Users Y fill the window and wait for the slot; one more waits for a place.
+        let window = driven.worker.intentWindow
         let ys = driven.step(
-            .records((1...4).map { Self.rec($0, user: "y\($0)", partition: 0, offset: Int64($0)) }))
+            .records((1...window + 1).map { Self.rec($0, user: "y\($0)", partition: 0, offset: Int64($0)) }))
         _ = driven.step(W.acknowledged(W.produced(ys)))
-        #expect(driven.worker.waitingForSlot.count == 3 && driven.worker.waitingForIntent.count == 1)
+        #expect(driven.worker.waitingForSlot.count == window && driven.worker.waitingForIntent.count == 1)
         // The ask returns with no answer: X waits for its next ask, without a slot.
         let returned = driven.step(.attemptFinished(call: askCall.id, attempt: askCall.attempt, .failure(unknown)))
         // The slot is free: the first waiting call starts at once, and Y4's intent takes its place ahead.
         #expect(W.calls(returned).map(\.request.requestId) == ["req-1"], "\(returned)")
-        #expect(Self.intents(returned).map(\.id) == ["req-4"])
+        #expect(Self.intents(returned).map(\.id) == ["req-\(window + 1)"])
         #expect(!driven.worker.calls.hasFreeSlot && driven.worker.waitingForIntent.isEmpty)
     }
 }

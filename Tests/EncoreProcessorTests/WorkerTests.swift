@@ -146,7 +146,7 @@ struct WorkerTests {
         #expect(accepted.allSatisfy { if case .commit = $0 { false } else { true } })
     }
 
-    @Test("intents go out at most three call bounds ahead of the calls: a crash leaves few users held at takeover")
+    @Test("intents go out at most eight call bounds ahead of the calls: a crash leaves few users held at takeover")
     func intentsStayNearTheCalls() throws {
         var driven = Driven { $0.maxInFlight = 2 }
         _ = driven.step(Self.assignment())
@@ -163,9 +163,9 @@ struct WorkerTests {
                 .count
         }
         // Each intent is an open intent a restart must hold its user for (until the call could be
-        // over): journaled for 6 (3 x 2) requests ahead, not for all 40.
+        // over): journaled for 16 (8 x 2) requests ahead, not for all 40.
         let first = Self.produced(driven.step(.records(records)))
-        #expect(intents(first) == 6)
+        #expect(intents(first) == 16)
         // Acknowledged: 2 calls start (the bound), and 2 more intents take their place ahead.
         let started = driven.step(Self.acknowledged(first))
         #expect(Self.calls(started).count == 2)
