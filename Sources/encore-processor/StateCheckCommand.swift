@@ -27,7 +27,10 @@ enum StateCheckCommand {
             before it the one the store saw), and does it hold, key for key, the changelog's latest
             record below its checkpoint? Keys whose records there were compacted away behind a
             later record are counted, not compared. Exit status 1 when a partition a restore would
-            trust differs from the changelog; a store a restore would rebuild is reported, not an error.
+            trust differs from the changelog; a store a restore would rebuild is reported, not an error;
+            2 when the check cannot be made. The changelog is read as committed: exactly-once, a
+            transaction left open by a killed instance holds the read until that instance restarts
+            (or the broker aborts it after transaction.timeout.ms).
             """)
 
     static func execute(_ options: ParsedOptions) async throws -> Int32 {
@@ -45,8 +48,15 @@ enum StateCheckCommand {
         guard FileManager.default.fileExists(atPath: directory) else {
             throw UsageError("--state-dir \(stateDir): no store of group '\(group)' in it (\(directory))")
         }
-        let check = try await StateStoreCheck.run(
-            directory: directory, group: group, stateTopic: topic, kafka: kafka, timeout: timeout)
+        let check: StateStoreCheck
+        do {
+            check = try await StateStoreCheck.run(
+                directory: directory, group: group, stateTopic: topic, kafka: kafka, timeout: timeout)
+        } catch {
+            // Exit status 1 is a verdict: a check that could not be made is 2.
+            FileHandle.standardError.write(Data("encore-processor: state-check: \(error)\n".utf8))
+            return 2
+        }
         if options.flag("json") {
             print(try json(check))
         } else {
