@@ -31,16 +31,21 @@ extension PurchaseProcessor {
         }
         var checkpoints: [Int32: StateStore.Checkpoint] = [:]
         for partition in partitions {
-            let low = marks[partition]!.low
+            let (low, high) = marks[partition]!
             var checkpoint: StateStore.Checkpoint? = nil
             do { checkpoint = try store.checkpoint(of: partition) } catch {
                 logger.warning("the state store's checkpoint of partition \(partition) cannot be read (\(error))")
             }
-            // (A checkpoint past the reported end is checked by reading the record before it: some
-            // brokers (Tansu) report the end short of the last record batch.)
-            if let found = checkpoint, found.offset - 1 < low {
+            // At least once, a checkpoint past the reported end is checked by reading the record
+            // before it: some brokers (Tansu) report the end short of the last record batch.
+            // Exactly-once it is rebuilt, as before: with that read, CI's exactly-once chaos on
+            // Tansu once had three members whose restores never settled for the committed end
+            // (three 60 s attempts each, then a stop). Not shown to be the cause; not risked.
+            if let found = checkpoint,
+                found.offset - 1 < low || (configuration.openTransactionWait != nil && found.offset > high)
+            {
                 logger.warning(
-                    "the state store of changelog partition \(partition) is at offset \(found.offset), before the changelog's first offset \(low) (the topic was deleted, truncated or compacted): rebuilding it"
+                    "the state store of changelog partition \(partition) is at offset \(found.offset), outside the changelog's \(low)..<\(high) (the topic was deleted, truncated or compacted): rebuilding it"
                 )
                 checkpoint = nil
             }
