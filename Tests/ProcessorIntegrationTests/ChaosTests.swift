@@ -9,17 +9,29 @@ import Testing
 @Suite("Chaos: SIGKILLs, restarts, scale-out and re-sends against a recording billing service")
 struct ChaosTests {
     /// Runs the chaos script; returns its report, or records its output as the failure.
+    ///
+    /// A run whose embedded broker aborted (librdkafka 2.0.2's mock cluster, in a process of its
+    /// own, crashes now and then on its assertion `!member->resp` in a rebalance) says nothing of
+    /// the processor either way: it is run once more, and only a second such crash fails the test.
     func chaos(_ arguments: [String]) async throws -> [String: Any]? {
-        let script = try ChildProcess(
-            URL(fileURLWithPath: "/usr/bin/env"),
-            [
-                "python3", repositoryRoot.appendingPathComponent("scripts/chaos.py").path, "--binary",
-                try processorBinary().path,
-            ] + arguments)
-        let status = await script.waitForExit(timeout: .seconds(900))
-        let report = try? JSONSerialization.jsonObject(with: Data(script.stdout.utf8)) as? [String: Any]
-        #expect(status == 0, "chaos \(arguments): \(script.stdout.suffix(3000))\n\(script.stderr.suffix(3000))")
-        return report
+        for attempt in 1...2 {
+            let script = try ChildProcess(
+                URL(fileURLWithPath: "/usr/bin/env"),
+                [
+                    "python3", repositoryRoot.appendingPathComponent("scripts/chaos.py").path, "--binary",
+                    try processorBinary().path,
+                ] + arguments)
+            let status = await script.waitForExit(timeout: .seconds(900))
+            let output = "\(script.stdout.suffix(3000))\n\(script.stderr.suffix(3000))"
+            if status != 0, attempt == 1, (script.stdout + script.stderr).contains("the broker exited with status -6") {
+                print("chaos \(arguments): the embedded broker aborted mid-run; running again:\n\(output)")
+                continue
+            }
+            let report = try? JSONSerialization.jsonObject(with: Data(script.stdout.utf8)) as? [String: Any]
+            #expect(status == 0, "chaos \(arguments): \(output)")
+            return report
+        }
+        return nil
     }
 
     @Test("the script's checks catch undeclared repeats, and excuse only a first call billing read late")
