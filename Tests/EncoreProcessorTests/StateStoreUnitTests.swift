@@ -1,3 +1,4 @@
+import EncoreEvents
 import Foundation
 import Kafka
 import Testing
@@ -47,6 +48,58 @@ struct StateStoreUnitTests {
         try store.reset(partition: 0)
         #expect(try store.checkpoint(of: 0) == nil && records(store, 0).isEmpty)
         #expect(try records(store, 1) == ["a": "other"])
+    }
+
+    @Test(
+        "a user's records are read back together with their changelog keys; open requests and expiries are indexed as the records change"
+    )
+    func usersAndIndexes() throws {
+        let path = directory()
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let store = try open(path)
+        func state(_ user: String, expiresAtMs: Int64?) -> (key: [UInt8]?, value: [UInt8]) {
+            let grant = EntitlementStateRecord.Grant(
+                productID: "p", entitlement: Entitlement(type: .freeTrial, value: 7, unit: .days), status: .verified,
+                isActive: true, grantedAtMs: 1, expiresAtMs: expiresAtMs, requestID: "r")
+            let record = EntitlementStateRecord(appID: "app", appUserID: user, grants: [grant])
+            return (Array("app:\(user)".utf8), record.jsonBytes())
+        }
+        func journal(_ user: String, seq: Int64, open: Bool) -> (key: [UInt8]?, value: [UInt8]) {
+            let entry = EntitlementStateRecord.RequestEntry(
+                requestID: "r\(seq)", attempts: 1, startedAtMs: 5, result: open ? nil : .purchased,
+                completedAtMs: open ? nil : 6)
+            let record = JournalRecord(appID: "app", appUserID: user, seq: seq, entry: entry)
+            return (record.key(slotCount: 100), record.jsonBytes())
+        }
+        let checkpoint = StateStore.Checkpoint(offset: 1, lastDigest: 0)
+        // "a" and "ab": one user's key is a prefix of the other's; their records stay apart.
+        try store.apply(
+            [
+                state("a", expiresAtMs: 300), journal("a", seq: 0, open: true), journal("a", seq: 1, open: false),
+                state("ab", expiresAtMs: 100), journal("ab", seq: 0, open: false), state("c", expiresAtMs: nil),
+            ], partition: 0, checkpoint: checkpoint)
+        let a = try store.records(ofUser: "app:a", partition: 0).map { String(decoding: $0.key, as: UTF8.self) }
+        #expect(a == ["app:a", ":0:app:a", ":1:app:a"])
+        #expect(try store.records(ofUser: "app:ab", partition: 0).count == 2)
+        #expect(try store.records(ofUser: "app:a", partition: 1).isEmpty)
+        #expect(try store.usersWithOpenRequests(of: 0) == ["app:a"])
+        #expect(try store.dueUsers(of: 0, after: nil, throughMs: 1_000, limit: 10).users == ["app:ab", "app:a"])
+        let first = try store.dueUsers(of: 0, after: nil, throughMs: 1_000, limit: 1)
+        #expect(first.users == ["app:ab"])
+        #expect(try store.dueUsers(of: 0, after: first.cursor, throughMs: 1_000, limit: 10).users == ["app:a"])
+        #expect(try store.dueUsers(of: 0, after: nil, throughMs: 200, limit: 10).users == ["app:ab"])
+
+        // The intent settled, "ab"'s expiry moved twice in one batch, "a"'s gone.
+        try store.apply(
+            [
+                journal("a", seq: 0, open: false), state("ab", expiresAtMs: 500), state("ab", expiresAtMs: 400),
+                state("a", expiresAtMs: nil),
+            ], partition: 0, checkpoint: checkpoint)
+        #expect(try store.usersWithOpenRequests(of: 0).isEmpty)
+        #expect(try store.dueUsers(of: 0, after: nil, throughMs: 1_000, limit: 10).users == ["app:ab"])
+        #expect(try store.dueUsers(of: 0, after: nil, throughMs: 399, limit: 10).users.isEmpty)
+        // forEachRecord gives the changelog's keys back.
+        #expect(try Set(records(store, 0).keys) == ["app:a", ":0:app:a", ":1:app:a", "app:ab", ":0:app:ab", "app:c"])
     }
 
     @Test("a reopened store keeps what was written; one of another group or topic is emptied")
@@ -125,6 +178,48 @@ struct StateStoreUnitTests {
         exactlyOnce.flush()
         #expect(try records(reopened, 1) == ["w": "committed"] && reopened.checkpoint(of: 1)?.offset == 4)
         exactlyOnce.stop()
+    }
+
+    @Test(
+        "a user read back gets the records acknowledged and not yet in the store (exactly-once, its open transaction's), the newer of two"
+    )
+    func userReadThroughTheOverlay() throws {
+        let path = directory()
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let store = try open(path)
+        func delivery(_ key: String, _ value: String, offset: Int64) -> KafkaDelivery {
+            KafkaDelivery(
+                token: 0, error: nil,
+                record: KafkaProducerRecord(
+                    topic: "state", partition: 0, key: Array(key.utf8), value: Array(value.utf8)),
+                offset: offset)
+        }
+        func read(_ writer: StateStoreWriter) throws -> [String: String] {
+            Dictionary(
+                uniqueKeysWithValues: try writer.records(ofUser: "app:u", partition: 0).map {
+                    (String(decoding: $0.key, as: UTF8.self), String(decoding: $0.value, as: UTF8.self))
+                })
+        }
+        let writer = StateStoreWriter(
+            store: store, transactional: false, interval: .seconds(60), logger: Logger(label: "test"))
+        writer.restored([0])
+        writer.acknowledged([delivery("app:u", "1", offset: 0), delivery(":0:app:u", "j", offset: 1)], worker: 0)
+        #expect(try read(writer) == ["app:u": "1", ":0:app:u": "j"], "before the flush")
+        writer.flush()
+        writer.acknowledged([delivery("app:u", "2", offset: 2)], worker: 0)
+        #expect(try read(writer) == ["app:u": "2", ":0:app:u": "j"], "the overlay's newer state over the store's")
+        writer.flush()
+        #expect(try read(writer) == ["app:u": "2", ":0:app:u": "j"], "after the flush, from the store")
+        writer.stop()
+
+        let transactional = StateStoreWriter(
+            store: try open(path), transactional: true, interval: .seconds(60), logger: Logger(label: "test"))
+        transactional.restored([0])
+        transactional.acknowledged([delivery("app:u", "3", offset: 3)], worker: 0)
+        #expect(try read(transactional)["app:u"] == "3", "the open transaction's record: what the worker knows")
+        transactional.transactionEnded(worker: 0, committed: false)
+        #expect(try read(transactional)["app:u"] == "2", "aborted: the store's again")
+        transactional.stop()
     }
 
     @Test("a partition no longer owned is dropped after the grace; an owned one never")

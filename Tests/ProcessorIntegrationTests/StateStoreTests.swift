@@ -176,6 +176,82 @@ struct StateStoreTests {
         #expect(rendered.contains("trusted-and-wrong") && rendered.contains("extra: app:added"), "\(rendered)")
     }
 
+    @Test(
+        "with ten users in memory, the others are read from the store when their records arrive: re-sent requests are duplicates, no user's changes start over, and a restart reads no user"
+    )
+    func usersReadFromTheStore() async throws {
+        let cluster = try embeddedClusterWithTopics(partitions: 4)
+        let bootstrap = cluster.bootstrapServers
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("encore-state-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var options = generated(300, seed: 11)
+        options.users = 150
+        let requests = try await produceRequests(bootstrap: bootstrap, count: 300, options: options)
+        let users = Set(requests.map { String(decoding: $0.key, as: UTF8.self) }).count
+        func run(
+            total: Int64, resending: Bool
+        ) async throws -> (RecordingController.State, ProcessorStatistics, Int, readAgain: Int?) {
+            let controller = RecordingController()
+            let processor = try processor(
+                bootstrap: bootstrap, group: "resident", maxInFlight: 16, controller: controller
+            ) {
+                $0.stateDirectory = directory
+                $0.residentUsers = 10
+            }
+            async let running: Void = processor.run()
+            func committed(_ total: Int64) async throws -> Bool {
+                try await eventually(timeout: .seconds(180)) {
+                    try await committedOffsets(
+                        bootstrap: bootstrap, group: "resident", topic: Topics.requests, partitions: 4
+                    )
+                    .values.reduce(0, +) == total
+                }
+            }
+            var finished = try await committed(resending ? total - 300 : total)
+            var readAgain: Int? = nil
+            if resending {
+                // Re-sent once the users were let go: each is read back from the store to answer it.
+                finished = await eventually(timeout: .seconds(60)) { processor.statistics.residentUsers <= 10 }
+                let before = processor.statistics
+                try await resend(requests, bootstrap: bootstrap)
+                finished = try await committed(total)
+                readAgain = processor.statistics.userLoads - before.userLoads - (users - before.residentUsers)
+            }
+            let statistics = processor.statistics
+            let metrics = processor.metrics()
+            processor.shutdown()
+            try await running
+            #expect(finished, "the group did not commit \(total) requests")
+            let stored =
+                metrics.split(separator: "\n").first {
+                    $0.hasPrefix("encore_state_restore_store_records_total ")
+                }.flatMap { Int($0.split(separator: " ")[1]) } ?? -1
+            return (controller.snapshot, statistics, stored, readAgain)
+        }
+        let (calls, statistics, _, readAgain) = try await run(total: 600, resending: true)
+        #expect(calls.callsByRequest.count == 300 && calls.repeated.isEmpty, "each request called once")
+        #expect(statistics.duplicates == 300, "every re-sent request known from its user's journal read back")
+        #expect(statistics.userLoads >= users, "each user read once at least")
+        #expect((readAgain ?? -1) >= 0, "a user let go was answered without being read back (\(readAgain ?? 0))")
+        #expect(statistics.residentUsers <= 10 + 16, "at most the limit and the calls in flight stay")
+        // A user's changes are numbered on from its state read back: no number twice.
+        let changes = try await readTopic(bootstrap: bootstrap, topic: Topics.entitlements, partitions: 4).map {
+            try EntitlementChangeEvent(jsonBytes: $0.value)
+        }
+        var numbers: [String: [Int64]] = [:]
+        for change in changes { numbers[change.appUserID, default: []].append(change.sequence) }
+        #expect(!changes.isEmpty)
+        for (user, sequence) in numbers {
+            #expect(sequence == Array(1...Int64(sequence.count)), "user \(user)'s changes: \(sequence)")
+        }
+
+        // A restart reads no user from the store (none has an open request), and still knows them.
+        try await resend(requests, bootstrap: bootstrap)
+        let (again, restarted, stored, _) = try await run(total: 900, resending: false)
+        #expect(stored == 0, "the restart read \(stored) records from the store")
+        #expect(again.callsByRequest.isEmpty && restarted.duplicates == 300)
+    }
+
     @Test("each group id gets a directory of its own under --state-dir, and 'none' turns the store off")
     func directoryPerGroup() {
         let groups = ["a/b", "a_b", "a%2Fb", "..", ".hidden", "encore-processor", "é"]

@@ -72,6 +72,11 @@ public struct EntitlementLedger: Sendable {
     /// Upcoming expiries (grants and source states), earliest first; at most one live entry per
     /// user (the one at its `scheduledAtMs`), so the queue grows with users, not with updates.
     private var expiries = TimerQueue<Int64, String>()
+    /// When only some users are kept in memory: which, and where the others are read from.
+    var resident: ResidentUsers? = nil
+    /// The wall clock of the input being handled (a user read from the store is folded as a
+    /// restore folds it: results past the retention at this time are left out).
+    var nowMs: Int64 = 0
 
     public init(catalog: EntitlementCatalog, journal: JournalPolicy = JournalPolicy()) {
         self.catalog = catalog
@@ -145,6 +150,23 @@ public struct EntitlementLedger: Sendable {
     public mutating func remove(partitions: Set<Int32>) {
         users = users.filter { !partitions.contains($0.value.partition) }
         for partition in partitions { journals[partition] = nil }
+        removeResidents(of: partitions)
+    }
+
+    /// Whether the user must stay in memory whatever the limit: an open request in its journal,
+    /// an earlier version's journal in its state, or an expiry due soon.
+    func mustStay(_ key: String, partition: Int32) -> Bool {
+        if journals[partition]?.hasOpenRequest(ofUser: key) == true { return true }
+        if legacySettled[key] != nil || legacyCleanups.contains(key) { return true }
+        guard let entry = users[key] else { return false }
+        if !entry.state.journal.isEmpty { return true }
+        return entry.scheduledAtMs.map { $0 <= nowMs + Self.expiryPinMs } ?? false
+    }
+
+    /// Forgets a user kept in the store (it is read back when needed).
+    mutating func forget(_ key: String, partition: Int32) {
+        users[key] = nil  // (Its entry in the expiry queue goes stale: the store's index has it.)
+        journals[partition]?.forget(userKey: key)
     }
 
     /// Forgets journal entries past the retention at `nowMs`.
@@ -161,16 +183,18 @@ public struct EntitlementLedger: Sendable {
         return (count, bytes / Double(count))
     }
 
-    private mutating func withJournal<R>(_ partition: Int32, _ body: (inout RequestMemory) -> R) -> R {
-        body(&journals[partition, default: RequestMemory(cap: journal.perUserCap)])
+    mutating func withJournal<R>(_ partition: Int32, _ body: (inout RequestMemory) -> R) -> R {
+        let cap = journal.perUserCap
+        return body(&journals[partition, default: RequestMemory(cap: cap)])
     }
 
     // MARK: Request journal
 
     /// The journal's latest entry for `requestID` of user `key`: an intent (no result) or a result.
-    public func journalEntry(
+    public mutating func journalEntry(
         ofUser key: String, requestID: String, partition: Int32? = nil
     ) -> EntitlementStateRecord.RequestEntry? {
+        if let partition { load(key, partition: partition) }
         let requestKey = RequestMemory.Key(userKey: key, requestID: requestID)
         if let partition { return journals[partition]?.entry(requestKey, requestID: requestID) }
         for memory in journals.values {
@@ -228,6 +252,7 @@ public struct EntitlementLedger: Sendable {
         _ entry: (EntitlementStateRecord.RequestEntry?) -> EntitlementStateRecord.RequestEntry
     ) -> LedgerUpdate {
         let key = request.key
+        load(key, partition: partition)
         let record = journalRecord(
             userKey: key, appID: request.appID, appUserID: request.appUserID, requestID: request.requestID,
             partition: partition, entry)
@@ -269,6 +294,7 @@ public struct EntitlementLedger: Sendable {
         let entitlement = grants && status != nil ? offered ?? catalog.entitlement(for: outcome.productID) : nil
         let now = outcome.completedAtMs
         let key = outcome.key
+        load(key, partition: partition)
         var update: LedgerUpdate? = nil
         if let status, let entitlement, !isSameGrantAgain(outcome, entitlement, status: status, key: key) {
             update = mutate(key, outcome.appID, outcome.appUserID, partition: partition, nowMs: now) {
@@ -352,6 +378,7 @@ public struct EntitlementLedger: Sendable {
     /// holds for the same source and entitlement (or the same event again).
     public mutating func apply(source event: EntitlementSourceEvent, partition: Int32, nowMs: Int64) -> LedgerUpdate? {
         let key = event.key
+        load(key, partition: partition)
         if let held = users[key]?.state.sources.first(where: {
             $0.source == event.source && $0.entitlementID == event.entitlementID
         }) {
@@ -509,7 +536,7 @@ public struct EntitlementLedger: Sendable {
     /// When the state's earliest expiry is due: an active grant's (past its time, it expires at
     /// the next settle), or an active source state's after `floor` and the last update. Only the
     /// earliest is queued: settling it queues the next.
-    private static func earliestExpiry(of state: EntitlementStateRecord, after floor: Int64) -> Int64? {
+    static func earliestExpiry(of state: EntitlementStateRecord, after floor: Int64) -> Int64? {
         var earliest: Int64? = nil
         for grant in state.grants where grant.isActive {
             if let expiry = grant.expiresAtMs { earliest = min(earliest ?? expiry, expiry) }

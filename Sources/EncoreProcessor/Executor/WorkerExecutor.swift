@@ -35,11 +35,13 @@ final class WorkerExecutor {
     init(
         configuration: ProcessorConfiguration, router: PurchaseRouter, recorder: StatisticsRecorder,
         consumer: any ConsumerControl, producer: any OutputProducer, inbox: Inbox<ProcessorInput>,
-        admission: KafkaAdmission, logger: Logger, committer: (any TransactionCommitter)? = nil
+        admission: KafkaAdmission, logger: Logger, committer: (any TransactionCommitter)? = nil,
+        userSource: (any UserStateSource)? = nil
     ) {
         worker = Worker(
             configuration: configuration, router: router, transactional: committer != nil, now: .now,
-            nowMs: currentTimeMs(), seed: UInt64.random(in: 0...UInt64.max), logsDebug: logger.isEnabled(.debug))
+            nowMs: currentTimeMs(), seed: UInt64.random(in: 0...UInt64.max), logsDebug: logger.isEnabled(.debug),
+            userSource: userSource)
         (self.recorder, self.consumer, self.producer) = (recorder, consumer, producer)
         (self.inbox, self.admission, self.logger, self.committer) = (inbox, admission, logger, committer)
         encoder = OutputEncoder(configuration: configuration)

@@ -65,6 +65,8 @@ struct RequestMemory: Sendable {
         var nextSeq: Int64 = 0
         /// Settled entries' positions by slot (`seq % cap`); -1: empty. Grows up to `cap`.
         var ring: [Int32] = []
+        /// Its requests in flight or in doubt (details with no result).
+        var openRequests: Int32 = 0
     }
 
     let cap: Int
@@ -144,7 +146,7 @@ struct RequestMemory: Sendable {
             user = intern(userKey)
             users[Int(user)].nextSeq = max(users[Int(user)].nextSeq, seq + 1)
         }
-        details[key] = needsDetail ? Detail(seq: seq, entry: entry, user: user) : nil
+        setDetail(key, needsDetail ? Detail(seq: seq, entry: entry, user: user) : nil)
         guard let result = entry.result else { return }
         var slot = 0
         if let seq {
@@ -203,7 +205,33 @@ struct RequestMemory: Sendable {
         return count < before
     }
 
+    /// Whether the user has a request in flight or in doubt.
+    func hasOpenRequest(ofUser userKey: String) -> Bool {
+        userIDs[userKey].map { users[Int($0)].openRequests > 0 } ?? false
+    }
+
+    /// Forgets everything of the user (kept in the state store, read back when needed).
+    mutating func forget(userKey: String) {
+        guard let user = userIDs[userKey] else { return }
+        for slot in users[Int(user)].ring.indices {
+            // (Read each time: a removal moves the last entry, possibly the user's, into its place.)
+            let position = users[Int(user)].ring[slot]
+            if position >= 0 { remove(at: Int(position)) }
+        }
+        for (key, detail) in details where detail.user == user { setDetail(key, nil) }
+        userIDs[userKey] = nil
+        users[Int(user)] = User(key: "")
+        freeUsers.append(user)
+    }
+
     // MARK: Internals
+
+    /// Sets or removes a request's whole entry, counting its user's open requests.
+    private mutating func setDetail(_ key: Key, _ detail: Detail?) {
+        if let old = details[key], old.entry.result == nil, old.user >= 0 { users[Int(old.user)].openRequests -= 1 }
+        details[key] = detail
+        if let detail, detail.entry.result == nil, detail.user >= 0 { users[Int(detail.user)].openRequests += 1 }
+    }
 
     private mutating func intern(_ userKey: String) -> Int32 {
         if let user = userIDs[userKey] { return user }
@@ -259,7 +287,7 @@ struct RequestMemory: Sendable {
     /// place, and the index closes the gap by shifting back (no tombstones).
     private mutating func remove(at position: Int) {
         let removed = settled[position]
-        details[removed.key] = nil
+        setDetail(removed.key, nil)
         if removed.user >= 0, Int(removed.ringSlot) < users[Int(removed.user)].ring.count,
             users[Int(removed.user)].ring[Int(removed.ringSlot)] == Int32(position)
         {

@@ -7,6 +7,9 @@ struct RestoredPartition: Sendable {
     var states: [String: EntitlementStateRecord] = [:]
     var journal: RequestMemory
     var journalRecords = 0
+    /// The users read, when only some are (those with an open request: the others are read from
+    /// the state store when needed); empty when every user of the partition is.
+    var users: [String] = []
 
     init(journalCap: Int) {
         journal = RequestMemory(cap: journalCap)

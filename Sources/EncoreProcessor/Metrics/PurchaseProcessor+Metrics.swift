@@ -70,6 +70,20 @@ extension PurchaseProcessor {
             buckets: Self.secondsBuckets)
         text.gauge("encore_in_flight_calls", "Controller calls running.", [([:], statistics.inFlight)])
         text.gauge(
+            "encore_state_users_in_memory",
+            "Users whose state and journal are in memory (with --state-cache-users; else every user of the owned partitions).",
+            [([:], statistics.residentUsers)])
+        text.counter(
+            "encore_state_user_reads_total", "Users read from the state store when their records arrived.",
+            [([:], statistics.userLoads)])
+        text.counter(
+            "encore_state_user_evictions_total", "Users let go from memory (kept in the state store).",
+            [([:], statistics.userEvictions)])
+        text.counter(
+            "encore_state_invalid_records_total",
+            "State store records that are no valid state or journal record (left out when a user is read).",
+            [([:], statistics.invalidStoreRecords)])
+        text.gauge(
             "encore_buffered_records", "Records read and not yet done (the buffer).",
             [([:], vitals.admission?.held ?? 0)])
         text.gauge(

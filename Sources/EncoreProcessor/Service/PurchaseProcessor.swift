@@ -138,7 +138,7 @@ public final class PurchaseProcessor: Sendable {
                     let loop = WorkerExecutor(
                         configuration: share, router: router, recorder: worker.recorder, consumer: clients.consumer,
                         producer: clients.producer(of: index), inbox: worker.inbox, admission: admission,
-                        logger: logger, committer: committers?[index])
+                        logger: logger, committer: committers?[index], userSource: store)
                     await withTaskCancellationHandler {
                         await loop.run(beforeAbort: {
                             // The others stop now, not after this worker's abort (it may wait on the broker).

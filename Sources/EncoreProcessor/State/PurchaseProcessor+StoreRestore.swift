@@ -91,6 +91,24 @@ extension PurchaseProcessor {
                 let before = stored
                 var seen = 0
                 do {
+                    if configuration.residentUsers != nil {
+                        // Only users with an open request now; the others when their records arrive.
+                        for user in try store.usersWithOpenRequests(of: partition) {
+                            for (key, value) in try store.records(ofUser: user, partition: partition) {
+                                seen += 1
+                                do throws(EventValidationError) {
+                                    try folded.fold(key: key, value: value, horizonMs: horizon)
+                                } catch {
+                                    invalid.append(
+                                        "\(configuration.stateTopic)[\(partition)] key \(String(decoding: key, as: UTF8.self)): \(error)"
+                                    )
+                                }
+                            }
+                            folded.users.append(user)
+                        }
+                        stored += seen
+                        break
+                    }
                     try store.forEachRecord(of: partition) { key, value in
                         seen += 1
                         if seen % 4096 == 0 {

@@ -130,15 +130,16 @@ final class RocksDB: @unchecked Sendable {
 
     /// Calls `body` with each key and value from `start` (inclusive) to `end` (exclusive), in key
     /// order, until it returns false. The buffers are valid only during the call.
+    /// `fillsCache`: the blocks read stay in the block cache (a small read of data read again); a
+    /// long scan reads each block once and would only push the useful ones out.
     func scan(
-        from start: [UInt8], to end: [UInt8],
+        from start: [UInt8], to end: [UInt8], fillsCache: Bool = false,
         _ body: (UnsafeRawBufferPointer, UnsafeRawBufferPointer) throws -> Bool
     ) throws {
         precondition(!closed.load(ordering: .acquiring), "RocksDB used after close()")
         let options = rocksdb_readoptions_create()
         defer { rocksdb_readoptions_destroy(options) }
-        // A scan reads each block once: it would only push the cache's useful blocks out.
-        rocksdb_readoptions_set_fill_cache(options, 0)
+        rocksdb_readoptions_set_fill_cache(options, fillsCache ? 1 : 0)
         try end.withUnsafeBufferPointer { end in
             try end.withMemoryRebound(to: CChar.self) { end in
                 rocksdb_readoptions_set_iterate_upper_bound(options, end.baseAddress, end.count)
@@ -191,6 +192,12 @@ final class RocksDB: @unchecked Sendable {
                         }
                     }
                 }
+            }
+        }
+
+        func delete(_ key: [UInt8]) {
+            key.withUnsafeBufferPointer { key in
+                key.withMemoryRebound(to: CChar.self) { rocksdb_writebatch_delete(handle, $0.baseAddress, key.count) }
             }
         }
 

@@ -7,14 +7,22 @@ import Kafka
 /// topic. A cache of the changelog, which stays the truth: whatever it cannot vouch for is dropped
 /// and read again from the changelog.
 ///
-/// Keys in the one RocksDB database:
+/// Keys in the one RocksDB database (`user` is the user key's length, 4 bytes, and its bytes: a
+/// user's records are one key range, read in one seek when the user is loaded):
 /// - `0x00 "identity"`: the format, group and state topic it was built for;
 /// - `0x01 partition(4) 0x00`: the partition's checkpoint (offset, and a digest of the record just
 ///   before it, to recognise the topic it was read from);
-/// - `0x01 partition(4) 0x01 changelog-key`: the changelog record's value, unchanged.
+/// - `0x01 partition(4) 0x01 user 0x00`: the user's state record's value, unchanged;
+/// - `0x01 partition(4) 0x01 user 0x01 changelog-key`: a journal record's value, unchanged;
+/// - `0x01 partition(4) 0x02 user changelog-key`: the record holds an open request (an intent in
+///   flight or in doubt): the users a restore loads at once;
+/// - `0x01 partition(4) 0x03 expiry(8) user`: the user's earliest expiry (grant or source state);
+/// - `0x01 partition(4) 0x04 user`: that expiry, to replace its entry when the state changes.
+///
+/// The indexes are written in the same batch as the records they describe.
 final class StateStore: Sendable {
     /// Bumped when the layout changes: a store of another format is rebuilt.
-    static let format = 1
+    static let format = 2
 
     struct Checkpoint: Equatable, Sendable {
         /// The next changelog offset to read: every record before it is in the store.
@@ -129,10 +137,94 @@ final class StateStore: Sendable {
     ) throws(RocksDBError) {
         let batch = RocksDB.Batch()
         for (partition, records, checkpoint) in partitions {
-            for record in records { batch.put(Self.recordKey(partition, record.key ?? []), record.value) }
+            // Each user's expiry as this batch leaves it (a user may be written twice in one).
+            var expiries: [[UInt8]: Int64?] = [:]
+            for record in records {
+                let key = record.key ?? []
+                let (user, isJournal) = Self.user(ofChangelogKey: key)
+                batch.put(Self.recordKey(partition, user: user, changelogKey: key, isJournal: isJournal), record.value)
+                let open = Self.openIndexKey(partition, user: user, changelogKey: key)
+                let expiry: Int64?
+                if isJournal {
+                    let entry = try? JournalRecord(jsonBytes: record.value).entry
+                    if entry.map({ $0.result == nil }) ?? false { batch.put(open, []) } else { batch.delete(open) }
+                    continue
+                } else if let state = try? EntitlementStateRecord(jsonBytes: record.value) {
+                    // (An earlier version's journal in the state may hold an open request.)
+                    if state.journal.entries.contains(where: { $0.result == nil }) {
+                        batch.put(open, [])
+                    } else {
+                        batch.delete(open)
+                    }
+                    expiry = EntitlementLedger.earliestExpiry(of: state, after: .min)
+                } else {
+                    expiry = nil
+                }
+                let was: Int64?
+                if let known = expiries[user] {
+                    was = known
+                } else {
+                    was = try db.get(Self.expiryOfKey(partition, user: user)).map { Self.int64($0, at: 0) }
+                }
+                expiries[user] = .some(expiry)
+                guard was != expiry else { continue }
+                if let was { batch.delete(Self.expiryKey(partition, at: was, user: user)) }
+                if let expiry {
+                    batch.put(Self.expiryKey(partition, at: expiry, user: user), [])
+                    batch.put(Self.expiryOfKey(partition, user: user), Self.bytes(expiry))
+                } else {
+                    batch.delete(Self.expiryOfKey(partition, user: user))
+                }
+            }
             batch.put(Self.checkpointKey(partition), Self.bytes(checkpoint))
         }
         try db.write(batch)
+    }
+
+    /// A user's records in the store, with their changelog keys (the state's first).
+    func records(ofUser userKey: String, partition: Int32) throws -> [(key: [UInt8], value: [UInt8])] {
+        let user = Array(userKey.utf8)
+        let prefix = Self.userPrefix(partition, tag: 0x01, user: user)
+        var found: [(key: [UInt8], value: [UInt8])] = []
+        try db.scan(from: prefix, to: Self.successor(prefix), fillsCache: true) { key, value in
+            found.append((Self.changelogKey(storeKey: key, prefixCount: prefix.count, user: user), Array(value)))
+            return true
+        }
+        return found
+    }
+
+    /// The users of `partition` with an open request in the store (in key order, once each).
+    func usersWithOpenRequests(of partition: Int32) throws -> [String] {
+        let prefix = Self.recordKey(partition, [0x02])
+        var users: [String] = []
+        try db.scan(from: prefix, to: Self.successor(prefix)) { key, _ in
+            guard let user = Self.lengthPrefixed(key, at: prefix.count) else { return true }
+            let name = String(decoding: user, as: UTF8.self)
+            if users.last != name { users.append(name) }
+            return true
+        }
+        return users
+    }
+
+    /// Up to `limit` users of `partition` whose earliest expiry in the store is after `cursor` and
+    /// at or before `throughMs`, in expiry order, with the cursor past the last one returned.
+    func dueUsers(
+        of partition: Int32, after cursor: [UInt8]?, throughMs: Int64, limit: Int
+    ) throws -> (users: [String], cursor: [UInt8]?) {
+        let prefix = Self.recordKey(partition, [0x03])
+        let start = cursor.map { $0 + [0x00] } ?? prefix
+        let end = prefix + Self.bytes(Self.orderable(throughMs) &+ 1)
+        var users: [String] = []
+        var last = cursor
+        try db.scan(from: start, to: end, fillsCache: true) { key, _ in
+            guard users.count < limit else { return false }
+            if let user = Self.lengthPrefixed(key, at: prefix.count + 8) {
+                users.append(String(decoding: user, as: UTF8.self))
+            }
+            last = Array(key)
+            return true
+        }
+        return (users, last)
     }
 
     /// Forgets everything of `partition`: it is restored from the changelog's beginning next time.
@@ -148,12 +240,12 @@ final class StateStore: Sendable {
     func forEachRecord(
         of partition: Int32, _ body: ([UInt8], [UInt8]) throws -> Void
     ) throws -> Int {
-        let prefix = Self.recordKey(partition, [])
-        var end = prefix
-        end[end.count - 1] += 1
+        let prefix = Self.recordKey(partition, [0x01])
         var count = 0
-        try db.scan(from: prefix, to: end) { key, value in
-            try body(Array(key[prefix.count...]), Array(value))
+        try db.scan(from: prefix, to: Self.successor(prefix)) { key, value in
+            guard let user = Self.lengthPrefixed(key, at: prefix.count) else { return true }
+            let userPrefix = prefix.count + 4 + user.count
+            try body(Self.changelogKey(storeKey: key, prefixCount: userPrefix, user: Array(user)), Array(value))
             count += 1
             return true
         }
@@ -207,12 +299,95 @@ final class StateStore: Sendable {
 
     private static func checkpointKey(_ partition: Int32) -> [UInt8] { partitionPrefix(partition) + [0x00] }
 
-    private static func recordKey(_ partition: Int32, _ key: [UInt8]) -> [UInt8] {
+    /// The partition's prefix and `suffix`.
+    private static func recordKey(_ partition: Int32, _ suffix: [UInt8]) -> [UInt8] {
+        partitionPrefix(partition) + suffix
+    }
+
+    /// The partition's prefix, `tag`, and the user key with its length.
+    private static func userPrefix(_ partition: Int32, tag: UInt8, user: [UInt8]) -> [UInt8] {
         var bytes = partitionPrefix(partition)
-        bytes.reserveCapacity(bytes.count + 1 + key.count)
-        bytes.append(0x01)
-        bytes.append(contentsOf: key)
+        bytes.reserveCapacity(bytes.count + 5 + user.count + 64)
+        bytes.append(tag)
+        bytes.append(contentsOf: bytes32(UInt32(truncatingIfNeeded: user.count)))
+        bytes.append(contentsOf: user)
         return bytes
+    }
+
+    /// Where a changelog record is kept: under its user, the state first, then the journal's.
+    private static func recordKey(
+        _ partition: Int32, user: [UInt8], changelogKey: [UInt8], isJournal: Bool
+    ) -> [UInt8] {
+        var bytes = userPrefix(partition, tag: 0x01, user: user)
+        if isJournal {
+            bytes.append(0x01)
+            bytes.append(contentsOf: changelogKey)
+        } else {
+            bytes.append(0x00)
+        }
+        return bytes
+    }
+
+    private static func openIndexKey(_ partition: Int32, user: [UInt8], changelogKey: [UInt8]) -> [UInt8] {
+        userPrefix(partition, tag: 0x02, user: user) + changelogKey
+    }
+
+    private static func expiryKey(_ partition: Int32, at expiry: Int64, user: [UInt8]) -> [UInt8] {
+        recordKey(partition, [0x03] + bytes(orderable(expiry)) + bytes32(UInt32(truncatingIfNeeded: user.count)) + user)
+    }
+
+    private static func expiryOfKey(_ partition: Int32, user: [UInt8]) -> [UInt8] {
+        userPrefix(partition, tag: 0x04, user: user)
+    }
+
+    /// The user a changelog key belongs to: a journal key's (`:{slot}:{user}`) or the key itself
+    /// (a state's).
+    static func user(ofChangelogKey key: [UInt8]) -> (user: [UInt8], isJournal: Bool) {
+        guard JournalRecord.isJournalKey(key), let colon = key.dropFirst().firstIndex(of: UInt8(ascii: ":")) else {
+            return (key, false)
+        }
+        return (Array(key[(colon + 1)...]), true)
+    }
+
+    /// The changelog key of a record kept under `user` (its state's key is the user key).
+    private static func changelogKey(storeKey: UnsafeRawBufferPointer, prefixCount: Int, user: [UInt8]) -> [UInt8] {
+        guard storeKey.count > prefixCount, storeKey[prefixCount] == 0x01 else { return user }
+        return Array(storeKey[(prefixCount + 1)...])
+    }
+
+    /// The length-prefixed bytes at `start` of `key`, if whole.
+    private static func lengthPrefixed(_ key: UnsafeRawBufferPointer, at start: Int) -> UnsafeRawBufferPointer
+        .SubSequence?
+    {
+        guard key.count >= start + 4 else { return nil }
+        let length = Int(
+            UInt32(key[start]) << 24 | UInt32(key[start + 1]) << 16 | UInt32(key[start + 2]) << 8
+                | UInt32(key[start + 3]))
+        guard key.count >= start + 4 + length else { return nil }
+        return key[(start + 4)..<(start + 4 + length)]
+    }
+
+    /// The first key after every key starting with `prefix`.
+    private static func successor(_ prefix: [UInt8]) -> [UInt8] {
+        var end = prefix
+        while let last = end.last, last == 0xff { end.removeLast() }
+        if !end.isEmpty { end[end.count - 1] += 1 }
+        return end
+    }
+
+    /// A time as an unsigned number that sorts as the signed one does, big-endian.
+    private static func orderable(_ value: Int64) -> Int64 { Int64(bitPattern: UInt64(bitPattern: value) ^ (1 << 63)) }
+
+    private static func bytes(_ value: Int64) -> [UInt8] {
+        let bits = UInt64(bitPattern: value)
+        return stride(from: 56, through: 0, by: -8).map { UInt8(truncatingIfNeeded: bits >> $0) }
+    }
+
+    private static func bytes32(_ value: UInt32) -> [UInt8] {
+        [
+            UInt8(value >> 24), UInt8(truncatingIfNeeded: value >> 16), UInt8(truncatingIfNeeded: value >> 8),
+            UInt8(truncatingIfNeeded: value),
+        ]
     }
 
     private static func bytes(_ checkpoint: Checkpoint) -> [UInt8] {

@@ -16,17 +16,34 @@ import Synchronization
 /// one of whose changelog records failed delivery (it may be in the topic all the same), takes no
 /// more records until it is restored again: its store stays at its last checkpoint, and the next
 /// restore reads the changelog from there.
-final class StateStoreWriter: Sendable {
+///
+/// It is also where a worker that keeps only some users in memory reads the others
+/// (``UserStateSource``): the store, overlaid by the records acknowledged and not yet written
+/// there (exactly-once, those of the open transaction too: they are what the worker knew).
+final class StateStoreWriter: UserStateSource {
     private struct Pending {
         var records: [(key: [UInt8]?, value: [UInt8])] = []
+        /// Each record's number in ``State/overlay``.
+        var serials: [UInt64] = []
         var checkpoint = StateStore.Checkpoint(offset: 0, lastDigest: 0)
+    }
+
+    /// A record acknowledged and not yet in the store, numbered in the order it came.
+    private struct Unwritten {
+        var serial: UInt64
+        var value: [UInt8]
     }
 
     private struct State {
         /// Records ready for the store, per changelog partition, in offset order.
         var ready: [Int32: Pending] = [:]
-        /// Exactly-once: each worker's records of its open transaction.
-        var held: [Int: [KafkaDelivery]] = [:]
+        /// Exactly-once: each worker's records of its open transaction, with their serials.
+        var held: [Int: [(delivery: KafkaDelivery, serial: UInt64)]] = [:]
+        /// Records acknowledged and not in the store yet, per partition, user and changelog key:
+        /// what a user read from the store must be overlaid with. A partition whose records the
+        /// store does not take (not restored yet, or its write failed) keeps them until restored.
+        var overlay: [Int32: [String: [[UInt8]: Unwritten]]] = [:]
+        var serial: UInt64 = 0
         var failure: String? = nil
         var stopped = false
         /// Changelog partitions whose requests partition this instance owns (or is restoring).
@@ -82,20 +99,79 @@ final class StateStoreWriter: Sendable {
         guard !records.isEmpty || !failed.isEmpty else { return }
         state.withLock { state in
             if !failed.isEmpty { Self.stopWriting(Set(failed), in: &state) }
+            let serials = Self.overlay(records, in: &state)
             if transactional {
-                state.held[worker, default: []].append(contentsOf: records)
+                state.held[worker, default: []].append(contentsOf: zip(records, serials).map { ($0, $1) })
             } else {
-                Self.add(records, to: &state.ready)
+                Self.add(records, serials: serials, to: &state.ready)
             }
         }
     }
+
+    /// Numbers the records and puts them in the overlay.
+    private static func overlay(_ deliveries: [KafkaDelivery], in state: inout State) -> [UInt64] {
+        deliveries.map { delivery in
+            state.serial += 1
+            guard let record = delivery.record, let partition = record.partition else { return state.serial }
+            let key = record.key ?? []
+            let user = String(decoding: StateStore.user(ofChangelogKey: key).user, as: UTF8.self)
+            state.overlay[partition, default: [:]][user, default: [:]][key] = Unwritten(
+                serial: state.serial, value: record.value)
+            return state.serial
+        }
+    }
+
+    /// Takes the records out of the overlay unless a later record of their key replaced them.
+    private static func removeFromOverlay(
+        _ records: [(key: [UInt8]?, value: [UInt8])], serials: [UInt64], partition: Int32, in state: inout State
+    ) {
+        for (record, serial) in zip(records, serials) {
+            let key = record.key ?? []
+            let user = String(decoding: StateStore.user(ofChangelogKey: key).user, as: UTF8.self)
+            guard state.overlay[partition]?[user]?[key]?.serial == serial else { continue }
+            state.overlay[partition]![user]![key] = nil
+            if state.overlay[partition]![user]!.isEmpty { state.overlay[partition]![user] = nil }
+        }
+        if state.overlay[partition]?.isEmpty == true { state.overlay[partition] = nil }
+    }
+
+    // MARK: Users read back (UserStateSource)
+
+    /// The overlay is read before the store: a flush running meanwhile writes a record to the store
+    /// before it leaves the overlay, so each record is found in one or the other; the overlay's is
+    /// the newer. (No record of the user arrives meanwhile: a worker reads only users it has no
+    /// unacknowledged update of.)
+    func records(ofUser key: String, partition: Int32) throws -> [(key: [UInt8], value: [UInt8])] {
+        let unwritten = state.withLock { $0.overlay[partition]?[key] } ?? [:]
+        var found = try store.records(ofUser: key, partition: partition)
+        guard !unwritten.isEmpty else { return found }
+        found.removeAll { unwritten[$0.key] != nil }
+        let newer = unwritten.sorted { $0.value.serial < $1.value.serial }.map { (key: $0.key, value: $0.value.value) }
+        return found + newer
+    }
+
+    func dueUsers(
+        of partition: Int32, after cursor: [UInt8]?, throughMs: Int64, limit: Int
+    ) throws -> (users: [String], cursor: [UInt8]?) {
+        try store.dueUsers(of: partition, after: cursor, throughMs: throughMs, limit: limit)
+    }
+
+    func takesWrites(of partition: Int32) -> Bool { state.withLock { $0.writable.contains(partition) } }
 
     /// Exactly-once: the worker's transaction committed (its records go to the store) or aborted
     /// (they never will: the transaction's records are not the changelog's).
     func transactionEnded(worker: Int, committed: Bool) {
         state.withLock { state in
             let held = state.held.removeValue(forKey: worker) ?? []
-            if committed { Self.add(held, to: &state.ready) }
+            if committed {
+                Self.add(held.map(\.delivery), serials: held.map(\.serial), to: &state.ready)
+            } else {
+                for (delivery, serial) in held {
+                    guard let record = delivery.record, let partition = record.partition else { continue }
+                    Self.removeFromOverlay(
+                        [(record.key, record.value)], serials: [serial], partition: partition, in: &state)
+                }
+            }
         }
     }
 
@@ -107,17 +183,30 @@ final class StateStoreWriter: Sendable {
 
     /// The partitions were restored (their store brought to the changelog's end): records may go
     /// to them.
+    /// The overlay's records of those partitions (acknowledged, so read back by the restore) go,
+    /// but an open transaction's.
     func restored(_ partitions: [Int32]) {
-        state.withLock { $0.writable.formUnion(partitions) }
+        state.withLock { state in
+            state.writable.formUnion(partitions)
+            let held = Set(state.held.values.joined().map(\.serial))
+            for partition in partitions {
+                state.overlay[partition] = state.overlay[partition]?.compactMapValues { records in
+                    let kept = records.filter { held.contains($0.value.serial) }
+                    return kept.isEmpty ? nil : kept
+                }
+                if state.overlay[partition]?.isEmpty == true { state.overlay[partition] = nil }
+            }
+        }
     }
 
-    private static func add(_ deliveries: [KafkaDelivery], to ready: inout [Int32: Pending]) {
+    private static func add(_ deliveries: [KafkaDelivery], serials: [UInt64], to ready: inout [Int32: Pending]) {
         // The last record of each partition: the one its checkpoint follows.
         var last: [Int32: (offset: Int64, key: [UInt8]?, value: [UInt8])] = [:]
-        for delivery in deliveries {
+        for (delivery, serial) in zip(deliveries, serials) {
             guard let record = delivery.record, let partition = record.partition else { continue }
             // (In place: a copy taken out of the dictionary would copy the records at each append.)
             ready[partition, default: Pending()].records.append((record.key, record.value))
+            ready[partition]!.serials.append(serial)
             if delivery.offset >= last[partition]?.offset ?? -1 {
                 last[partition] = (delivery.offset, record.key, record.value)
             }
@@ -142,6 +231,12 @@ final class StateStoreWriter: Sendable {
             guard !ready.isEmpty else { return }
             do {
                 try store.apply(ready.map { ($0.key, $0.value.records, $0.value.checkpoint) })
+                state.withLock { state in
+                    for (partition, pending) in ready {
+                        Self.removeFromOverlay(
+                            pending.records, serials: pending.serials, partition: partition, in: &state)
+                    }
+                }
             } catch {
                 let first = state.withLock { state in
                     Self.stopWriting(Set(ready.keys), in: &state)
@@ -190,7 +285,10 @@ final class StateStoreWriter: Sendable {
                 for partition in due { state.unownedSince[partition] = nil }
                 return due.filter { stored.contains($0) && !state.owned.contains($0) }
             }
-            state.withLock { Self.stopWriting(Set(due), in: &$0) }
+            state.withLock { state in
+                Self.stopWriting(Set(due), in: &state)
+                for partition in due { state.overlay[partition] = nil }
+            }
             for partition in due {
                 do {
                     try store.reset(partition: partition)

@@ -139,6 +139,10 @@ struct OutputTracker<Item> {
         enqueue(output, unsentOutput, for: ref, update: nil)
     }
 
+    /// Whether an update of the user is not acknowledged yet (its changelog records are not all
+    /// in the topic).
+    func hasUpdates(ofUser key: String) -> Bool { updateOrder[UserLane(key: key)] != nil }
+
     /// Publishes a ledger update: `alongside` (the outcome and dead letter whose result the update
     /// records) and its change events now, its changelog record once they and the user's earlier
     /// updates are acknowledged. The record (if any) finishes after all of them. With `intent`,
