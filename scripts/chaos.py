@@ -472,6 +472,7 @@ class Members:
             # outlasts the drain (call timeout + 5 s), which the processor checks.
             "-X", "max.poll.interval.ms=20000",
         ] + (["--guarantee", "exactly-once"] if self.args.guarantee == "exactly-once" else []) + (
+            ["--state-cache-users", str(self.args.state_cache_users)] if self.args.state_cache_users else []) + (
             ["--workers", str(self.args.workers)] if self.args.workers else [])
         log = open(f"{self.work}/{instance}.log", "w")
         self.running[slot] = (instance, subprocess.Popen(command, env=self.cluster.env, stdout=log, stderr=log))
@@ -713,6 +714,8 @@ def main():
     parser.add_argument("--tansu-port", type=int, default=19095)
     parser.add_argument("--guarantee", choices=["at-least-once", "exactly-once"], default="at-least-once")
     parser.add_argument("--workers", type=int, help="the members' --workers (default: theirs, the cores available)")
+    parser.add_argument("--state-cache-users", type=int,
+                        help="the members' --state-cache-users (default: theirs): few, and users are let go and read back from the store")
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--seconds", type=float, default=24)
     parser.add_argument("--call-timeout-ms", type=int, default=1000)

@@ -29,6 +29,8 @@ public enum Benchmark {
         public var ledger = true
         /// The local state store's directory (`nil`: none).
         public var stateDirectory: String? = nil
+        /// With a store: at most this many users in memory (`run --state-cache-users`).
+        public var residentUsers: Int? = ProcessorConfiguration.defaultResidentUsers
         public var guarantee = DeliveryGuarantee.atLeastOnce
         public init() {}
     }
@@ -141,6 +143,7 @@ public enum Benchmark {
         configuration.stateTopic = outputs[3]
         configuration.ledgerEnabled = options.ledger
         configuration.stateDirectory = options.stateDirectory
+        configuration.residentUsers = options.residentUsers
         configuration.guarantee = options.guarantee
         configuration.maxInFlight = options.maxInFlight
         configuration.workers = options.workers

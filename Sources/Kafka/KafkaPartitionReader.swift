@@ -104,6 +104,9 @@ public enum KafkaPartitionReader {
             targets.keys.sorted().map { KafkaTopicPartitionOffset(topic: topic, partition: $0, offset: starts[$0]!) })
         // Only a reader that may settle for a committed end keeps track of the ends held short.
         let held = openTransactionWait.map { _ in HeldEnds() }
+        // Batches folded: the timeout counts from the last one, so a long read that keeps going
+        // (millions of records) is never cut short, and a stalled one ends after `timeout`.
+        let progress = ReadProgress()
         let outcome = await withTaskGroup(of: ReadEnding<State>.self) { group in
             group.addTask {
                 var state = initial
@@ -126,6 +129,7 @@ public enum KafkaPartitionReader {
                     }
                     guard case .messages(let batch) = event else { continue }
                     defer { admission.release(batch.count) }
+                    progress.batches.add(1, ordering: .relaxed)
                     // Records past the end are read too: they are as real, and some brokers (Tansu)
                     // report the end as the last record batch's first offset + 1, short of its other
                     // records. A partition is done at the consumer's end-of-partition past the end.
@@ -162,7 +166,18 @@ public enum KafkaPartitionReader {
                 return Task.isCancelled && held?.settled == true ? .read(state, records) : .timedOut
             }
             group.addTask {
-                try? await Task.sleep(for: timeout)
+                let clock = ContinuousClock()
+                var seen = 0
+                var since = clock.now
+                while !Task.isCancelled {
+                    try? await Task.sleep(for: min(timeout, .seconds(1)))
+                    let now = progress.batches.load(ordering: .relaxed)
+                    if now != seen {
+                        (seen, since) = (now, clock.now)
+                    } else if clock.now - since >= timeout {
+                        break
+                    }
+                }
                 return .timedOut
             }
             if let openTransactionWait, let held {
@@ -193,7 +208,8 @@ public enum KafkaPartitionReader {
         await consumer.close()
         guard case .read(let state, let records) = outcome else {
             throw KafkaError(
-                code: .timedOut, message: "reading '\(topic)' did not reach the end of its partitions within \(timeout)"
+                code: .timedOut,
+                message: "reading '\(topic)' did not reach the end of its partitions: no record for \(timeout)"
             )
         }
         for (partition, short) in (held?.shortEnds ?? [:]).sorted(by: { $0.key < $1.key }) {
@@ -259,4 +275,9 @@ private final class HeldEnds: Sendable {
     var shortEnds: [Int32: (offset: Int64, end: Int64)] {
         state.withLock { $0.settled ? $0.short.mapValues { ($0.offset, $0.end) } : [:] }
     }
+}
+
+/// How many batches a read folded, for its stall timeout.
+private final class ReadProgress: Sendable {
+    let batches = Atomic<Int>(0)
 }

@@ -33,6 +33,10 @@ enum BenchCommand {
                 "state-dir", value: "DIR", default: "none",
                 "Run with the local state store, as run does by default: a new one inside DIR, removed after the run; none: without it."
             ),
+            .option(
+                "state-cache-users", value: "N|all", default: "\(ProcessorConfiguration.defaultResidentUsers)",
+                "With --state-dir: at most N users in memory, as with run (the others read from the store); all: every user."
+            ),
             .flag(
                 "no-ledger",
                 "Run without the entitlement ledger (for brokers that cannot create the co-partitioned changelog)."),
@@ -78,6 +82,14 @@ enum BenchCommand {
             benchmark.stateDirectory = benchStore
         }
         defer { if let benchStore { try? FileManager.default.removeItem(atPath: benchStore) } }
+        if options.string("state-cache-users") == "all" {
+            benchmark.residentUsers = nil
+        } else {
+            if benchStore == nil && options.isSet("state-cache-users") {
+                throw UsageError("--state-cache-users needs --state-dir")
+            }
+            benchmark.residentUsers = try options.integer("state-cache-users", range: 1...1_000_000_000)
+        }
         benchmark.guarantee =
             DeliveryGuarantee(rawValue: try options.choice("guarantee", DeliveryGuarantee.allCases.map(\.rawValue)))
             ?? .atLeastOnce

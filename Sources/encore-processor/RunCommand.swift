@@ -28,8 +28,8 @@ enum RunCommand {
                 "state-cache-mb", value: "MB", default: "64",
                 "The state store's block cache; with its 32 MB of write buffers, what the store may hold in memory."),
             .option(
-                "state-cache-users", value: "N|all", default: "all",
-                "With a state store: at most N users per worker are kept in memory (besides those in flight, unwritten or expiring within a minute); the others are read from the store when their records arrive. all: every user of the owned partitions is in memory."
+                "state-cache-users", value: "N|all", default: "\(ProcessorConfiguration.defaultResidentUsers)",
+                "With a state store: at most N users are kept in memory (besides those in flight, not yet written or expiring within a minute); the others are read from the store when their records arrive. all: every user of the owned partitions is in memory (as without a store)."
             ),
             .flag("check", "Validate the arguments and exit (0 when they are valid).", commandLineOnly: true),
         ],
@@ -372,9 +372,11 @@ enum RunCommand {
         var (configuration, router) = try processorSetup(options, kafka: kafka)
         configuration.stateDirectory = stateDirectory(options.string("state-dir")!, group: configuration.groupID)
         configuration.stateCacheBytes = try options.integer("state-cache-mb", range: 1...1_000_000) << 20
-        if options.string("state-cache-users") != "all" {
-            configuration.residentUsers = try options.integer("state-cache-users", range: 1_000...1_000_000_000)
-            if configuration.stateDirectory == nil {
+        if options.string("state-cache-users") == "all" {
+            configuration.residentUsers = nil
+        } else {
+            configuration.residentUsers = try options.integer("state-cache-users", range: 1...1_000_000_000)
+            if configuration.stateDirectory == nil && options.isSet("state-cache-users") {
                 throw UsageError("--state-cache-users needs a state store: --state-dir none keeps every user in memory")
             }
         }

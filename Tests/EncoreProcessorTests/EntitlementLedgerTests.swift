@@ -1,5 +1,6 @@
 import EncoreEvents
 import Foundation
+import Kafka
 import Testing
 
 @testable import EncoreProcessor
@@ -212,6 +213,212 @@ struct EntitlementLedgerTests {
                 outcome: Story.outcome("u1", "trial", .purchased, at: expiresAt + 20_000), entitlement: Story.trial,
                 partition: 0))
         #expect(again.changes.map(summary) == ["granted freeTrial verified active #3"])
+    }
+
+    /// A ledger keeping no user in memory but those that must stay, over a real store and writer.
+    private struct Resident {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("encore-ledger-\(UUID())").path
+        let store: StateStore
+        let writer: StateStoreWriter
+        var ledger: EntitlementLedger
+        var offset: Int64 = 0
+
+        init(rules: [String]) throws {
+            store = try StateStore(
+                directory: path, group: "g", stateTopic: "state", cacheBytes: 1 << 20, writeBufferBytes: 4 << 20,
+                logger: Logger(label: "test"))
+            writer = StateStoreWriter(
+                store: store, transactional: false, interval: .seconds(60), logger: Logger(label: "test"))
+            writer.restored([0])
+            ledger = try Story.ledger(rules: rules)
+            ledger.keepResident(atMost: 0, source: writer)
+            ledger.nowMs = Story.start
+        }
+
+        /// The update's records, acknowledged by the broker, as the producer hands them to the writer.
+        mutating func written(_ update: LedgerUpdate) {
+            var records: [KafkaProducerRecord] = []
+            if update.writesState {
+                records.append(
+                    KafkaProducerRecord(
+                        topic: "state", partition: update.partition, key: Array(update.key.utf8),
+                        value: update.state.jsonBytes()))
+            }
+            if let journal = update.journal {
+                records.append(
+                    KafkaProducerRecord(
+                        topic: "state", partition: update.partition, key: journal.key(slotCount: 100),
+                        value: journal.jsonBytes()))
+            }
+            var deliveries: [KafkaDelivery] = []
+            for record in records {
+                deliveries.append(KafkaDelivery(token: 0, error: nil, record: record, offset: offset))
+                offset += 1
+            }
+            writer.acknowledged(deliveries, worker: 0)
+        }
+
+        /// Two passes: the first takes the "used" mark, the second lets go.
+        mutating func evict(pinned: Set<String> = []) {
+            ledger.evict { pinned.contains($0) }
+            ledger.evict { pinned.contains($0) }
+        }
+
+        func close() {
+            writer.stop()
+            try? FileManager.default.removeItem(atPath: path)
+        }
+    }
+
+    @Test(
+        "a user stays in memory while its records are not all in the store, it has an open request, its update is unacknowledged or its expiry is within a minute"
+    )
+    func whatMustStay() throws {
+        var resident = try Resident(rules: ["pro = encore:freeTrial"])
+        defer { resident.close() }
+        resident.written(
+            try required(
+                resident.ledger.applied(
+                    outcome: Story.outcome("written", "trial", .purchased, at: Story.start), entitlement: Story.trial,
+                    partition: 0)))
+        resident.evict()
+        #expect(resident.ledger.state(ofUser: "app:written") != nil, "acknowledged, not yet in the store")
+        resident.writer.flush()
+        resident.evict()
+        #expect(resident.ledger.state(ofUser: "app:written") == nil, "in the store: let go")
+
+        let request = PurchaseRequestEvent(
+            requestID: "open-1", appID: "app", appUserID: "open", productID: "trial", store: .appStore,
+            environment: .production, requestedAtMs: Story.start)
+        resident.written(resident.ledger.recordIntent(request, attempt: 1, partition: 0, nowMs: Story.start))
+        resident.written(
+            try required(
+                resident.ledger.applied(
+                    outcome: Story.outcome("pinned", "trial", .purchased, at: Story.start), entitlement: Story.trial,
+                    partition: 0)))
+        let soon = resident.ledger.apply(
+            source: Story.source(
+                "soon", "revenuecat", "pro", active: true, at: Story.start, expires: Story.start + 30_000),
+            partition: 0, nowMs: Story.start)
+        resident.written(try required(soon))
+        resident.writer.flush()
+        resident.evict(pinned: ["app:pinned"])
+        #expect(resident.ledger.journalEntry(ofUser: "app:open", requestID: "open-1")?.result == nil)
+        #expect(resident.ledger.residentFigures.loads == 4, "none of them read again")
+        #expect(resident.ledger.state(ofUser: "app:pinned") != nil, "its update unacknowledged")
+        #expect(resident.ledger.state(ofUser: "app:soon") != nil, "its expiry within a minute")
+        #expect(resident.ledger.residentFigures.users == 3, "open, pinned and soon")
+    }
+
+    @Test(
+        "with users in the store, an expiry that changes nothing still writes the state, so the store's expiry index moves on to the next one"
+    )
+    func expiryThatChangesNothing() throws {
+        var resident = try Resident(rules: ["pro = encore:freeTrial"])
+        defer { resident.close() }
+        // A source state no rule reads ends first, the trial after.
+        let trialEnds = Story.start + 7 * Story.day
+        resident.written(
+            try required(
+                resident.ledger.applied(
+                    outcome: Story.outcome("u1", "trial", .purchased, at: Story.start), entitlement: Story.trial,
+                    partition: 0)))
+        resident.written(
+            try required(
+                resident.ledger.apply(
+                    source: Story.source(
+                        "u1", "other", "x", active: true, at: Story.start, expires: Story.start + Story.day),
+                    partition: 0, nowMs: Story.start)))
+        resident.writer.flush()
+        #expect(
+            try resident.store.dueUsers(of: 0, after: nil, throughMs: Story.start + Story.day, limit: 5).users == [
+                "app:u1"
+            ])
+        resident.ledger.nowMs = Story.start + Story.day + 1
+        let updates = resident.ledger.expire(nowMs: Story.start + Story.day + 1)
+        #expect(updates.count == 1 && updates[0].changes.isEmpty && updates[0].writesState)
+        resident.written(updates[0])
+        resident.writer.flush()
+        #expect(try resident.store.dueUsers(of: 0, after: nil, throughMs: trialEnds - 1, limit: 5).users.isEmpty)
+        #expect(try resident.store.dueUsers(of: 0, after: nil, throughMs: trialEnds, limit: 5).users == ["app:u1"])
+    }
+
+    @Test(
+        "a user kept only in the store is read back for its expiry, from the store's index; the sequence goes on; a partition whose writes the store does not take keeps its users"
+    )
+    func expiryOfAUserLetGo() throws {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("encore-ledger-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let store = try StateStore(
+            directory: path, group: "g", stateTopic: "state", cacheBytes: 1 << 20, writeBufferBytes: 4 << 20,
+            logger: Logger(label: "test"))
+        let writer = StateStoreWriter(
+            store: store, transactional: false, interval: .seconds(60), logger: Logger(label: "test"))
+        defer { writer.stop() }
+        writer.restored([0])
+        var ledger = try Story.ledger(rules: ["pro = encore:freeTrial"])
+        ledger.keepResident(atMost: 0, source: writer)
+        ledger.nowMs = Story.start
+        var offset: Int64 = 0
+        /// The update's records, acknowledged by the broker, as the producer hands them to the writer.
+        func written(_ update: LedgerUpdate) {
+            var records = [
+                KafkaProducerRecord(
+                    topic: "state", partition: update.partition, key: Array(update.key.utf8),
+                    value: update.state.jsonBytes())
+            ]
+            if let journal = update.journal {
+                records.append(
+                    KafkaProducerRecord(
+                        topic: "state", partition: update.partition, key: journal.key(slotCount: 100),
+                        value: journal.jsonBytes()))
+            }
+            writer.acknowledged(
+                records.map { record in
+                    defer { offset += 1 }
+                    return KafkaDelivery(token: 0, error: nil, record: record, offset: offset)
+                }, worker: 0)
+        }
+        written(
+            try required(
+                ledger.applied(
+                    outcome: Story.outcome("u1", "trial", .purchased, at: Story.start), entitlement: Story.trial,
+                    partition: 0)))
+        written(
+            try required(
+                ledger.applied(
+                    outcome: Story.outcome("u2", "trial", .purchased, at: Story.start), entitlement: Story.trial,
+                    partition: 1)))
+        writer.flush()
+        // Two passes: the first takes the "used" mark, the second lets go (u2's partition 1 is not
+        // restored in this process: the store does not take its records, so u2 stays).
+        ledger.evict { _ in false }
+        ledger.evict { _ in false }
+        #expect(ledger.state(ofUser: "app:u1") == nil && ledger.state(ofUser: "app:u2") != nil)
+        #expect(ledger.nextExpiryMs == Story.start + 7 * Story.day, "(u1's entry in the queue, stale, and u2's)")
+
+        let expiresAt = Story.start + 7 * Story.day
+        ledger.nowMs = expiresAt - 1
+        ledger.loadDueUsers(of: [0])
+        #expect(ledger.state(ofUser: "app:u1") == nil, "not due yet: not read")
+        // (The index is read at most once a second.)
+        ledger.nowMs = expiresAt + 1_000
+        ledger.loadDueUsers(of: [0])
+        let updates = ledger.expire(nowMs: expiresAt + 1_000)
+        #expect(
+            updates.filter { $0.key == "app:u1" }.flatMap(\.changes).map(summary) == [
+                "expired freeTrial verified inactive #3", "revoked access:pro inactive #4",
+            ]
+                || updates.filter { $0.key == "app:u1" }.flatMap(\.changes).map(summary) == [
+                    "expired freeTrial verified inactive #3", "expired access:pro inactive #4",
+                ], "\(updates.flatMap(\.changes).map(summary))")
+        #expect(updates.contains { $0.key == "app:u2" }, "the resident user expires as before")
+        // Three reads: each user when its first outcome came (nothing in the store), u1 once again.
+        #expect(ledger.residentFigures.loads == 3)
+        // The index was read past u1: a second look reads nothing again.
+        ledger.nowMs = expiresAt + 2_000
+        ledger.loadDueUsers(of: [0])
+        #expect(ledger.residentFigures.loads == 3)
     }
 
     @Test("an expiry that passed while the processor was down is emitted on restore, once; sequences continue")

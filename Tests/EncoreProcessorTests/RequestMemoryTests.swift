@@ -70,6 +70,32 @@ struct RequestMemoryTests {
         }
         check("after new requests")
         #expect(memory.bytesPerRequest > 0 && MemoryLayout<RequestMemory.Settled>.stride == 48)
+        // Users let go (kept in the state store): all of theirs goes, the others' stays in place.
+        for (index, user) in model.keys.sorted().enumerated() where index % 3 == 0 {
+            memory.forget(userKey: user)
+            model[user] = nil
+        }
+        check("after users were let go")
+    }
+
+    @Test(
+        "a user's open requests are counted as they open and settle; a user let go and read back starts from its records"
+    )
+    func openRequestsAndForget() {
+        var memory = RequestMemory(cap: 2)
+        let seq = memory.allocate(userKey: "app:a")
+        memory.record(userKey: "app:a", seq: seq, Entry(requestID: "r1", attempts: 1, startedAtMs: Self.t0))
+        #expect(memory.hasOpenRequest(ofUser: "app:a") && !memory.hasOpenRequest(ofUser: "app:b"))
+        let done = Entry(
+            requestID: "r1", attempts: 1, startedAtMs: Self.t0, result: .purchased, completedAtMs: Self.t0 + 1)
+        memory.record(userKey: "app:a", seq: seq, done)
+        #expect(!memory.hasOpenRequest(ofUser: "app:a"))
+        memory.forget(userKey: "app:a")
+        #expect(memory.count == 0 && memory.entry(userKey: "app:a", requestID: "r1") == nil)
+        // Read back from its records: the same entry, the counter past it.
+        memory.record(userKey: "app:a", seq: seq, done)
+        #expect(memory.entry(userKey: "app:a", requestID: "r1") == Self.readBack(done))
+        #expect(memory.allocate(userKey: "app:a") == seq + 1)
     }
 
     @Test("open intents, in-doubt marks and decided failures are kept whole; a legacy entry never hides a newer one")

@@ -16,11 +16,13 @@ struct StateStoreTests {
     /// Runs a processor with the store in `directory` until the group committed `total` requests;
     /// returns its controller's calls and what its restore read, from `/metrics`.
     private func run(
-        bootstrap: String, group: String, directory: String, total: Int64
+        bootstrap: String, group: String, directory: String, total: Int64,
+        residentUsers: Int? = ProcessorConfiguration.defaultResidentUsers
     ) async throws -> (calls: RecordingController.State, changelog: Int, store: Int, duplicates: Int) {
         let controller = RecordingController()
         let processor = try processor(bootstrap: bootstrap, group: group, maxInFlight: 16, controller: controller) {
             $0.stateDirectory = directory
+            $0.residentUsers = residentUsers
         }
         async let running: Void = processor.run()
         let finished = try await eventually(timeout: .seconds(180)) {
@@ -76,7 +78,9 @@ struct StateStoreTests {
         // The same requests again (an upstream re-send) and 30 new ones.
         try await resend(first, bootstrap: bootstrap)
         _ = try await produceRequests(bootstrap: bootstrap, count: 30, options: generated(30, seed: 2))
-        let after = try await run(bootstrap: bootstrap, group: "stored", directory: directory, total: 270)
+        // Every user in memory (`--state-cache-users all`): the restore takes each key from the store.
+        let after = try await run(
+            bootstrap: bootstrap, group: "stored", directory: directory, total: 270, residentUsers: nil)
         // Every record the first run wrote was in the store when it stopped: none read again.
         #expect(after.changelog == 0, "changelog records read past the checkpoints")
         #expect(after.store == keys.count, "the store holds the changelog's latest record of each key")
@@ -211,7 +215,8 @@ struct StateStoreTests {
             var readAgain: Int? = nil
             if resending {
                 // Re-sent once the users were let go: each is read back from the store to answer it.
-                finished = await eventually(timeout: .seconds(60)) { processor.statistics.residentUsers <= 10 }
+                let letGo = await eventually(timeout: .seconds(60)) { processor.statistics.residentUsers <= 10 }
+                #expect(letGo, "users were not let go: \(processor.statistics.residentUsers) in memory")
                 let before = processor.statistics
                 try await resend(requests, bootstrap: bootstrap)
                 finished = try await committed(total)

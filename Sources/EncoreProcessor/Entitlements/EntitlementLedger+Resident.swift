@@ -14,6 +14,8 @@ protocol UserStateSource: Sendable {
     ) throws -> (users: [String], cursor: [UInt8]?)
     /// Whether the partition's records reach the store (its expiry index follows them).
     func takesWrites(of partition: Int32) -> Bool
+    /// Whether records of the user are acknowledged and not yet in the store (nor its indexes).
+    func hasUnwritten(user key: String, partition: Int32) -> Bool
 }
 
 /// Users in memory when the ledger reads the others from a ``UserStateSource`` (docs/STATE.md,
@@ -33,17 +35,17 @@ struct ResidentUsers: Sendable {
     var order = FIFO<String>()
     /// Per partition: how far the store's expiry index was read.
     var expiryCursors: [Int32: [UInt8]] = [:]
+    /// When the expiry index is read next (once a second, sooner while a read was cut short).
+    var nextDueReadMs: Int64 = .min
     var loads = 0
     var evictions = 0
-    /// Records of the store that are neither a valid state nor a valid journal record: left out.
-    var invalidRecords = 0
 }
 
 extension EntitlementLedger {
     /// Users whose expiry is this close are kept in memory: the store's expiry index may not have
     /// their latest state yet (it is written every commit interval).
     static let expiryPinMs: Int64 = 60_000
-    /// Most users a tick reads from the store's expiry index, per partition.
+    /// Most users one read of the store's expiry index takes, per partition.
     static let dueUsersPerTick = 1_000
 
     /// Keeps only some users in memory: the others are read from `source` when their records
@@ -55,9 +57,9 @@ extension EntitlementLedger {
     var keepsSomeUsers: Bool { resident != nil }
 
     /// Users in memory, users read from the store and users let go since the start.
-    var residentFigures: (users: Int, loads: Int, evictions: Int, invalid: Int) {
-        guard let resident else { return (userCount, 0, 0, 0) }
-        return (resident.residents.count, resident.loads, resident.evictions, resident.invalidRecords)
+    var residentFigures: (users: Int, loads: Int, evictions: Int) {
+        guard let resident else { return (userCount, 0, 0) }
+        return (resident.residents.count, resident.loads, resident.evictions)
     }
 
     /// Users the restore read at once (their open requests): in memory already.
@@ -92,8 +94,7 @@ extension EntitlementLedger {
         for record in records {
             if JournalRecord.isJournalKey(record.key) {
                 guard let read = try? JournalRecord(jsonBytes: record.value) else {
-                    resident!.invalidRecords += 1
-                    continue
+                    Self.unreadable(record, of: key, partition: partition)
                 }
                 // As a restore folds it: results past the retention are forgotten, open intents never.
                 guard read.entry.result == nil || read.entry.lastTouchedMs >= horizon else { continue }
@@ -101,17 +102,28 @@ extension EntitlementLedger {
             } else if let read = try? EntitlementStateRecord(jsonBytes: record.value) {
                 state = read
             } else {
-                resident!.invalidRecords += 1
+                Self.unreadable(record, of: key, partition: partition)
             }
         }
         // The journal's records first: an earlier version's journal in the state is older.
         if let state { restore(state, partition: partition, nowMs: nowMs) }
     }
 
+    /// A record of the user that is no valid state or journal record (as a restore of every user
+    /// refuses to start on one): without it the user's journal or state would be incomplete, and a
+    /// re-sent request could be called again. Stops the process (fail closed).
+    private static func unreadable(_ record: (key: [UInt8], value: [UInt8]), of key: String, partition: Int32) -> Never
+    {
+        fatalError(
+            "the state store's record \(String(decoding: record.key, as: UTF8.self)) of user \(key) (changelog partition \(partition)) is no valid state or journal record; remove it from the changelog or fix it, then rebuild the store (remove --state-dir)"
+        )
+    }
+
     /// Reads the users of `partitions` whose expiry is due by `nowMs` from the store's index, so
     /// that ``expire(nowMs:)`` settles them (at most ``dueUsersPerTick`` per partition a call).
     mutating func loadDueUsers(of partitions: some Sequence<Int32>) {
-        guard let source = resident?.source else { return }
+        guard let source = resident?.source, nowMs >= resident!.nextDueReadMs else { return }
+        resident!.nextDueReadMs = nowMs + 1_000
         for partition in partitions {
             let due: (users: [String], cursor: [UInt8]?)
             do {
@@ -123,6 +135,8 @@ extension EntitlementLedger {
             }
             resident!.expiryCursors[partition] = due.cursor
             for key in due.users { load(key, partition: partition) }
+            // (More may be due: read on at the next tick.)
+            if due.users.count == Self.dueUsersPerTick { resident!.nextDueReadMs = nowMs }
         }
     }
 
@@ -135,12 +149,15 @@ extension EntitlementLedger {
         resident = nil  // (Taken out while it changes: no copy of the tables.)
         defer { resident = users }
         var looked = 0
-        let queued = users.order.count
+        // (Bounded per tick: when most users must stay, a pass over all of them each tick would
+        // cost more than it frees.)
+        let queued = min(users.order.count, 4 * (users.residents.count - users.limit) + 1_024)
         while users.residents.count > users.limit, looked < queued, let key = users.order.popFirst() {
             looked += 1
             guard let entry = users.residents[key] else { continue }
             if entry.used || isPinned(key) || mustStay(key, partition: entry.partition)
                 || !users.source.takesWrites(of: entry.partition)
+                || users.source.hasUnwritten(user: key, partition: entry.partition)
             {
                 users.residents[key]!.used = false
                 users.order.append(key)
@@ -150,12 +167,15 @@ extension EntitlementLedger {
             users.evictions += 1
             forget(key, partition: entry.partition)
         }
+        dropStaleExpiries()
     }
 
     /// Forgets the resident bookkeeping of partitions no longer owned.
     mutating func removeResidents(of partitions: Set<Int32>) {
         guard resident != nil else { return }
         resident!.residents = resident!.residents.filter { !partitions.contains($0.value.partition) }
+        let residents = resident!.residents
+        _ = resident!.order.removeAll { residents[$0] == nil }
         for partition in partitions { resident!.expiryCursors[partition] = nil }
     }
 }

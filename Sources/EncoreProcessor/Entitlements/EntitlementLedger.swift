@@ -169,6 +169,15 @@ public struct EntitlementLedger: Sendable {
         journals[partition]?.forget(userKey: key)
     }
 
+    /// Rebuilds the expiry queue when most of its entries are stale (users let go, or scheduled
+    /// again): it holds the users in memory, not every user ever read.
+    mutating func dropStaleExpiries() {
+        guard expiries.count > 1_024 && expiries.count > 2 * users.count else { return }
+        var queue = TimerQueue<Int64, String>()
+        for (key, entry) in users { if let due = entry.scheduledAtMs { queue.schedule(key, at: due) } }
+        expiries = queue
+    }
+
     /// Forgets journal entries past the retention at `nowMs`.
     public mutating func pruneJournals(nowMs: Int64) {
         let horizon = nowMs - journal.retentionMs
@@ -402,9 +411,20 @@ public struct EntitlementLedger: Sendable {
             guard let entry = users[key], let scheduled = entry.scheduledAtMs, scheduled <= nowMs else { return nil }
             users[key]?.scheduledAtMs = nil
             defer { schedule(key, after: nowMs) }
-            return mutate(key, entry.state.appID, entry.state.appUserID, partition: entry.partition, nowMs: nowMs) {
-                _, _ in
+            if let update = mutate(
+                key, entry.state.appID, entry.state.appUserID, partition: entry.partition, nowMs: nowMs, { _, _ in })
+            {
+                return update
             }
+            // Nothing changed (a source state ran out with no rule's answer turning). With users
+            // kept in the store, the state is written all the same, its update time moved on:
+            // the store's expiry index, computed from the state, then holds the next expiry, not
+            // this one, which its cursor has passed.
+            guard resident != nil,
+                Self.earliestExpiry(of: entry.state, after: nowMs) != Self.earliestExpiry(of: entry.state, after: .min)
+            else { return nil }
+            users[key]?.state.updatedAtMs = max(entry.state.updatedAtMs, nowMs)
+            return LedgerUpdate(changes: [], state: users[key]!.state, partition: entry.partition, key: key)
         }
     }
 

@@ -218,7 +218,10 @@ struct RequestMemory: Sendable {
             let position = users[Int(user)].ring[slot]
             if position >= 0 { remove(at: Int(position)) }
         }
-        for (key, detail) in details where detail.user == user { setDetail(key, nil) }
+        // (Its details left with its settled entries, but open requests', which a user let go has none of.)
+        if users[Int(user)].openRequests > 0 {
+            for (key, detail) in details where detail.user == user { setDetail(key, nil) }
+        }
         userIDs[userKey] = nil
         users[Int(user)] = User(key: "")
         freeUsers.append(user)

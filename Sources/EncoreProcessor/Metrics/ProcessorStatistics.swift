@@ -31,11 +31,10 @@ public struct ProcessorStatistics: Sendable {
     /// Requests in doubt now, and when the oldest of them went in doubt (epoch ms).
     public var inDoubtOpen = 0
     /// With `--state-cache-users`: users in memory, users read from the state store, users let go
-    /// (kept in the store only), and store records that were no valid state or journal record.
+    /// (kept in the store only).
     public var residentUsers = 0
     public var userLoads = 0
     public var userEvictions = 0
-    public var invalidStoreRecords = 0
     public var oldestInDoubtSinceMs: Int64? = nil
     /// Recovery calls asking billing about a request in doubt.
     public var reconcileCalls = 0
@@ -131,7 +130,6 @@ public struct ProcessorStatistics: Sendable {
             total.residentUsers += part.residentUsers
             total.userLoads += part.userLoads
             total.userEvictions += part.userEvictions
-            total.invalidStoreRecords += part.invalidStoreRecords
             total.oldestInDoubtSinceMs = [total.oldestInDoubtSinceMs, part.oldestInDoubtSinceMs].compactMap { $0 }.min()
             total.reconcileCalls += part.reconcileCalls
             total.requestIDConflicts += part.requestIDConflicts

@@ -79,10 +79,6 @@ extension PurchaseProcessor {
         text.counter(
             "encore_state_user_evictions_total", "Users let go from memory (kept in the state store).",
             [([:], statistics.userEvictions)])
-        text.counter(
-            "encore_state_invalid_records_total",
-            "State store records that are no valid state or journal record (left out when a user is read).",
-            [([:], statistics.invalidStoreRecords)])
         text.gauge(
             "encore_buffered_records", "Records read and not yet done (the buffer).",
             [([:], vitals.admission?.held ?? 0)])

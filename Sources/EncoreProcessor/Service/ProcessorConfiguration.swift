@@ -76,10 +76,12 @@ public struct ProcessorConfiguration: Sendable {
     public var stateDirectory: String? = nil
     /// The store's block cache, which bounds its memory with its write buffers (32 MiB).
     public var stateCacheBytes = 64 << 20
-    /// With a store: at most how many users each worker keeps in memory besides those it must
-    /// (`--state-cache-users`, docs/STATE.md, Users in memory); the others are read from the store
-    /// when their records arrive. `nil`: every user of the owned partitions is in memory.
-    public var residentUsers: Int? = nil
+    /// With a store: at most how many users the instance keeps in memory (its workers share them)
+    /// besides those it must (`--state-cache-users`, docs/STATE.md, Users in memory); the others
+    /// are read from the store when their records arrive. `nil`: every user of the owned
+    /// partitions is in memory. Without a store every user is, whatever this says.
+    public var residentUsers: Int? = Self.defaultResidentUsers
+    public static let defaultResidentUsers = 50_000
     /// How long a partition this instance no longer owns stays in the store (a quick hand-back
     /// restores only its tail); then it is dropped.
     public var stateUnownedGrace: Duration = .seconds(600)

@@ -227,8 +227,10 @@ extension PurchaseProcessor {
             }
             if tail.pending[partition]!.count >= batchSize {
                 do {
+                    // (Synced once at the end of the read: a sync per batch made a rebuild disk-bound.)
                     try store.apply(
-                        tail.pending[partition]!, partition: partition, checkpoint: tail.checkpoints[partition]!)
+                        tail.pending[partition]!, partition: partition, checkpoint: tail.checkpoints[partition]!,
+                        synced: false)
                     tail.pending[partition] = []
                 } catch {
                     tail.failure = "\(error)"
@@ -238,10 +240,13 @@ extension PurchaseProcessor {
         var failure = tail.failure
         for (partition, records) in tail.pending where !records.isEmpty && failure == nil {
             do {
-                try store.apply(records, partition: partition, checkpoint: tail.checkpoints[partition]!)
+                try store.apply(records, partition: partition, checkpoint: tail.checkpoints[partition]!, synced: false)
             } catch {
                 failure = "\(error)"
             }
+        }
+        if failure == nil {
+            do { try store.syncLog() } catch { failure = "\(error)" }
         }
         // A checkpoint whose record before it never came (compacted away, or aborted and skipped by a
         // read_committed reader, with nothing after it) is not vouched for either.

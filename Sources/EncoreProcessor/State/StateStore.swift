@@ -125,15 +125,23 @@ final class StateStore: Sendable {
 
     /// Applies changelog records of `partition` (in offset order) and moves its checkpoint to
     /// `checkpoint`, atomically and durably: after any crash the store holds all of it or none.
+    ///
+    /// `synced: false` (a restore's batches): not waited for on the disk; ``syncLog()`` at the end.
+    /// A machine crash before it may lose the last batches, with their checkpoints: the store is
+    /// then at an earlier checkpoint, whole.
     func apply(
-        _ records: [(key: [UInt8]?, value: [UInt8])], partition: Int32, checkpoint: Checkpoint
+        _ records: [(key: [UInt8]?, value: [UInt8])], partition: Int32, checkpoint: Checkpoint, synced: Bool = true
     ) throws(RocksDBError) {
-        try apply([(partition, records, checkpoint)])
+        try apply([(partition, records, checkpoint)], synced: synced)
     }
+
+    /// Makes every write so far durable.
+    func syncLog() throws(RocksDBError) { try db.syncLog() }
 
     /// Applies several partitions' records and checkpoints in one atomic, synced write.
     func apply(
-        _ partitions: [(partition: Int32, records: [(key: [UInt8]?, value: [UInt8])], checkpoint: Checkpoint)]
+        _ partitions: [(partition: Int32, records: [(key: [UInt8]?, value: [UInt8])], checkpoint: Checkpoint)],
+        synced: Bool = true
     ) throws(RocksDBError) {
         let batch = RocksDB.Batch()
         for (partition, records, checkpoint) in partitions {
@@ -178,7 +186,7 @@ final class StateStore: Sendable {
             }
             batch.put(Self.checkpointKey(partition), Self.bytes(checkpoint))
         }
-        try db.write(batch)
+        try db.write(batch, synced: synced)
     }
 
     /// A user's records in the store, with their changelog keys (the state's first).
@@ -213,7 +221,7 @@ final class StateStore: Sendable {
     ) throws -> (users: [String], cursor: [UInt8]?) {
         let prefix = Self.recordKey(partition, [0x03])
         let start = cursor.map { $0 + [0x00] } ?? prefix
-        let end = prefix + Self.bytes(Self.orderable(throughMs) &+ 1)
+        let end = prefix + Self.bytes(Self.orderable(min(throughMs, .max - 1)) &+ 1)
         var users: [String] = []
         var last = cursor
         try db.scan(from: start, to: end, fillsCache: true) { key, _ in

@@ -158,6 +158,10 @@ final class StateStoreWriter: UserStateSource {
 
     func takesWrites(of partition: Int32) -> Bool { state.withLock { $0.writable.contains(partition) } }
 
+    func hasUnwritten(user key: String, partition: Int32) -> Bool {
+        state.withLock { $0.overlay[partition]?[key] != nil }
+    }
+
     /// Exactly-once: the worker's transaction committed (its records go to the store) or aborted
     /// (they never will: the transaction's records are not the changelog's).
     func transactionEnded(worker: Int, committed: Bool) {
@@ -261,8 +265,11 @@ final class StateStoreWriter: UserStateSource {
     }
 
     /// The partitions went to another instance: dropped from the store once unowned for the grace.
+    /// Their records still coming are not written (the checkpoint stays before them, and the next
+    /// restore reads them): a restore of the partitions must not run beside a flush of them.
     func revoked(_ partitions: [Int32], now: ContinuousClock.Instant = .now) {
         state.withLock { state in
+            Self.stopWriting(Set(partitions), in: &state)
             state.owned.subtract(partitions)
             for partition in partitions { state.unownedSince[partition] = now }
         }

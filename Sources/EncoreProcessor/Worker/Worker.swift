@@ -115,7 +115,8 @@ struct Worker {
         ledger = EntitlementLedger(catalog: configuration.catalog, journal: configuration.journal)
         ledger.nowMs = nowMs
         if let userSource, let limit = configuration.residentUsers {
-            ledger.keepResident(atMost: limit, source: userSource)
+            // (The limit is the instance's: each worker keeps its share.)
+            ledger.keepResident(atMost: max(1, limit / max(1, configuration.workers)), source: userSource)
         }
         nextCommit = now.advanced(by: configuration.commitInterval)
         nextJournalPrune = now.advanced(by: .seconds(60))
@@ -565,15 +566,7 @@ struct Worker {
         statistics.inFlight = calls.count
         statistics.lastTickAtMs = nowMs
         statistics.inDoubtOpen = calls.inDoubtCount
-        let users = ledger.residentFigures
-        if users.invalid > statistics.invalidStoreRecords {
-            log(
-                .warning,
-                "\(users.invalid - statistics.invalidStoreRecords) records of the state store are no valid state or journal record: left out (the changelog holds the same; see encore_state_invalid_records_total)"
-            )
-        }
-        (statistics.residentUsers, statistics.userLoads) = (users.users, users.loads)
-        (statistics.userEvictions, statistics.invalidStoreRecords) = (users.evictions, users.invalid)
+        (statistics.residentUsers, statistics.userLoads, statistics.userEvictions) = ledger.residentFigures
         statistics.oldestInDoubtSinceMs =
             calls.inDoubtCount == 0 ? nil : calls.calls.values.compactMap(\.item.inDoubtSinceMs).min()
         statistics.changesByKind = outputs.changesByKind
