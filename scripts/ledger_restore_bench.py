@@ -9,9 +9,9 @@ give --tansu for more than about 40,000 users), or with --tansu on Tansu (the pr
 the newer librdkafka of the confluent-kafka wheel).
 
 With --state-dir, also through a state store: a fresh instance (the store rebuilt from the
-changelog), then a restart on the same disk (time to /readyz and to the first outcome). With
---state-cache-users, those two keep that many users per worker in memory; the restart then
-answers --requests requests of random users (half of them re-sent answered requests, which must
+changelog), then a restart on the same disk (time to /readyz and to the first outcome), and the
+store's size on disk after each. With --state-cache-users, those two keep that many users (the
+instance's) in memory; the restart then answers --requests requests of random users (half of them re-sent answered requests, which must
 be duplicates) and reports its peak RSS over the whole run. --no-memory-run leaves out the run
 without a store (every user in memory: for 5,000,000 users, gigabytes and minutes).
 
@@ -224,6 +224,18 @@ def answer(bootstrap, port, pid, started, count, users, partitions):
             "cpu": cpu_seconds(pid)}
 
 
+def disk_mib(directory):
+    """The bytes of the files under `directory`, in MiB (the store's size on the disk)."""
+    total = 0
+    for root, _, files in os.walk(directory):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                pass  # (a file RocksDB removed meanwhile)
+    return total / (1 << 20)
+
+
 def cpu_seconds(pid):
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -259,8 +271,10 @@ def main():
                 requests = (args.requests, users, args.partitions) if args.requests else None
                 try:
                     results["fresh store"] = restore(args.binary, bootstrap, group, store, args.state_cache_users)
+                    results["fresh store"]["disk"] = disk_mib(store)
                     results["restart on the store"] = restore(
                         args.binary, bootstrap, group, store, args.state_cache_users, requests)
+                    results["restart on the store"]["disk"] = disk_mib(store)
                 finally:
                     shutil.rmtree(store, ignore_errors=True)
         finally:
@@ -279,7 +293,7 @@ def main():
               f"{r['seconds']:.2f} s ({r['records'] / max(r['seconds'], 1e-9):,.0f} records/s); ready "
               f"{r['ready']:.1f} s from start, {r['ready'] - r['assigned']:.1f} s from the assignment (the group join "
               f"took {r['assigned']:.1f} s); RSS {r['rss']:.0f} MiB, peak {r['peak']:.0f} "
-              f"(empty changelog: {base:.0f})")
+              f"(empty changelog: {base:.0f})" + (f"; the store takes {r['disk']:.0f} MiB on disk" if "disk" in r else ""))
         if "rate" in r:
             print(f"  then {args.requests:,} requests of random users: first outcome {r['first']:.1f} s from start, "
                   f"{r['rate']:,.0f} requests/s, {r['duplicates']:.0f} duplicates of {args.requests // 2 + args.requests % 2} "
