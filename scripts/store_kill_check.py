@@ -13,12 +13,17 @@ consistent in every partition, and a restart on it must read no changelog record
 checkpoints and rebuild no partition (a clean stop leaves nothing to read, Tansu's short report
 of a partition's end included). Every request must have an outcome.
 
+Last, --rebuild-kills times, the store is removed and a fresh start, which rebuilds it from the
+changelog (its writes not logged, flushed at the end), is SIGKILLed at a random moment within
+--rebuild-window-s of its assignment: the store it leaves must not be trusted and wrong either.
+
 Prints one JSON line; exits 1 on a failure.
 """
 import argparse
 import json
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +34,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 PARTITIONS = 4
 RESTORED = re.compile(r"restored the ledger state of .*?: (\d+) changelog records read from the checkpoints "
                       r"\((\d+) partitions rebuilt from the beginning\), (\d+) from the state store")
+ASSIGNED = "[encore.consumer] assigned"
 
 
 def outcome_ids(bootstrap, topic):
@@ -58,7 +64,9 @@ def main():
     parser.add_argument("--users", type=int, default=500)
     parser.add_argument("--kills", type=int, default=4)
     parser.add_argument("--kill-window-s", type=float, default=4.0)
-    parser.add_argument("--timeout-s", type=float, default=420)
+    parser.add_argument("--rebuild-kills", type=int, default=3)
+    parser.add_argument("--rebuild-window-s", type=float, default=1.5)
+    parser.add_argument("--timeout-s", type=float, default=480)
     parser.add_argument("--seed", type=int, default=None)
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.randint(0, 1 << 30)
@@ -186,6 +194,28 @@ def main():
             report["restart_after_clean_stop"] = dict(zip(["changelog_records", "rebuilt", "from_store"], figures))
             if figures[0] != 0 or figures[1] != 0:
                 failures.append(f"the restart after a clean stop read the changelog: {figures}")
+    report["rebuild_kills"] = []
+    for kill in range(args.rebuild_kills if not failures else 0):
+        shutil.rmtree(state_dir, ignore_errors=True)
+        before, assigned = restores(), log_text().count(ASSIGNED)
+        process = start()
+        while time.monotonic() < deadline and process.poll() is None and log_text().count(ASSIGNED) == assigned:
+            time.sleep(0.05)
+        if process.poll() is not None or time.monotonic() >= deadline:
+            process.kill()
+            failures.append(f"rebuild run {kill + 1} was not assigned its partitions (exit {process.poll()})")
+            break
+        delay = rng.uniform(0, args.rebuild_window_s)
+        time.sleep(delay)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        check = state_check()
+        verdicts = [partition["verdict"] for partition in check["partitions"]]
+        report["rebuild_kills"].append({
+            "after_assignment_s": round(delay, 2), "in_the_restore": restores() == before, "verdicts": verdicts,
+            "store_records_matching": sum(p["matching"] for p in check["partitions"])})
+        if not check["safe"]:
+            failures.append(f"after rebuild kill {kill + 1} a store a restore would trust differs: {check['partitions']}")
     report["seconds"] = round(time.monotonic() - started, 1)
     report["failures"] = failures
     print(json.dumps(report))

@@ -27,6 +27,33 @@ struct StateStoreUnitTests {
         return found
     }
 
+    /// A user's state record with one grant expiring at `expiresAtMs` (none: no expiry).
+    private func state(_ user: String, expiresAtMs: Int64?) -> (key: [UInt8]?, value: [UInt8]) {
+        let grant = EntitlementStateRecord.Grant(
+            productID: "p", entitlement: Entitlement(type: .freeTrial, value: 7, unit: .days), status: .verified,
+            isActive: true, grantedAtMs: 1, expiresAtMs: expiresAtMs, requestID: "r")
+        let record = EntitlementStateRecord(appID: "app", appUserID: user, grants: [grant])
+        return (Array("app:\(user)".utf8), record.jsonBytes())
+    }
+
+    /// A user's journal record of request `seq`, open (an intent) or answered.
+    private func journal(_ user: String, seq: Int64, open: Bool) -> (key: [UInt8]?, value: [UInt8]) {
+        let entry = EntitlementStateRecord.RequestEntry(
+            requestID: "r\(seq)", attempts: 1, startedAtMs: 5, result: open ? nil : .purchased,
+            completedAtMs: open ? nil : 6)
+        let record = JournalRecord(appID: "app", appUserID: user, seq: seq, entry: entry)
+        return (record.key(slotCount: 100), record.jsonBytes())
+    }
+
+    /// The broker's acknowledgement of a changelog record written at `offset`.
+    private func delivery(_ key: String, _ value: String, partition: Int32 = 0, offset: Int64) -> KafkaDelivery {
+        KafkaDelivery(
+            token: 0, error: nil,
+            record: KafkaProducerRecord(
+                topic: "state", partition: partition, key: Array(key.utf8), value: Array(value.utf8)),
+            offset: offset)
+    }
+
     @Test("records and their checkpoint are kept per partition, the latest value of each key")
     func applyAndRead() throws {
         let path = directory()
@@ -57,20 +84,6 @@ struct StateStoreUnitTests {
         let path = directory()
         defer { try? FileManager.default.removeItem(atPath: path) }
         let store = try open(path)
-        func state(_ user: String, expiresAtMs: Int64?) -> (key: [UInt8]?, value: [UInt8]) {
-            let grant = EntitlementStateRecord.Grant(
-                productID: "p", entitlement: Entitlement(type: .freeTrial, value: 7, unit: .days), status: .verified,
-                isActive: true, grantedAtMs: 1, expiresAtMs: expiresAtMs, requestID: "r")
-            let record = EntitlementStateRecord(appID: "app", appUserID: user, grants: [grant])
-            return (Array("app:\(user)".utf8), record.jsonBytes())
-        }
-        func journal(_ user: String, seq: Int64, open: Bool) -> (key: [UInt8]?, value: [UInt8]) {
-            let entry = EntitlementStateRecord.RequestEntry(
-                requestID: "r\(seq)", attempts: 1, startedAtMs: 5, result: open ? nil : .purchased,
-                completedAtMs: open ? nil : 6)
-            let record = JournalRecord(appID: "app", appUserID: user, seq: seq, entry: entry)
-            return (record.key(slotCount: 100), record.jsonBytes())
-        }
         let checkpoint = StateStore.Checkpoint(offset: 1, lastDigest: 0)
         // "a" and "ab": one user's key is a prefix of the other's; their records stay apart.
         try store.apply(
@@ -100,6 +113,58 @@ struct StateStoreUnitTests {
         #expect(try store.dueUsers(of: 0, after: nil, throughMs: 399, limit: 10).users.isEmpty)
         // forEachRecord gives the changelog's keys back.
         #expect(try Set(records(store, 0).keys) == ["app:a", ":0:app:a", ":1:app:a", "app:ab", ":0:app:ab", "app:c"])
+    }
+
+    @Test(
+        "a rebuild (the partition reset, written without the log, deleting only the index entries it wrote) leaves the store an ordinary write leaves, also for the writes after it"
+    )
+    func rebuildMatchesOrdinaryWrites() throws {
+        let path = directory()
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let store = try open(path)
+        var random = SplitMix64(seed: 30)
+        // Random changes of 40 users: expiries set, moved, removed; intents opened and answered
+        // (a few slots per user, so a slot is written again both open and answered).
+        func batch() -> [(key: [UInt8]?, value: [UInt8])] {
+            (0..<64).map { _ in
+                let user = "u\(random.next() % 40)"
+                switch random.next() % 3 {
+                case 0: return state(user, expiresAtMs: random.next() % 4 == 0 ? nil : Int64(random.next() % 1_000))
+                default: return journal(user, seq: Int64(random.next() % 3), open: random.next() % 2 == 0)
+                }
+            }
+        }
+        func same(_ moment: String) throws {
+            #expect(try records(store, 0) == records(store, 1), "records after \(moment)")
+            #expect(
+                try store.usersWithOpenRequests(of: 0) == store.usersWithOpenRequests(of: 1), "open after \(moment)")
+            for through: Int64 in [250, 500, 1_000] {
+                #expect(
+                    try store.dueUsers(of: 0, after: nil, throughMs: through, limit: 1_000).users
+                        == store.dueUsers(of: 1, after: nil, throughMs: through, limit: 1_000).users,
+                    "expiries through \(through) after \(moment)")
+            }
+        }
+        try store.reset(partition: 1)
+        var rebuild: StateStore.Rebuild? = StateStore.Rebuild(records: 64 * 30)
+        for offset in 1...30 {
+            let records = batch()
+            let checkpoint = StateStore.Checkpoint(offset: Int64(offset * 64), lastDigest: 0)
+            try store.apply(records, partition: 0, checkpoint: checkpoint)
+            try store.apply(records, partition: 1, checkpoint: checkpoint, synced: false, rebuild: &rebuild)
+        }
+        try store.finishRebuilds()
+        #expect(try store.usersWithOpenRequests(of: 0).count > 5, "the changes leave intents open")
+        #expect(try store.dueUsers(of: 0, after: nil, throughMs: 1_000, limit: 1_000).users.count > 20)
+        try same("the rebuild")
+        // The writes after it (the processor's own) find the indexes the rebuild left.
+        for offset in 31...40 {
+            let records = batch()
+            let checkpoint = StateStore.Checkpoint(offset: Int64(offset * 64), lastDigest: 0)
+            try store.apply(records, partition: 0, checkpoint: checkpoint)
+            try store.apply(records, partition: 1, checkpoint: checkpoint)
+        }
+        try same("the writes after it")
     }
 
     @Test("a reopened store keeps what was written; one of another group or topic is emptied")
@@ -141,13 +206,6 @@ struct StateStoreUnitTests {
         let path = directory()
         defer { try? FileManager.default.removeItem(atPath: path) }
         let store = try open(path)
-        func delivery(_ key: String, _ value: String, partition: Int32, offset: Int64) -> KafkaDelivery {
-            KafkaDelivery(
-                token: 0, error: nil,
-                record: KafkaProducerRecord(
-                    topic: "state", partition: partition, key: Array(key.utf8), value: Array(value.utf8)),
-                offset: offset)
-        }
         let atLeastOnce = StateStoreWriter(
             store: store, transactional: false, interval: .seconds(60), logger: Logger(label: "test"))
         atLeastOnce.restored([0])
@@ -181,19 +239,30 @@ struct StateStoreUnitTests {
     }
 
     @Test(
+        "records acknowledged before their partition is revoked reach the store (a clean stop leaves nothing to read); those acknowledged after it wait for the next restore"
+    )
+    func revokedAfterAcknowledged() throws {
+        let path = directory()
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let store = try open(path)
+        let writer = StateStoreWriter(
+            store: store, transactional: false, interval: .seconds(60), logger: Logger(label: "test"))
+        writer.restored([0])
+        writer.acknowledged([delivery("u", "1", offset: 0)], worker: 0)
+        writer.revoked([0])
+        writer.acknowledged([delivery("u", "2", offset: 1)], worker: 0)
+        writer.flush()
+        #expect(try records(store, 0) == ["u": "1"] && store.checkpoint(of: 0)?.offset == 1)
+        writer.stop()
+    }
+
+    @Test(
         "a user read back gets the records acknowledged and not yet in the store (exactly-once, its open transaction's), the newer of two"
     )
     func userReadThroughTheOverlay() throws {
         let path = directory()
         defer { try? FileManager.default.removeItem(atPath: path) }
         let store = try open(path)
-        func delivery(_ key: String, _ value: String, offset: Int64) -> KafkaDelivery {
-            KafkaDelivery(
-                token: 0, error: nil,
-                record: KafkaProducerRecord(
-                    topic: "state", partition: 0, key: Array(key.utf8), value: Array(value.utf8)),
-                offset: offset)
-        }
         func read(_ writer: StateStoreWriter) throws -> [String: String] {
             Dictionary(
                 uniqueKeysWithValues: try writer.records(ofUser: "app:u", partition: 0).map {

@@ -170,7 +170,10 @@ extension PurchaseProcessor {
 
     private struct Tail: Sendable {
         var pending: [Int32: [(key: [UInt8]?, value: [UInt8])]] = [:]
-        var checkpoints: [Int32: StateStore.Checkpoint] = [:]
+        /// The offset after each partition's last record read.
+        var next: [Int32: Int64] = [:]
+        /// The partitions read from their beginning, their store reset: what each rebuild wrote.
+        var rebuilds: [Int32: StateStore.Rebuild?] = [:]
         /// Partitions whose first record read (just before the checkpoint) is not the expected one.
         var foreign: Set<Int32> = []
         var verified: Set<Int32> = []
@@ -199,13 +202,19 @@ extension PurchaseProcessor {
         }
         let batchSize = 4096
         let expected = checkpoints
+        // A partition read from its beginning is rebuilt: written without the log, knowing its
+        // own index entries (docs/STATE.md, Restore).
+        var rebuilds: [Int32: StateStore.Rebuild?] = [:]
+        for partition in partitions where checkpoints[partition] == nil {
+            rebuilds[partition] = StateStore.Rebuild(records: Int(marks[partition]!.high - marks[partition]!.low))
+        }
         let target = starts.reduce(0) { $0 + Int(max(0, marks[$1.key]!.high - $1.value)) }
         vitals?.update { $0.restoreTarget += target }
         let (tail, _) = try await KafkaPartitionReader.fold(
             configuration: kafka, topic: configuration.stateTopic, starts: starts,
             ends: marks.filter { starts[$0.key] != nil }.mapValues(\.high),
             openTransactionWait: configuration.openTransactionWait, readsPastShortEnds: Set(expected.keys),
-            into: Tail()
+            into: Tail(rebuilds: rebuilds)
         ) { tail, message in
             let partition = message.partition
             guard tail.failure == nil, !tail.foreign.contains(partition) else { return }
@@ -219,8 +228,7 @@ extension PurchaseProcessor {
             }
             tail.records += 1
             tail.pending[partition, default: []].append((message.key, message.value))
-            tail.checkpoints[partition] = StateStore.Checkpoint(
-                offset: message.offset + 1, lastDigest: StateStore.digest(key: message.key, value: message.value))
+            tail.next[partition] = message.offset + 1
             if tail.records % batchSize == 0 {
                 let read = tail.records
                 vitals?.update { $0.restoreRead = read }
@@ -229,8 +237,9 @@ extension PurchaseProcessor {
                 do {
                     // (Synced once at the end of the read: a sync per batch made a rebuild disk-bound.)
                     try store.apply(
-                        tail.pending[partition]!, partition: partition, checkpoint: tail.checkpoints[partition]!,
-                        synced: false)
+                        tail.pending[partition]!, partition: partition,
+                        checkpoint: checkpoint(after: tail.pending[partition]!, at: tail.next[partition]!),
+                        synced: false, rebuild: &tail.rebuilds[partition, default: nil])
                     tail.pending[partition] = []
                 } catch {
                     tail.failure = "\(error)"
@@ -238,19 +247,35 @@ extension PurchaseProcessor {
             }
         }
         var failure = tail.failure
+        var rebuilt = tail.rebuilds
         for (partition, records) in tail.pending where !records.isEmpty && failure == nil {
             do {
-                try store.apply(records, partition: partition, checkpoint: tail.checkpoints[partition]!, synced: false)
+                try store.apply(
+                    records, partition: partition, checkpoint: checkpoint(after: records, at: tail.next[partition]!),
+                    synced: false, rebuild: &rebuilt[partition, default: nil])
             } catch {
                 failure = "\(error)"
             }
         }
         if failure == nil {
-            do { try store.syncLog() } catch { failure = "\(error)" }
+            do {
+                try store.syncLog()
+                if !rebuilt.isEmpty { try store.finishRebuilds() }
+            } catch {
+                failure = "\(error)"
+            }
         }
         // A checkpoint whose record before it never came (compacted away, or aborted and skipped by a
         // read_committed reader, with nothing after it) is not vouched for either.
         let unverified = expected.filter { $0.value.offset > 0 && !tail.verified.contains($0.key) }.keys
         return (tail.records, tail.foreign.union(unverified), failure)
+    }
+
+    /// The checkpoint past `records`, the last of which is just before offset `next`.
+    private static func checkpoint(
+        after records: [(key: [UInt8]?, value: [UInt8])], at next: Int64
+    ) -> StateStore.Checkpoint {
+        StateStore.Checkpoint(
+            offset: next, lastDigest: StateStore.digest(key: records.last!.key, value: records.last!.value))
     }
 }

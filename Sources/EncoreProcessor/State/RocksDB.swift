@@ -21,8 +21,10 @@ final class RocksDB: @unchecked Sendable {
     private let tableOptions: OpaquePointer
     private let cache: OpaquePointer
     private let syncWrite: OpaquePointer
-    /// Writes to the log without waiting for the disk (``write(_:synced:)``).
+    /// Writes to the log without waiting for the disk (``write(_:synced:logged:)``).
     private let logWrite: OpaquePointer
+    /// Writes to the memtables only, not the log (``write(_:synced:logged:)``).
+    private let unloggedWrite: OpaquePointer
     private let read: OpaquePointer
     let path: String
 
@@ -68,6 +70,8 @@ final class RocksDB: @unchecked Sendable {
         syncWrite = rocksdb_writeoptions_create()
         rocksdb_writeoptions_set_sync(syncWrite, 1)
         logWrite = rocksdb_writeoptions_create()
+        unloggedWrite = rocksdb_writeoptions_create()
+        rocksdb_writeoptions_disable_WAL(unloggedWrite, 1)
         read = rocksdb_readoptions_create()
         var error: UnsafeMutablePointer<CChar>? = nil
         let opened =
@@ -76,6 +80,7 @@ final class RocksDB: @unchecked Sendable {
             rocksdb_readoptions_destroy(read)
             rocksdb_writeoptions_destroy(syncWrite)
             rocksdb_writeoptions_destroy(logWrite)
+            rocksdb_writeoptions_destroy(unloggedWrite)
             rocksdb_options_destroy(options)
             rocksdb_block_based_options_destroy(tableOptions)
             rocksdb_cache_destroy(cache)
@@ -97,6 +102,7 @@ final class RocksDB: @unchecked Sendable {
         rocksdb_readoptions_destroy(read)
         rocksdb_writeoptions_destroy(syncWrite)
         rocksdb_writeoptions_destroy(logWrite)
+        rocksdb_writeoptions_destroy(unloggedWrite)
         rocksdb_options_destroy(options)
         rocksdb_block_based_options_destroy(tableOptions)
         rocksdb_cache_destroy(cache)
@@ -129,10 +135,14 @@ final class RocksDB: @unchecked Sendable {
     /// `synced: false`: written to the log, not waited for on the disk (a crash of the process
     /// loses nothing; one of the machine may lose the log's tail, whole batches from the last on, as
     /// the log is a sequence); ``syncLog()`` then makes it durable.
-    func write(_ batch: Batch, synced: Bool = true) throws(RocksDBError) {
+    ///
+    /// `logged: false`: to the memtables only, not the log: a crash of the process loses it unless
+    /// ``flush()`` wrote it to the files first (memtables are flushed in the order of their writes,
+    /// so what survives is every write up to some point).
+    func write(_ batch: Batch, synced: Bool = true, logged: Bool = true) throws(RocksDBError) {
         precondition(!closed.load(ordering: .acquiring), "RocksDB used after close()")
         var error: UnsafeMutablePointer<CChar>? = nil
-        rocksdb_write(db, synced ? syncWrite : logWrite, batch.handle, &error)
+        rocksdb_write(db, !logged ? unloggedWrite : synced ? syncWrite : logWrite, batch.handle, &error)
         if let failure = Self.take(error) { throw RocksDBError(description: "write failed: \(failure)") }
     }
 
@@ -142,6 +152,18 @@ final class RocksDB: @unchecked Sendable {
         var error: UnsafeMutablePointer<CChar>? = nil
         rocksdb_flush_wal(db, 1, &error)
         if let failure = Self.take(error) { throw RocksDBError(description: "log sync failed: \(failure)") }
+    }
+
+    /// Writes the memtables to the database's files and waits for it: every write so far, logged
+    /// or not, is then durable.
+    func flush() throws(RocksDBError) {
+        precondition(!closed.load(ordering: .acquiring), "RocksDB used after close()")
+        let options = rocksdb_flushoptions_create()
+        defer { rocksdb_flushoptions_destroy(options) }
+        rocksdb_flushoptions_set_wait(options, 1)
+        var error: UnsafeMutablePointer<CChar>? = nil
+        rocksdb_flush(db, options, &error)
+        if let failure = Self.take(error) { throw RocksDBError(description: "flush failed: \(failure)") }
     }
 
     /// Calls `body` with each key and value from `start` (inclusive) to `end` (exclusive), in key

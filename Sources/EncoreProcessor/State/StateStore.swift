@@ -132,8 +132,45 @@ final class StateStore: Sendable {
     func apply(
         _ records: [(key: [UInt8]?, value: [UInt8])], partition: Int32, checkpoint: Checkpoint, synced: Bool = true
     ) throws(RocksDBError) {
-        try apply([(partition, records, checkpoint)], synced: synced)
+        var none: Rebuild? = nil
+        try apply(records, partition: partition, checkpoint: checkpoint, synced: synced, rebuild: &none)
     }
+
+    /// What a rebuild of a partition (its store reset, then its changelog read from the beginning,
+    /// nothing else writing it) knows of the index entries it wrote: only those exist, so a delete
+    /// of another, or a read of a user's expiry it never wrote, is left out.
+    struct Rebuild: Sendable {
+        /// The open-request index entries written and not deleted since the reset.
+        fileprivate var open: Set<[UInt8]> = []
+        /// The users given an expiry since the reset, and others (a Bloom filter: a user it does not
+        /// hold has none; one it holds is looked up).
+        fileprivate var expiring: BloomFilter
+
+        /// A rebuild of about `records` changelog records: four bits of the filter for each
+        /// (between 8 KB and 8 MB), eight or more for each user with a state and a journal record.
+        init(records: Int) {
+            var bits = 1 << 16
+            while bits < records * 4 && bits < 1 << 26 { bits <<= 1 }
+            expiring = BloomFilter(bits: bits)
+        }
+    }
+
+    /// Applies records of `partition` (in offset order) with its checkpoint, atomically: the batch
+    /// is whole or absent after any crash. With `rebuild`, without the write-ahead log: a crash of
+    /// the process before ``finishRebuilds()`` loses the batches not yet flushed to the store's
+    /// files, the newest ones: the partition is then at an earlier checkpoint, whole (memtables
+    /// are flushed in the order of their writes), or has none.
+    func apply(
+        _ records: [(key: [UInt8]?, value: [UInt8])], partition: Int32, checkpoint: Checkpoint, synced: Bool = true,
+        rebuild: inout Rebuild?
+    ) throws(RocksDBError) {
+        let batch = RocksDB.Batch()
+        try add(records, partition: partition, checkpoint: checkpoint, to: batch, rebuild: &rebuild)
+        try db.write(batch, synced: synced && rebuild == nil, logged: rebuild == nil)
+    }
+
+    /// Makes rebuilds' writes durable (the store's memtables flushed to its files).
+    func finishRebuilds() throws(RocksDBError) { try db.flush() }
 
     /// Makes every write so far durable.
     func syncLog() throws(RocksDBError) { try db.syncLog() }
@@ -145,48 +182,64 @@ final class StateStore: Sendable {
     ) throws(RocksDBError) {
         let batch = RocksDB.Batch()
         for (partition, records, checkpoint) in partitions {
-            // Each user's expiry as this batch leaves it (a user may be written twice in one).
-            var expiries: [[UInt8]: Int64?] = [:]
-            for record in records {
-                let key = record.key ?? []
-                let (user, isJournal) = Self.user(ofChangelogKey: key)
-                batch.put(Self.recordKey(partition, user: user, changelogKey: key, isJournal: isJournal), record.value)
-                let open = Self.openIndexKey(partition, user: user, changelogKey: key)
-                let expiry: Int64?
-                if isJournal {
-                    let entry = try? JournalRecord(jsonBytes: record.value).entry
-                    if entry.map({ $0.result == nil }) ?? false { batch.put(open, []) } else { batch.delete(open) }
-                    continue
-                } else if let state = try? EntitlementStateRecord(jsonBytes: record.value) {
-                    // (An earlier version's journal in the state may hold an open request.)
-                    if state.journal.entries.contains(where: { $0.result == nil }) {
-                        batch.put(open, [])
-                    } else {
-                        batch.delete(open)
-                    }
-                    expiry = EntitlementLedger.earliestExpiry(of: state, after: .min)
-                } else {
-                    expiry = nil
-                }
-                let was: Int64?
-                if let known = expiries[user] {
-                    was = known
-                } else {
-                    was = try db.get(Self.expiryOfKey(partition, user: user)).map { Self.int64($0, at: 0) }
-                }
-                expiries[user] = .some(expiry)
-                guard was != expiry else { continue }
-                if let was { batch.delete(Self.expiryKey(partition, at: was, user: user)) }
-                if let expiry {
-                    batch.put(Self.expiryKey(partition, at: expiry, user: user), [])
-                    batch.put(Self.expiryOfKey(partition, user: user), Self.bytes(expiry))
-                } else {
-                    batch.delete(Self.expiryOfKey(partition, user: user))
-                }
-            }
-            batch.put(Self.checkpointKey(partition), Self.bytes(checkpoint))
+            var none: Rebuild? = nil
+            try add(records, partition: partition, checkpoint: checkpoint, to: batch, rebuild: &none)
         }
         try db.write(batch, synced: synced)
+    }
+
+    /// Adds the records of `partition`, their index entries and the checkpoint to `batch`.
+    private func add(
+        _ records: [(key: [UInt8]?, value: [UInt8])], partition: Int32, checkpoint: Checkpoint, to batch: RocksDB.Batch,
+        rebuild: inout Rebuild?
+    ) throws(RocksDBError) {
+        // Each user's expiry as this batch leaves it (a user may be written twice in one).
+        var expiries: [[UInt8]: Int64?] = [:]
+        func index(_ key: [UInt8], open: Bool) {
+            if open {
+                batch.put(key, [])
+                rebuild?.open.insert(key)
+            } else if rebuild == nil || (!rebuild!.open.isEmpty && rebuild!.open.remove(key) != nil) {
+                batch.delete(key)
+            }
+        }
+        for record in records {
+            let key = record.key ?? []
+            let (user, isJournal) = Self.user(ofChangelogKey: key)
+            batch.put(Self.recordKey(partition, user: user, changelogKey: key, isJournal: isJournal), record.value)
+            let open = Self.openIndexKey(partition, user: user, changelogKey: key)
+            let expiry: Int64?
+            if isJournal {
+                let entry = try? JournalRecord(jsonBytes: record.value).entry
+                index(open, open: entry.map { $0.result == nil } ?? false)
+                continue
+            } else if let state = try? EntitlementStateRecord(jsonBytes: record.value) {
+                // (An earlier version's journal in the state may hold an open request.)
+                index(open, open: state.journal.entries.contains { $0.result == nil })
+                expiry = EntitlementLedger.earliestExpiry(of: state, after: .min)
+            } else {
+                expiry = nil
+            }
+            let was: Int64?
+            if let known = expiries[user] {
+                was = known
+            } else if let rebuild, !rebuild.expiring.mayHold(user) {
+                was = nil
+            } else {
+                was = try db.get(Self.expiryOfKey(partition, user: user)).map { Self.int64($0, at: 0) }
+            }
+            expiries[user] = .some(expiry)
+            guard was != expiry else { continue }
+            if let was { batch.delete(Self.expiryKey(partition, at: was, user: user)) }
+            if let expiry {
+                batch.put(Self.expiryKey(partition, at: expiry, user: user), [])
+                batch.put(Self.expiryOfKey(partition, user: user), Self.bytes(expiry))
+                rebuild?.expiring.insert(user)
+            } else {
+                batch.delete(Self.expiryOfKey(partition, user: user))
+            }
+        }
+        batch.put(Self.checkpointKey(partition), Self.bytes(checkpoint))
     }
 
     /// A user's records in the store, with their changelog keys (the state's first).
@@ -413,5 +466,34 @@ final class StateStore: Sendable {
         var value: UInt64 = 0
         for byte in bytes[start..<start + 8] { value = value << 8 | UInt64(byte) }
         return Int64(bitPattern: value)
+    }
+}
+
+/// A set that may answer "held" for what it does not hold, never "not held" for what it does:
+/// `bits` bits (a power of two), four probes per element.
+struct BloomFilter: Sendable {
+    private var words: [UInt64]
+    private let mask: UInt64
+
+    init(bits: Int) {
+        precondition(bits >= 64 && bits & (bits - 1) == 0, "a Bloom filter's bits are a power of two")
+        words = [UInt64](repeating: 0, count: bits / 64)
+        mask = UInt64(bits - 1)
+    }
+
+    mutating func insert(_ element: [UInt8]) {
+        for bit in probes(element) { words[Int(bit >> 6)] |= 1 << (bit & 63) }
+    }
+
+    func mayHold(_ element: [UInt8]) -> Bool {
+        probes(element).allSatisfy { words[Int($0 >> 6)] & (1 << ($0 & 63)) != 0 }
+    }
+
+    /// Four bit positions from two halves of a 64-bit hash (double hashing).
+    private func probes(_ element: [UInt8]) -> [UInt64] {
+        let hash = StateStore.digest(key: element, value: [])
+        let first = hash & 0xffff_ffff
+        let second = (hash >> 32) | 1
+        return (0..<4).map { (first &+ UInt64($0) &* second) & mask }
     }
 }

@@ -265,9 +265,12 @@ final class StateStoreWriter: UserStateSource {
     }
 
     /// The partitions went to another instance: dropped from the store once unowned for the grace.
-    /// Their records still coming are not written (the checkpoint stays before them, and the next
-    /// restore reads them): a restore of the partitions must not run beside a flush of them.
+    /// What is ready is written first (at a clean stop, the last records: a restart then reads no
+    /// changelog); their records still coming are not written (the checkpoint stays before them,
+    /// and the next restore reads them): a restore of the partitions must not run beside a flush
+    /// of them.
     func revoked(_ partitions: [Int32], now: ContinuousClock.Instant = .now) {
+        flush()
         state.withLock { state in
             Self.stopWriting(Set(partitions), in: &state)
             state.owned.subtract(partitions)
