@@ -132,6 +132,16 @@ def main():
     def restores():
         return len(RESTORED.findall(log_text()))
 
+    def kill_and_check(process, window_s):
+        """SIGKILLs the process at a random moment within `window_s`, then checks the store it left;
+        returns the delay, state-check's report and its verdicts."""
+        delay = rng.uniform(0, window_s)
+        time.sleep(delay)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        check = state_check()
+        return delay, check, [partition["verdict"] for partition in check["partitions"]]
+
     report = {"seed": seed, "requests": len(ids), "log": log_path, "kills": []}
     failures = []
     started = time.monotonic()
@@ -145,12 +155,7 @@ def main():
             process.kill()
             failures.append(f"run {kill + 1} did not restore (exit {process.poll()})")
             break
-        delay = rng.uniform(0, args.kill_window_s)
-        time.sleep(delay)
-        process.send_signal(signal.SIGKILL)
-        process.wait()
-        check = state_check()
-        verdicts = [partition["verdict"] for partition in check["partitions"]]
+        delay, check, verdicts = kill_and_check(process, args.kill_window_s)
         report["kills"].append({
             "after_restore_s": round(delay, 2), "restore": dict(zip(["changelog_records", "rebuilt", "from_store"],
                                                                     figures)),
@@ -205,12 +210,7 @@ def main():
             process.kill()
             failures.append(f"rebuild run {kill + 1} was not assigned its partitions (exit {process.poll()})")
             break
-        delay = rng.uniform(0, args.rebuild_window_s)
-        time.sleep(delay)
-        process.send_signal(signal.SIGKILL)
-        process.wait()
-        check = state_check()
-        verdicts = [partition["verdict"] for partition in check["partitions"]]
+        delay, check, verdicts = kill_and_check(process, args.rebuild_window_s)
         report["rebuild_kills"].append({
             "after_assignment_s": round(delay, 2), "in_the_restore": restores() == before, "verdicts": verdicts,
             "store_records_matching": sum(p["matching"] for p in check["partitions"])})

@@ -146,6 +146,8 @@ struct StateStoreUnitTests {
             }
         }
         try store.reset(partition: 1)
+        // As a large rebuild runs: RocksDB's compactions paused, then the partition compacted once.
+        try store.pauseCompactions()
         var rebuild: StateStore.Rebuild? = StateStore.Rebuild(records: 64 * 30)
         for offset in 1...30 {
             let records = batch()
@@ -154,6 +156,7 @@ struct StateStoreUnitTests {
             try store.apply(records, partition: 1, checkpoint: checkpoint, synced: false, rebuild: &rebuild)
         }
         try store.finishRebuilds()
+        try store.resumeCompactions(after: [1])
         #expect(try store.usersWithOpenRequests(of: 0).count > 5, "the changes leave intents open")
         #expect(try store.dueUsers(of: 0, after: nil, throughMs: 1_000, limit: 1_000).users.count > 20)
         try same("the rebuild")

@@ -181,6 +181,9 @@ extension PurchaseProcessor {
         var failure: String? = nil
     }
 
+    /// How many changelog records a rebuild reads at least for it to pause RocksDB's compactions.
+    static let bulkRebuildRecords = 10_000
+
     /// Reads each partition from its checkpoint (from its beginning without one, its store reset)
     /// to its end, applying the records to the store in batches with their checkpoints.
     private static func readTail(
@@ -210,6 +213,15 @@ extension PurchaseProcessor {
         }
         let target = starts.reduce(0) { $0 + Int(max(0, marks[$1.key]!.high - $1.value)) }
         vitals?.update { $0.restoreTarget += target }
+        // A rebuild of many records is a bulk load: RocksDB's compactions paused while it runs, then
+        // the rebuilt partitions compacted once, so the records are not rewritten level by level.
+        var paused = false
+        if rebuilds.keys.reduce(0, { $0 + Int(marks[$1]!.high - marks[$1]!.low) }) >= bulkRebuildRecords {
+            do { try store.pauseCompactions() } catch { return (0, [], "\(error)") }
+            paused = true
+        }
+        // (A failed read resumes them without the compaction: the partitions are read again.)
+        defer { if paused { try? store.resumeCompactions(after: []) } }
         let (tail, _) = try await KafkaPartitionReader.fold(
             configuration: kafka, topic: configuration.stateTopic, starts: starts,
             ends: marks.filter { starts[$0.key] != nil }.mapValues(\.high),
@@ -261,6 +273,10 @@ extension PurchaseProcessor {
             do {
                 try store.syncLog()
                 if !rebuilt.isEmpty { try store.finishRebuilds() }
+                if paused {
+                    paused = false
+                    try store.resumeCompactions(after: Array(rebuilt.keys))
+                }
             } catch {
                 failure = "\(error)"
             }

@@ -166,6 +166,38 @@ final class RocksDB: @unchecked Sendable {
         if let failure = Self.take(error) { throw RocksDBError(description: "flush failed: \(failure)") }
     }
 
+    /// Turns RocksDB's background compactions off or on. Off, files pile up in its first level
+    /// without stalling writes (its stalls by the number of those files apply only with them on):
+    /// a bulk load, followed by ``compact(from:to:)``.
+    func setAutomaticCompactions(_ on: Bool) throws(RocksDBError) {
+        precondition(!closed.load(ordering: .acquiring), "RocksDB used after close()")
+        var error: UnsafeMutablePointer<CChar>? = nil
+        let key = strdup("disable_auto_compactions")
+        let value = strdup(on ? "false" : "true")
+        defer {
+            free(key)
+            free(value)
+        }
+        var keys: [UnsafePointer<CChar>?] = [UnsafePointer(key)]
+        var values: [UnsafePointer<CChar>?] = [UnsafePointer(value)]
+        rocksdb_set_options(db, 1, &keys, &values, &error)
+        if let failure = Self.take(error) { throw RocksDBError(description: "cannot set compactions: \(failure)") }
+    }
+
+    /// Compacts the keys from `start` to `end` (exclusive) down to the last level, and waits for it.
+    func compact(from start: [UInt8], to end: [UInt8]) {
+        precondition(!closed.load(ordering: .acquiring), "RocksDB used after close()")
+        start.withUnsafeBufferPointer { start in
+            end.withUnsafeBufferPointer { end in
+                start.withMemoryRebound(to: CChar.self) { start in
+                    end.withMemoryRebound(to: CChar.self) { end in
+                        rocksdb_compact_range(db, start.baseAddress, start.count, end.baseAddress, end.count)
+                    }
+                }
+            }
+        }
+    }
+
     /// Calls `body` with each key and value from `start` (inclusive) to `end` (exclusive), in key
     /// order, until it returns false. The buffers are valid only during the call.
     /// `fillsCache`: the blocks read stay in the block cache (a small read of data read again); a

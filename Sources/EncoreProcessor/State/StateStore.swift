@@ -172,6 +172,18 @@ final class StateStore: Sendable {
     /// Makes rebuilds' writes durable (the store's memtables flushed to its files).
     func finishRebuilds() throws(RocksDBError) { try db.flush() }
 
+    /// A bulk rebuild: RocksDB's compactions paused while it loads, then the partitions compacted
+    /// once (docs/STATE.md, Restore).
+    func pauseCompactions() throws(RocksDBError) { try db.setAutomaticCompactions(false) }
+
+    /// Compacts `partitions` once and resumes RocksDB's compactions.
+    func resumeCompactions(after partitions: [Int32]) throws(RocksDBError) {
+        if let first = partitions.min(), let last = partitions.max() {
+            db.compact(from: Self.partitionPrefix(first), to: Self.partitionPrefix(last &+ 1))
+        }
+        try db.setAutomaticCompactions(true)
+    }
+
     /// Makes every write so far durable.
     func syncLog() throws(RocksDBError) { try db.syncLog() }
 
