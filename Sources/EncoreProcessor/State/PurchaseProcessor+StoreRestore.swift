@@ -173,7 +173,7 @@ extension PurchaseProcessor {
         /// The offset after each partition's last record read.
         var next: [Int32: Int64] = [:]
         /// The partitions read from their beginning, their store reset: what each rebuild wrote.
-        var rebuilds: [Int32: StateStore.Rebuild?] = [:]
+        var rebuilds: [Int32: StateStore.Rebuild] = [:]
         /// Partitions whose first record read (just before the checkpoint) is not the expected one.
         var foreign: Set<Int32> = []
         var verified: Set<Int32> = []
@@ -207,7 +207,7 @@ extension PurchaseProcessor {
         let expected = checkpoints
         // A partition read from its beginning is rebuilt: written without the log, knowing its
         // own index entries (docs/STATE.md, Restore).
-        var rebuilds: [Int32: StateStore.Rebuild?] = [:]
+        var rebuilds: [Int32: StateStore.Rebuild] = [:]
         for partition in partitions where checkpoints[partition] == nil {
             rebuilds[partition] = StateStore.Rebuild(records: Int(marks[partition]!.high - marks[partition]!.low))
         }
@@ -215,56 +215,68 @@ extension PurchaseProcessor {
         vitals?.update { $0.restoreTarget += target }
         // A rebuild of many records is a bulk load: RocksDB's compactions paused while it runs, then
         // the rebuilt partitions compacted once, so the records are not rewritten level by level.
+        let rebuilt = Array(rebuilds.keys)
         var paused = false
-        if rebuilds.keys.reduce(0, { $0 + Int(marks[$1]!.high - marks[$1]!.low) }) >= bulkRebuildRecords {
+        if rebuilt.reduce(0, { $0 + Int(marks[$1]!.high - marks[$1]!.low) }) >= bulkRebuildRecords {
             do { try store.pauseCompactions() } catch { return (0, [], "\(error)") }
             paused = true
         }
-        // (A failed read resumes them without the compaction: the partitions are read again.)
-        defer { if paused { try? store.resumeCompactions(after: []) } }
-        let (tail, _) = try await KafkaPartitionReader.fold(
-            configuration: kafka, topic: configuration.stateTopic, starts: starts,
-            ends: marks.filter { starts[$0.key] != nil }.mapValues(\.high),
-            openTransactionWait: configuration.openTransactionWait, readsPastShortEnds: Set(expected.keys),
-            into: Tail(rebuilds: rebuilds)
-        ) { tail, message in
-            let partition = message.partition
-            guard tail.failure == nil, !tail.foreign.contains(partition) else { return }
-            if let checkpoint = expected[partition], checkpoint.offset > 0, !tail.verified.contains(partition) {
-                tail.verified.insert(partition)
-                let same =
-                    message.offset == checkpoint.offset - 1
-                    && StateStore.digest(key: message.key, value: message.value) == checkpoint.lastDigest
-                if !same { tail.foreign.insert(partition) }
-                return
-            }
-            tail.records += 1
-            tail.pending[partition, default: []].append((message.key, message.value))
-            tail.next[partition] = message.offset + 1
-            if tail.records % batchSize == 0 {
-                let read = tail.records
-                vitals?.update { $0.restoreRead = read }
-            }
-            if tail.pending[partition]!.count >= batchSize {
-                do {
-                    // (Synced once at the end of the read: a sync per batch made a rebuild disk-bound.)
-                    try store.apply(
-                        tail.pending[partition]!, partition: partition,
-                        checkpoint: checkpoint(after: tail.pending[partition]!, at: tail.next[partition]!),
-                        synced: false, rebuild: &tail.rebuilds[partition, default: nil])
-                    tail.pending[partition] = []
-                } catch {
-                    tail.failure = "\(error)"
+        /// A rebuild that fails leaves nothing behind: its unlogged batches (a retry would trust
+        /// their checkpoint while they are not durable, and logged writes after them would outlive
+        /// them in a crash) are deleted by a logged, synced range delete, and compactions resume.
+        func abandon() {
+            for partition in rebuilt { try? store.reset(partition: partition) }
+            if paused { try? store.resumeCompactions(after: rebuilt) }
+        }
+        let tail: Tail
+        do {
+            (tail, _) = try await KafkaPartitionReader.fold(
+                configuration: kafka, topic: configuration.stateTopic, starts: starts,
+                ends: marks.filter { starts[$0.key] != nil }.mapValues(\.high),
+                openTransactionWait: configuration.openTransactionWait, readsPastShortEnds: Set(expected.keys),
+                into: Tail(rebuilds: rebuilds)
+            ) { tail, message in
+                let partition = message.partition
+                guard tail.failure == nil, !tail.foreign.contains(partition) else { return }
+                if let checkpoint = expected[partition], checkpoint.offset > 0, !tail.verified.contains(partition) {
+                    tail.verified.insert(partition)
+                    let same =
+                        message.offset == checkpoint.offset - 1
+                        && StateStore.digest(key: message.key, value: message.value) == checkpoint.lastDigest
+                    if !same { tail.foreign.insert(partition) }
+                    return
+                }
+                tail.records += 1
+                tail.pending[partition, default: []].append((message.key, message.value))
+                tail.next[partition] = message.offset + 1
+                if tail.records % batchSize == 0 {
+                    let read = tail.records
+                    vitals?.update { $0.restoreRead = read }
+                }
+                if tail.pending[partition]!.count >= batchSize {
+                    do {
+                        // (Synced once at the end of the read: a sync per batch made a rebuild disk-bound.)
+                        try store.apply(
+                            tail.pending[partition]!, partition: partition,
+                            checkpoint: checkpoint(after: tail.pending[partition]!, at: tail.next[partition]!),
+                            synced: false, rebuild: &tail.rebuilds[partition])
+                        tail.pending[partition] = []
+                    } catch {
+                        tail.failure = "\(error)"
+                    }
                 }
             }
+        } catch {
+            abandon()
+            throw error
         }
         var failure = tail.failure
-        var rebuilt = tail.rebuilds
+        var written = tail.rebuilds
         for (partition, records) in tail.pending where !records.isEmpty && failure == nil {
             do {
                 try store.apply(
                     records, partition: partition, checkpoint: checkpoint(after: records, at: tail.next[partition]!),
-                    synced: false, rebuild: &rebuilt[partition, default: nil])
+                    synced: false, rebuild: &written[partition])
             } catch {
                 failure = "\(error)"
             }
@@ -274,13 +286,14 @@ extension PurchaseProcessor {
                 try store.syncLog()
                 if !rebuilt.isEmpty { try store.finishRebuilds() }
                 if paused {
+                    try store.resumeCompactions(after: rebuilt)
                     paused = false
-                    try store.resumeCompactions(after: Array(rebuilt.keys))
                 }
             } catch {
                 failure = "\(error)"
             }
         }
+        if failure != nil { abandon() }
         // A checkpoint whose record before it never came (compacted away, or aborted and skipped by a
         // read_committed reader, with nothing after it) is not vouched for either.
         let unverified = expected.filter { $0.value.offset > 0 && !tail.verified.contains($0.key) }.keys

@@ -138,7 +138,7 @@ final class RocksDB: @unchecked Sendable {
     ///
     /// `logged: false`: to the memtables only, not the log: a crash of the process loses it unless
     /// ``flush()`` wrote it to the files first (memtables are flushed in the order of their writes,
-    /// so what survives is every write up to some point).
+    /// so what survives of the unlogged writes is those up to some point, beside every logged one).
     func write(_ batch: Batch, synced: Bool = true, logged: Bool = true) throws(RocksDBError) {
         precondition(!closed.load(ordering: .acquiring), "RocksDB used after close()")
         var error: UnsafeMutablePointer<CChar>? = nil
