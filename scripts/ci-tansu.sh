@@ -101,7 +101,13 @@ if run_binary offsets reset --group offsets-check --topic offsets.requests --boo
   echo "offsets check: a reset was applied while the group had a member"; exit 1
 fi
 grep -q "active members" "$work/refused.txt" || { cat "$work/refused.txt"; exit 1; }
-kill -TERM "$processor"; wait "$processor"
+kill -TERM "$processor"
+status=0; wait "$processor" || status=$?
+if [ "$status" -ne 0 ]; then
+  echo "offsets check: the processor exited with status $status on SIGTERM; its log's end:"
+  grep -v "librdkafka FAIL" "$work/offsets-run.log" | tail -40
+  exit 1
+fi
 run_binary offsets reset --group offsets-check --topic offsets.requests --bootstrap-servers "$servers" \
   --to-earliest >/dev/null 2>&1
 [ "$(committed_total)" -ge 200 ] || { echo "offsets check: a dry run moved the offsets"; exit 1; }

@@ -145,6 +145,11 @@ struct StateStoreUnitTests {
                     "expiries through \(through) after \(moment)")
             }
         }
+        // Partition 1 held other users' records, open intents and expiries: the reset must clear
+        // them all, as the rebuild writes on the belief that only its own entries exist.
+        try store.apply(
+            [state("u1", expiresAtMs: 100), journal("u1", seq: 0, open: true), state("old", expiresAtMs: 50)],
+            partition: 1, checkpoint: .init(offset: 3, lastDigest: 0))
         try store.reset(partition: 1)
         // As a large rebuild runs: RocksDB's compactions paused, then the partition compacted once.
         try store.pauseCompactions()

@@ -172,19 +172,19 @@ final class RocksDB: @unchecked Sendable {
     func setAutomaticCompactions(_ on: Bool) throws(RocksDBError) {
         precondition(!closed.load(ordering: .acquiring), "RocksDB used after close()")
         var error: UnsafeMutablePointer<CChar>? = nil
-        let key = strdup("disable_auto_compactions")
-        let value = strdup(on ? "false" : "true")
-        defer {
-            free(key)
-            free(value)
+        "disable_auto_compactions".withCString { key in
+            (on ? "false" : "true").withCString { value in
+                var keys: [UnsafePointer<CChar>?] = [key]
+                var values: [UnsafePointer<CChar>?] = [value]
+                rocksdb_set_options(db, 1, &keys, &values, &error)
+            }
         }
-        var keys: [UnsafePointer<CChar>?] = [UnsafePointer(key)]
-        var values: [UnsafePointer<CChar>?] = [UnsafePointer(value)]
-        rocksdb_set_options(db, 1, &keys, &values, &error)
         if let failure = Self.take(error) { throw RocksDBError(description: "cannot set compactions: \(failure)") }
     }
 
-    /// Compacts the keys from `start` to `end` (exclusive) down to the last level, and waits for it.
+    /// Compacts the keys from `start` to `end` (RocksDB takes `end` as inclusive: a key equal to it,
+    /// the next range's first, is compacted too) down to the last level, and waits for it. RocksDB's
+    /// C API reports no error here: a failed compaction leaves the files as they were.
     func compact(from start: [UInt8], to end: [UInt8]) {
         precondition(!closed.load(ordering: .acquiring), "RocksDB used after close()")
         start.withUnsafeBufferPointer { start in
