@@ -175,6 +175,17 @@ struct StateStoreUnitTests {
         try same("the writes after it")
     }
 
+    @Test("a Bloom filter holds every element inserted; of others it holds none at this load")
+    func bloomFilter() {
+        var filter = BloomFilter(bits: 1 << 16)
+        let inserted = (0..<1_000).map { Array("app:user-\($0)".utf8) }
+        for element in inserted { filter.insert(element) }
+        #expect(inserted.allSatisfy { filter.mayHold($0) })
+        // 1,000 elements in 65,536 bits, four probes: about one false "held" in 75,000 (these
+        // elements are fixed, so the count is too).
+        #expect((1_000..<2_000).filter { filter.mayHold(Array("app:user-\($0)".utf8)) }.isEmpty)
+    }
+
     @Test("a reopened store keeps what was written; one of another group or topic is emptied")
     func identity() throws {
         let path = directory()

@@ -480,32 +480,3 @@ final class StateStore: Sendable {
         return Int64(bitPattern: value)
     }
 }
-
-/// A set that may answer "held" for what it does not hold, never "not held" for what it does:
-/// `bits` bits (a power of two), four probes per element.
-struct BloomFilter: Sendable {
-    private var words: [UInt64]
-    private let mask: UInt64
-
-    init(bits: Int) {
-        precondition(bits >= 64 && bits & (bits - 1) == 0, "a Bloom filter's bits are a power of two")
-        words = [UInt64](repeating: 0, count: bits / 64)
-        mask = UInt64(bits - 1)
-    }
-
-    mutating func insert(_ element: [UInt8]) {
-        for bit in probes(element) { words[Int(bit >> 6)] |= 1 << (bit & 63) }
-    }
-
-    func mayHold(_ element: [UInt8]) -> Bool {
-        probes(element).allSatisfy { words[Int($0 >> 6)] & (1 << ($0 & 63)) != 0 }
-    }
-
-    /// Four bit positions from two halves of a 64-bit hash (double hashing).
-    private func probes(_ element: [UInt8]) -> [UInt64] {
-        let hash = StateStore.digest(key: element, value: [])
-        let first = hash & 0xffff_ffff
-        let second = (hash >> 32) | 1
-        return (0..<4).map { (first &+ UInt64($0) &* second) & mask }
-    }
-}
