@@ -14,6 +14,13 @@ changelog restore must settle for the committed end after its wait for open tran
 than hang: every request gets an outcome (read without isolation: read_committed readers stop at
 the held offset on Tansu), and the log says the restore read to the committed end.
 
+With --past-the-held-end as well, the restart's store is then left past the committed end: it is
+stopped cleanly (its checkpoints past the dead transaction's start), a third instance under another
+new id answers more requests (the changelog grows past those checkpoints), and the restart's
+instance comes back on its store. Its restore reads from each checkpoint, past the committed end,
+where librdkafka signals no end of partition: it must settle there after the wait, keep its store,
+and answer what came since (before the fix it waited three times 60 s and stopped).
+
 Prints one JSON line; exits 1 when an outcome is not visible within --timeout-s.
 """
 import argparse
@@ -55,7 +62,12 @@ def main():
                         help="the restart's --instance-id (the first run's is eos-check; 'random' shows the stall)")
     parser.add_argument("--held-by-the-dead", action="store_true",
                         help="restart under a new instance id and check the restore settles for the committed end")
+    parser.add_argument("--past-the-held-end", action="store_true",
+                        help="with --held-by-the-dead: then restore that instance's store, its checkpoints past the "
+                             "committed end")
     args = parser.parse_args()
+    if args.past_the_held_end:
+        args.held_by_the_dead = True
     if args.held_by_the_dead and args.restart_instance_id == "eos-check":
         args.restart_instance_id = f"eos-check-new-{random.randint(0, 999999)}"
     run = f"{int(time.time())}{random.randint(0, 999)}"
@@ -67,16 +79,20 @@ def main():
                    stdout=subprocess.DEVNULL)
     producer = Producer({"bootstrap.servers": args.bootstrap_servers, "enable.idempotence": True})
     ids = []
-    for index in range(args.requests):
-        request_id = f"eos-{run}-{index}"
-        ids.append(request_id)
-        event = {"request_id": request_id, "app_id": "app_eos", "app_user_id": f"user-{index % 40}",
-                 "product_id": "com.app.pro", "store": "APP_STORE", "environment": "SANDBOX",
-                 "requested_at_ms": int(time.time() * 1000)}
-        producer.produce(topics["requests"], json.dumps(event).encode(), f"app_eos:user-{index % 40}".encode())
-    producer.flush(30)
 
-    def start(instance="eos-check"):
+    def produce(count):
+        for index in range(len(ids), len(ids) + count):
+            request_id = f"eos-{run}-{index}"
+            ids.append(request_id)
+            event = {"request_id": request_id, "app_id": "app_eos", "app_user_id": f"user-{index % 40}",
+                     "product_id": "com.app.pro", "store": "APP_STORE", "environment": "SANDBOX",
+                     "requested_at_ms": int(time.time() * 1000)}
+            producer.produce(topics["requests"], json.dumps(event).encode(), f"app_eos:user-{index % 40}".encode())
+        producer.flush(30)
+
+    produce(args.requests)
+
+    def start(instance="eos-check", log=""):
         # Slow enough that the kill lands with work (and a transaction) in progress.
         return subprocess.Popen(
             [args.binary, "run", "--group-id", f"eos-{run}", "--guarantee", "exactly-once", "--instance-id",
@@ -85,7 +101,7 @@ def main():
              "-X", "session.timeout.ms=6000", "-X", "heartbeat.interval.ms=500",
              # The instance's state store, kept across its restart (a pod's volume).
              "--state-dir", f"/tmp/eos-check-{run}-state/{instance}"] + flags,
-            stdout=subprocess.DEVNULL, stderr=open(f"/tmp/eos-check-{run}.log", "a"))
+            stdout=subprocess.DEVNULL, stderr=open(f"/tmp/eos-check-{run}{log}.log", "a"))
 
     started = time.monotonic()
     first = start()
@@ -135,8 +151,46 @@ def main():
         # attempt is a settled read reported as a timeout (the reader once took its cancelled
         # timer's answer for its own, about half the time) or a restore that cannot settle.
         failed = failed or report["restore_timed_out"] or report["restart_exited"] or report["restore_retried"]
+    if args.past_the_held_end and not failed:
+        failed = past_the_held_end(args, start, produce, ids, topics, deadline, report)
     print(json.dumps(report))
     return 1 if failed else 0
+
+
+def past_the_held_end(args, start, produce, ids, topics, deadline, report):
+    """The restart's store, stopped cleanly past the committed end, restored once the changelog has
+    grown past its checkpoints (by a third instance): settled there, not waited on."""
+    def answer(instance, log):
+        process = start(instance, log)
+        seen = set()
+        try:
+            while time.monotonic() < deadline and not set(ids) <= seen and process.poll() is None:
+                seen = outcome_ids(args.bootstrap_servers, topics["outcomes"], False, 3)
+        finally:
+            process.terminate()
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        return set(ids) - seen, process.returncode
+
+    produce(40)
+    third_missing, third_code = answer(f"eos-check-third-{random.randint(0, 999999)}", "-third")
+    produce(40)
+    back_missing, back_code = answer(args.restart_instance_id, "-back")
+    log = open(report["log"].replace(".log", "-back.log")).read()
+    report.update({
+        "requests": len(ids), "third_missing": len(third_missing), "back_missing": len(back_missing),
+        # The fixed path: a read from a checkpoint past the committed end, settled there.
+        "back_settled_before_its_start": "before the start" in log,
+        "back_restore_retried": "cannot read the changelog" in log or "cannot restore" in log,
+        "back_rebuilt": log.count("rebuilding"),
+        "back_exited": back_code not in (0, -15) or third_code not in (0, -15),
+        "back_log": report["log"].replace(".log", "-back.log"),
+    })
+    # (A kill that left no transaction open on the changelog holds nothing: the run checks nothing.)
+    return bool(third_missing or back_missing or report["back_restore_retried"] or report["back_exited"]
+                or not report["settled"] or not report["back_settled_before_its_start"])
 
 
 if __name__ == "__main__":

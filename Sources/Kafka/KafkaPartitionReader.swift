@@ -7,13 +7,14 @@ public enum KafkaPartitionReader {
     /// Throws when the topic cannot be read or the end is not reached within `timeout`.
     /// `openTransactionWait` (a `read_committed` reader): how long an open transaction may hold a
     /// partition's readable end short of the end before the partition is read to that committed
-    /// end only (logged); `nil`: wait for it up to `timeout`.
+    /// end only (logged, and returned in `heldShort`: each such partition's committed end); `nil`:
+    /// wait for it up to `timeout`.
     public static func fold<State: Sendable>(
         configuration: KafkaConfiguration, topic: String, partitions: [Int32], timeout: Duration = .seconds(60),
         openTransactionWait: Duration? = nil, into initial: State,
         _ update: @escaping @Sendable (inout State, KafkaMessage) -> Void
-    ) async throws(KafkaError) -> (state: State, records: Int) {
-        let configuration = readerConfiguration(configuration)
+    ) async throws(KafkaError) -> KafkaPartitionRead<State> {
+        let configuration = readerConfiguration(configuration, openTransactionWait: openTransactionWait)
         let admin = try KafkaAdmin(configuration: configuration)
         var ends: [Int32: Int64] = [:]
         for partition in partitions {
@@ -21,7 +22,7 @@ public enum KafkaPartitionReader {
                 of: KafkaTopicPartition(topic: topic, partition: partition), timeout: timeout)
             if marks.high > marks.low { ends[partition] = marks.high }
         }
-        guard !ends.isEmpty else { return (initial, 0) }
+        guard !ends.isEmpty else { return KafkaPartitionRead(state: initial) }
         return try await read(
             configuration: configuration, topic: topic, starts: ends.mapValues { _ in -2 }, ends: ends,
             exact: false, timeout: timeout, openTransactionWait: openTransactionWait, into: initial, update)
@@ -42,18 +43,25 @@ public enum KafkaPartitionReader {
     /// + 1). Where the start is past the records (the end was right), the offset reset moves the
     /// read (to the beginning: `earliest`, which a start the log no longer holds needs elsewhere),
     /// and the caller sees records other than the one it started at.
+    ///
+    /// A start past a partition's committed end (`read_committed`: an open transaction began
+    /// before it) gets no record and no end of partition from librdkafka, which signals the end
+    /// only at the committed end itself: the partition counts as held there from its first
+    /// statistics (its fetch position past its last stable offset), and `heldShort` gives that
+    /// committed end, below the start.
     public static func fold<State: Sendable>(
         configuration: KafkaConfiguration, topic: String, starts: [Int32: Int64], ends: [Int32: Int64],
         timeout: Duration = .seconds(60), openTransactionWait: Duration? = nil,
         endsAt: (@Sendable (KafkaMessage) -> Bool)? = nil, readsPastShortEnds: Set<Int32> = [],
         into initial: State, _ update: @escaping @Sendable (inout State, KafkaMessage) -> Void
-    ) async throws(KafkaError) -> (state: State, records: Int) {
+    ) async throws(KafkaError) -> KafkaPartitionRead<State> {
         let ends = ends.filter { partition, end in
             starts[partition].map { $0 < end || readsPastShortEnds.contains(partition) } ?? false
         }
-        guard !ends.isEmpty else { return (initial, 0) }
+        guard !ends.isEmpty else { return KafkaPartitionRead(state: initial) }
         return try await read(
-            configuration: readerConfiguration(configuration), topic: topic, starts: starts, ends: ends, exact: false,
+            configuration: readerConfiguration(configuration, openTransactionWait: openTransactionWait), topic: topic,
+            starts: starts, ends: ends, exact: false,
             timeout: timeout, openTransactionWait: openTransactionWait, endsAt: endsAt, into: initial, update)
     }
 
@@ -63,17 +71,21 @@ public enum KafkaPartitionReader {
         configuration: KafkaConfiguration, topic: String, ranges: [Int32: Range<Int64>],
         timeout: Duration = .seconds(60), into initial: State,
         _ update: @escaping @Sendable (inout State, KafkaMessage) -> Void
-    ) async throws(KafkaError) -> (state: State, records: Int) {
+    ) async throws(KafkaError) -> KafkaPartitionRead<State> {
         let ranges = ranges.filter { !$0.value.isEmpty }
-        guard !ranges.isEmpty else { return (initial, 0) }
+        guard !ranges.isEmpty else { return KafkaPartitionRead(state: initial) }
         return try await read(
-            configuration: readerConfiguration(configuration), topic: topic,
+            configuration: readerConfiguration(configuration, openTransactionWait: nil), topic: topic,
             starts: ranges.mapValues(\.lowerBound), ends: ranges.mapValues(\.upperBound), exact: true,
             timeout: timeout, into: initial, update)
     }
 
-    private static func readerConfiguration(_ configuration: KafkaConfiguration) -> KafkaConfiguration {
+    private static func readerConfiguration(
+        _ configuration: KafkaConfiguration, openTransactionWait: Duration?
+    ) -> KafkaConfiguration {
         var configuration = configuration
+        // A reader that may settle for a committed end watches each partition's last stable offset.
+        if openTransactionWait != nil { configuration["statistics.interval.ms"] = "500" }
         configuration.setDefault("group.id", "encore-partition-reader")
         configuration["enable.auto.commit"] = "false"
         // The end may be a transaction's control record, which is never handed out as a record.
@@ -94,7 +106,7 @@ public enum KafkaPartitionReader {
         timeout: Duration, openTransactionWait: Duration? = nil, endsAt: (@Sendable (KafkaMessage) -> Bool)? = nil,
         into initial: State,
         _ update: @escaping @Sendable (inout State, KafkaMessage) -> Void
-    ) async throws(KafkaError) -> (state: State, records: Int) {
+    ) async throws(KafkaError) -> KafkaPartitionRead<State> {
         let targets = ends
         let logger = Logger(label: "kafka.reader")
         // The fold sets the pace: records wait in librdkafka's small queue, not in memory here.
@@ -185,6 +197,17 @@ public enum KafkaPartitionReader {
                     // Every partition still read is held short for the wait: settle for the committed end.
                     while !Task.isCancelled {
                         try? await Task.sleep(for: .milliseconds(250))
+                        // Read from past the committed end: held there, though no end of partition comes.
+                        for (key, partition) in consumer.statistics.partitions where key.topic == topic {
+                            guard let end = targets[key.partition], partition.lastStableOffset >= 0 else { continue }
+                            if partition.nextOffset > partition.lastStableOffset {
+                                held.heldPastStart(
+                                    key.partition, committedEnd: partition.lastStableOffset,
+                                    start: partition.nextOffset, end: end)
+                            } else {
+                                held.notPastStart(key.partition)
+                            }
+                        }
                         if held.settle(remaining: targets.count, after: openTransactionWait) { return .settle }
                     }
                     return .timedOut
@@ -212,13 +235,31 @@ public enum KafkaPartitionReader {
                 message: "reading '\(topic)' did not reach the end of its partitions: no record for \(timeout)"
             )
         }
-        for (partition, short) in (held?.shortEnds ?? [:]).sorted(by: { $0.key < $1.key }) {
-            logger.warning(
-                "reading '\(topic)' partition \(partition): a transaction open for \(openTransactionWait ?? .zero) holds what is committed at offset \(short.offset), short of the end \(short.end); read to the committed end (the transaction's records are not committed)"
-            )
+        let shortEnds = held?.shortEnds ?? [:]
+        for (partition, short) in shortEnds.sorted(by: { $0.key < $1.key }) {
+            if let start = short.start {
+                logger.warning(
+                    "reading '\(topic)' partition \(partition) from offset \(start): a transaction open for \(openTransactionWait ?? .zero) holds what is committed at offset \(short.offset), before the start (the end is \(short.end)); nothing of it read (the transaction's records are not committed)"
+                )
+            } else {
+                logger.warning(
+                    "reading '\(topic)' partition \(partition): a transaction open for \(openTransactionWait ?? .zero) holds what is committed at offset \(short.offset), short of the end \(short.end); read to the committed end (the transaction's records are not committed)"
+                )
+            }
         }
-        return (state, records)
+        return KafkaPartitionRead(state: state, records: records, heldShort: shortEnds.mapValues(\.offset))
     }
+}
+
+/// What a ``KafkaPartitionReader`` fold read.
+public struct KafkaPartitionRead<State: Sendable>: Sendable {
+    public var state: State
+    /// Records folded.
+    public var records: Int = 0
+    /// Partitions read to a committed end short of their end (an open transaction held them for
+    /// the reader's `openTransactionWait`): that committed end, which is below the read's start
+    /// where the read began past it.
+    public var heldShort: [Int32: Int64] = [:]
 }
 
 private enum ReadEnding<State: Sendable>: Sendable {
@@ -235,6 +276,8 @@ private final class HeldEnds: Sendable {
         var offset: Int64
         var end: Int64
         var since: ContinuousClock.Instant
+        /// Where the read began, past `offset` (``heldPastStart(_:committedEnd:start:end:)``).
+        var start: Int64? = nil
     }
     private let state = Mutex<(short: [Int32: Short], done: Set<Int32>, settled: Bool)>(([:], [], false))
 
@@ -244,6 +287,22 @@ private final class HeldEnds: Sendable {
             if $0.short[partition]?.offset != offset {
                 $0.short[partition] = Short(offset: offset, end: end, since: .now)
             }
+        }
+    }
+
+    /// The consumer fetches the partition from `start`, past its committed end (`read_committed`:
+    /// the last stable offset): held from now unless it already was there, or done.
+    func heldPastStart(_ partition: Int32, committedEnd: Int64, start: Int64, end: Int64) {
+        state.withLock {
+            guard !$0.done.contains(partition), $0.short[partition]?.offset != committedEnd else { return }
+            $0.short[partition] = Short(offset: committedEnd, end: end, since: .now, start: start)
+        }
+    }
+
+    /// The partition's committed end is at or past the fetch position (the transaction ended).
+    func notPastStart(_ partition: Int32) {
+        state.withLock {
+            if $0.short[partition]?.start != nil { $0.short[partition] = nil }
         }
     }
 
@@ -272,8 +331,8 @@ private final class HeldEnds: Sendable {
     var settled: Bool { state.withLock { $0.settled } }
 
     /// The partitions read to a committed end short of their end (after ``settle(remaining:after:)``).
-    var shortEnds: [Int32: (offset: Int64, end: Int64)] {
-        state.withLock { $0.settled ? $0.short.mapValues { ($0.offset, $0.end) } : [:] }
+    var shortEnds: [Int32: (offset: Int64, end: Int64, start: Int64?)] {
+        state.withLock { $0.settled ? $0.short.mapValues { ($0.offset, $0.end, $0.start) } : [:] }
     }
 }
 

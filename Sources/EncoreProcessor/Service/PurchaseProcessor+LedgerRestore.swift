@@ -68,7 +68,7 @@ extension PurchaseProcessor {
         if configuration.guarantee == .exactlyOnce { kafka.setDefault("isolation.level", "read_committed") }
         let cap = configuration.journal.perUserCap
         let horizon = currentTimeMs() - configuration.journal.retentionMs
-        let (folded, records) = try await KafkaPartitionReader.fold(
+        let read = try await KafkaPartitionReader.fold(
             configuration: kafka, topic: configuration.stateTopic, partitions: partitions,
             openTransactionWait: configuration.openTransactionWait,
             into: (latest: [Int32: RestoredPartition](), invalid: [String]())
@@ -80,6 +80,7 @@ extension PurchaseProcessor {
                 folded.invalid.append("\(message.topic)[\(message.partition)]@\(message.offset): \(error)")
             }
         }
+        let (folded, records) = (read.state, read.records)
         // Going on with an older record of the user would forget intents and results: fail closed.
         if let first = folded.invalid.first {
             throw KafkaError(

@@ -154,7 +154,7 @@ public struct StateStoreCheck: Sendable {
         of checkpoints: [Int32: StateStore.Checkpoint], topic: String, kafka: KafkaConfiguration, timeout: Duration
     ) async throws -> [Int32: ChangelogRead] {
         guard !checkpoints.isEmpty else { return [:] }
-        let (read, _) = try await KafkaPartitionReader.fold(
+        let read = try await KafkaPartitionReader.fold(
             configuration: kafka, topic: topic, partitions: checkpoints.keys.sorted(), timeout: timeout,
             into: [Int32: ChangelogRead]()
         ) { read, message in
@@ -165,7 +165,7 @@ public struct StateStoreCheck: Sendable {
             read[message.partition, default: ChangelogRead()].add(
                 key, digest: digest, offset: message.offset, checkpoint: checkpoint)
         }
-        return read
+        return read.state
     }
 
     private static func text(_ key: [UInt8]) -> String { String(decoding: key, as: UTF8.self) }
