@@ -95,6 +95,48 @@ struct JSONScanner {
         return Double(String(decoding: text, as: UTF8.self))
     }
 
+    /// `null`, read if it is next.
+    mutating func null() -> Bool { skipWhitespace() ? literal("null") : false }
+
+    /// Skips any one JSON value (escapes, signs and exponents, nesting at most `depth` deep);
+    /// `false` on anything that is not JSON.
+    mutating func skipValue(depth: Int = 32) -> Bool {
+        skipWhitespace()
+        guard index < bytes.count, depth > 0 else { return false }
+        switch bytes[index] {
+        case UInt8(ascii: "{"): return object { scanner, _ in scanner.skipValue(depth: depth - 1) }
+        case UInt8(ascii: "["): return array { $0.skipValue(depth: depth - 1) }
+        case UInt8(ascii: "\""): return skipString()
+        case UInt8(ascii: "t"): return literal("true")
+        case UInt8(ascii: "f"): return literal("false")
+        case UInt8(ascii: "n"): return literal("null")
+        default:
+            let start = index
+            while index < bytes.count {
+                switch bytes[index] {
+                case UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "+"), UInt8(ascii: "."),
+                    UInt8(ascii: "e"), UInt8(ascii: "E"):
+                    index += 1
+                default:
+                    return index > start
+                }
+            }
+            return index > start
+        }
+    }
+
+    /// Skips a string, escapes included.
+    private mutating func skipString() -> Bool {
+        guard consume(UInt8(ascii: "\"")) else { return false }
+        while index < bytes.count {
+            let byte = bytes[index]
+            index += 1
+            if byte == UInt8(ascii: "\"") { return true }
+            if byte == UInt8(ascii: "\\") { index += 1 }
+        }
+        return false
+    }
+
     /// `true` or `false`.
     mutating func bool() -> Bool? {
         if literal("true") { return true }
@@ -128,12 +170,15 @@ struct JSONScanner {
         return true
     }
 
-    private mutating func skipWhitespace() {
+    /// Skips whitespace; `true` unless at the end.
+    @discardableResult
+    private mutating func skipWhitespace() -> Bool {
         while index < bytes.count {
             switch bytes[index] {
             case 0x20, 0x0A, 0x0D, 0x09: index += 1
-            default: return
+            default: return true
             }
         }
+        return false
     }
 }

@@ -222,13 +222,12 @@ final class StateStore: Sendable {
             let open = Self.openIndexKey(partition, user: user, changelogKey: key)
             let expiry: Int64?
             if isJournal {
-                let entry = try? JournalRecord(jsonBytes: record.value).entry
-                index(open, open: entry.map { $0.result == nil } ?? false)
+                index(open, open: Self.journalSummary(record.value).hasOpenRequest)
                 continue
-            } else if let state = try? EntitlementStateRecord(jsonBytes: record.value) {
+            } else if let summary = Self.stateSummary(record.value) {
                 // (An earlier version's journal in the state may hold an open request.)
-                index(open, open: state.journal.entries.contains { $0.result == nil })
-                expiry = EntitlementLedger.earliestExpiry(of: state, after: .min)
+                index(open, open: summary.hasOpenRequest)
+                expiry = summary.earliestExpiryMs
             } else {
                 expiry = nil
             }
@@ -252,6 +251,24 @@ final class StateStore: Sendable {
             }
         }
         batch.put(Self.checkpointKey(partition), Self.bytes(checkpoint))
+    }
+
+    /// What the indexes need of a journal record: scanned, or decoded where the scan cannot read it
+    /// (a record that does not decode is not open).
+    static func journalSummary(_ value: [UInt8]) -> ChangelogIndexSummary {
+        if let summary = value.withUnsafeBufferPointer(ChangelogIndexSummary.journal) { return summary }
+        let entry = try? JournalRecord(jsonBytes: value).entry
+        return ChangelogIndexSummary(hasOpenRequest: entry.map { $0.result == nil } ?? false)
+    }
+
+    /// What the indexes need of a user's state record: scanned, or decoded where the scan cannot
+    /// read it; `nil` for a record that does not decode either.
+    static func stateSummary(_ value: [UInt8]) -> ChangelogIndexSummary? {
+        if let summary = value.withUnsafeBufferPointer(ChangelogIndexSummary.state) { return summary }
+        guard let state = try? EntitlementStateRecord(jsonBytes: value) else { return nil }
+        return ChangelogIndexSummary(
+            hasOpenRequest: state.journal.entries.contains { $0.result == nil },
+            earliestExpiryMs: EntitlementLedger.earliestExpiry(of: state, after: .min))
     }
 
     /// A user's records in the store, with their changelog keys (the state's first).
