@@ -229,6 +229,10 @@ public enum KafkaPartitionReader {
             return first
         }
         await consumer.close()
+        if Task.isCancelled, case .timedOut = outcome {
+            // (The reader and its timer end alike when cancelled: not a timeout.)
+            throw KafkaError(code: .closed, message: "reading '\(topic)' was cancelled before it reached the end")
+        }
         guard case .read(let state, let records) = outcome else {
             throw KafkaError(
                 code: .timedOut,

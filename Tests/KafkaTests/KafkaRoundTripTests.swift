@@ -63,6 +63,36 @@ struct KafkaRoundTripTests {
         #expect(whole.state == 40 && whole.records == 40)
     }
 
+    @Test("a partition reader cancelled before its end says so: no timeout reported (a stopping processor logged one)")
+    func partitionReaderCancelled() async throws {
+        let broker = try TestCluster(topics: ["short": 1])
+        let producer = try KafkaProducer(configuration: broker.producerConfiguration)
+        for index in 0..<5 {
+            try await producer.send(
+                KafkaProducerRecord(topic: "short", partition: 0, key: nil, value: Array("\(index)".utf8)))
+        }
+        await producer.close()
+        let folded = Atomic<Int>(0)
+        // A range past the records: the read waits for the rest until cancelled.
+        let read = Task {
+            try await KafkaPartitionReader.fold(
+                configuration: broker.producerConfiguration, topic: "short", ranges: [0: 0..<100],
+                timeout: .seconds(600), into: 0
+            ) { count, _ in
+                count += 1
+                folded.add(1, ordering: .relaxed)
+            }
+        }
+        #expect(await eventually { folded.load(ordering: .relaxed) == 5 })
+        read.cancel()
+        do {
+            let result = try await read.value
+            Issue.record("the cancelled read returned \(result.records) records")
+        } catch let error as KafkaError {
+            #expect(error.code == .closed, "\(error)")
+        }
+    }
+
     @Test("a new member of the group resumes after the committed offset")
     func commitAndResume() async throws {
         let broker = try TestCluster(topics: ["orders": 1])

@@ -48,7 +48,7 @@ extension PurchaseProcessor {
                 }
                 return try await readLedger(
                     of: partitions, configuration: configuration, logger: logger, since: started, clock: clock)
-            } catch  where attempt < 3 {
+            } catch  where attempt < 3 && !Task.isCancelled {
                 logger.warning("cannot read the changelog '\(configuration.stateTopic)' (\(error)); trying again")
                 try? await Task.sleep(for: .seconds(attempt))
                 attempt += 1
