@@ -127,9 +127,10 @@ def request(n, request_id):
 
 
 def metric(port, name):
+    """The metric's value, summed over its labels (a name with labels: that series only)."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + " ") or line.startswith(name + "{"))
+               if line.startswith(name + " ") or (not name.endswith("}") and line.startswith(name + "{")))
 
 
 def memory(pid):
@@ -221,6 +222,9 @@ def answer(bootstrap, port, pid, started, count, users, partitions):
     duplicates = metric(port, "encore_duplicates_skipped_total")
     return {"first": first, "rate": count / (time.time() - produced), "answered": done, "duplicates": duplicates,
             "reads": metric(port, "encore_state_user_reads_total"), "resident": metric(port, "encore_state_users_in_memory"),
+            # RocksDB's part of the memory (block cache, memtables, table readers), in MiB.
+            "rocksdb_mib": {part: metric(port, f'encore_state_store_memory_bytes{{part="{part}"}}') / (1 << 20)
+                            for part in ("block_cache", "memtables", "table_readers")},
             "cpu": cpu_seconds(pid)}
 
 
@@ -297,7 +301,8 @@ def main():
         if "rate" in r:
             print(f"  then {args.requests:,} requests of random users: first outcome {r['first']:.1f} s from start, "
                   f"{r['rate']:,.0f} requests/s, {r['duplicates']:.0f} duplicates of {args.requests // 2 + args.requests % 2} "
-                  f"re-sent, {r['reads']:.0f} users read from the store, {r['resident']:.0f} in memory")
+                  f"re-sent, {r['reads']:.0f} users read from the store, {r['resident']:.0f} in memory; RocksDB "
+                  + ", ".join(f"{part} {mib:.0f}" for part, mib in r["rocksdb_mib"].items()) + " MiB")
     failed = []
     if not args.no_memory_run and results["filled"]["users"] != args.users:
         failed.append("the run without a store did not restore every user")

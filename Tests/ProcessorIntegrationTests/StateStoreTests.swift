@@ -38,6 +38,10 @@ struct StateStoreTests {
                 Int($0.split(separator: " ")[1])
             } ?? -1
         }
+        // RocksDB's memory, outside the heap, is seen: the records written are in its memtables or files.
+        #expect(
+            counter("encore_state_store_memory_bytes{part=\"memtables\"}") + counter("encore_state_store_disk_bytes")
+                > 0, "\(metrics.split(separator: "\n").filter { $0.hasPrefix("encore_state_store") })")
         return (
             controller.snapshot, counter("encore_state_restore_changelog_records_total"),
             counter("encore_state_restore_store_records_total"), processor.statistics.duplicates

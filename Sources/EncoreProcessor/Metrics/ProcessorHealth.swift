@@ -37,6 +37,7 @@ final class ProcessorVitals: Sendable {
         var revocations = 0
         var admission: KafkaAdmission? = nil
         var consumer: KafkaConsumer? = nil
+        var store: StateStoreWriter? = nil
     }
 
     let state = Mutex(State())

@@ -73,6 +73,19 @@ extension PurchaseProcessor {
             "encore_state_users_in_memory",
             "Users whose state and journal are in memory (with --state-cache-users; else every user of the owned partitions).",
             [([:], statistics.residentUsers)])
+        if let usage = vitals.store?.usage {
+            text.gauge(
+                "encore_state_store_memory_bytes",
+                "RocksDB's memory (outside the Swift heap) by part: block_cache (--state-cache-mb), memtables, table_readers.",
+                [
+                    (["part": "block_cache"], Int(usage.blockCacheBytes)),
+                    (["part": "memtables"], Int(usage.memtableBytes)),
+                    (["part": "table_readers"], Int(usage.tableReaderBytes)),
+                ])
+            text.gauge(
+                "encore_state_store_disk_bytes", "The state store's table files on disk.",
+                [([:], Int(usage.diskBytes))])
+        }
         text.counter(
             "encore_state_user_reads_total", "Users read from the state store when their records arrived.",
             [([:], statistics.userLoads)])

@@ -89,6 +89,7 @@ public final class PurchaseProcessor: Sendable {
         vitals.update {
             $0.admission = admission
             $0.consumer = clients.consumer
+            $0.store = store
         }
         let committers = try await transactionCommitters(clients, store: store)
         // The first outputs would otherwise wait for their topics' metadata (a start-up stall).

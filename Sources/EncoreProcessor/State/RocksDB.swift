@@ -146,6 +146,13 @@ final class RocksDB: @unchecked Sendable {
         if let failure = Self.take(error) { throw RocksDBError(description: "write failed: \(failure)") }
     }
 
+    /// An integer property of the database (`rocksdb.block-cache-usage`...), `nil` when unknown.
+    func property(_ name: String) -> UInt64? {
+        precondition(!closed.load(ordering: .acquiring), "RocksDB used after close()")
+        var value: UInt64 = 0
+        return name.withCString { rocksdb_property_int(db, $0, &value) } == 0 ? value : nil
+    }
+
     /// Waits until every write so far is on the disk.
     func syncLog() throws(RocksDBError) {
         precondition(!closed.load(ordering: .acquiring), "RocksDB used after close()")

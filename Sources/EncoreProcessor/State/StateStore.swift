@@ -187,6 +187,26 @@ final class StateStore: Sendable {
     /// Makes every write so far durable.
     func syncLog() throws(RocksDBError) { try db.syncLog() }
 
+    /// What RocksDB holds in memory and on disk now (outside the Swift heap's accounting).
+    struct Usage: Sendable, Equatable {
+        /// The block cache's use (data, index and filter blocks; bounded by `--state-cache-mb`).
+        var blockCacheBytes: UInt64 = 0
+        /// The memtables' (bounded by the write buffers).
+        var memtableBytes: UInt64 = 0
+        /// The open files' readers outside the block cache.
+        var tableReaderBytes: UInt64 = 0
+        /// The table files' size on disk.
+        var diskBytes: UInt64 = 0
+    }
+
+    var usage: Usage {
+        Usage(
+            blockCacheBytes: db.property("rocksdb.block-cache-usage") ?? 0,
+            memtableBytes: db.property("rocksdb.cur-size-all-mem-tables") ?? 0,
+            tableReaderBytes: db.property("rocksdb.estimate-table-readers-mem") ?? 0,
+            diskBytes: db.property("rocksdb.total-sst-files-size") ?? 0)
+    }
+
     /// Applies several partitions' records and checkpoints in one atomic, synced write.
     func apply(
         _ partitions: [(partition: Int32, records: [(key: [UInt8]?, value: [UInt8])], checkpoint: Checkpoint)],

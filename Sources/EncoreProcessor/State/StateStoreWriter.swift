@@ -54,6 +54,9 @@ final class StateStoreWriter: UserStateSource {
         /// Partitions restored in this process whose store is whole up to its checkpoint: the
         /// only ones records are written to.
         var writable: Set<Int32> = []
+        /// RocksDB's memory and disk, as last sampled on the writer's thread, and when.
+        var usage = StateStore.Usage()
+        var sampledAt: ContinuousClock.Instant? = nil
     }
 
     let store: StateStore
@@ -79,6 +82,7 @@ final class StateStoreWriter: UserStateSource {
                 guard let writer = self, !writer.state.withLock(\.stopped) else { return false }
                 writer.flush()
                 writer.sweep(now: .now)
+                writer.sampleUsage(now: .now)
                 return true
             }
             while work() { Thread.sleep(forTimeInterval: Double(interval.milliseconds) / 1000) }
@@ -252,6 +256,22 @@ final class StateStoreWriter: UserStateSource {
                         "cannot write the state store in \(store.directory) (\(error)); its partitions stay at their last checkpoint until restored again"
                     )
                 }
+            }
+        }
+    }
+
+    /// RocksDB's memory and disk as last sampled (every second, on the writer's thread: a read of
+    /// the store's properties never meets its close).
+    var usage: StateStore.Usage { state.withLock(\.usage) }
+
+    private func sampleUsage(now: ContinuousClock.Instant) {
+        guard state.withLock({ $0.sampledAt.map { now - $0 >= .seconds(1) } ?? true }) else { return }
+        flushing.withLock { _ in
+            guard !state.withLock(\.stopped) else { return }
+            let usage = store.usage
+            state.withLock {
+                $0.usage = usage
+                $0.sampledAt = now
             }
         }
     }
