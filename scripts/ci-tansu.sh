@@ -68,7 +68,7 @@ LD_LIBRARY_PATH="$work/lib" python3 scripts/eos_restart_check.py --binary "$BINA
 # past the committed end: restored again once another instance has written past them, it settles
 # there too (no end of partition comes from a read that starts past the committed end).
 LD_LIBRARY_PATH="$work/lib" python3 scripts/eos_restart_check.py --binary "$BINARY" \
-  --bootstrap-servers "127.0.0.1:$PORT" --past-the-held-end
+  --bootstrap-servers "127.0.0.1:$PORT" --past-the-held-end --timeout-s 420
 
 # The state store across SIGKILLs at random points (in and between its writes): after each kill a
 # store a restore would trust holds exactly the changelog below its checkpoint (state-check), and a

@@ -14,6 +14,8 @@ public struct KafkaError: Error, Sendable, CustomStringConvertible {
         public static let closed = Code(rawValue: -10_002)
         /// An argument given to the Kafka layer is invalid.
         public static let invalidArgument = Code(rawValue: -10_003)
+        /// The task waiting for the operation was cancelled before it completed.
+        public static let cancelled = Code(rawValue: -10_004)
         /// librdkafka's local timeout (`RD_KAFKA_RESP_ERR__TIMED_OUT`).
         public static let timedOut = Code(rawValue: RD_KAFKA_RESP_ERR__TIMED_OUT.rawValue)
         /// A message was not delivered within `message.timeout.ms`.
@@ -35,6 +37,7 @@ public struct KafkaError: Error, Sendable, CustomStringConvertible {
                 switch self {
                 case .invalidConfiguration: return "INVALID_CONFIGURATION"
                 case .closed: return "CLOSED"
+                case .cancelled: return "CANCELLED"
                 default: return "INVALID_ARGUMENT"
                 }
             }

@@ -14,7 +14,7 @@ public enum KafkaPartitionReader {
         openTransactionWait: Duration? = nil, into initial: State,
         _ update: @escaping @Sendable (inout State, KafkaMessage) -> Void
     ) async throws(KafkaError) -> KafkaPartitionRead<State> {
-        let configuration = readerConfiguration(configuration, openTransactionWait: openTransactionWait)
+        let configuration = readerConfiguration(configuration)
         let admin = try KafkaAdmin(configuration: configuration)
         var ends: [Int32: Int64] = [:]
         for partition in partitions {
@@ -60,7 +60,7 @@ public enum KafkaPartitionReader {
         }
         guard !ends.isEmpty else { return KafkaPartitionRead(state: initial) }
         return try await read(
-            configuration: readerConfiguration(configuration, openTransactionWait: openTransactionWait), topic: topic,
+            configuration: readerConfiguration(configuration), topic: topic,
             starts: starts, ends: ends, exact: false,
             timeout: timeout, openTransactionWait: openTransactionWait, endsAt: endsAt, into: initial, update)
     }
@@ -75,17 +75,13 @@ public enum KafkaPartitionReader {
         let ranges = ranges.filter { !$0.value.isEmpty }
         guard !ranges.isEmpty else { return KafkaPartitionRead(state: initial) }
         return try await read(
-            configuration: readerConfiguration(configuration, openTransactionWait: nil), topic: topic,
+            configuration: readerConfiguration(configuration), topic: topic,
             starts: ranges.mapValues(\.lowerBound), ends: ranges.mapValues(\.upperBound), exact: true,
             timeout: timeout, into: initial, update)
     }
 
-    private static func readerConfiguration(
-        _ configuration: KafkaConfiguration, openTransactionWait: Duration?
-    ) -> KafkaConfiguration {
+    private static func readerConfiguration(_ configuration: KafkaConfiguration) -> KafkaConfiguration {
         var configuration = configuration
-        // A reader that may settle for a committed end watches each partition's last stable offset.
-        if openTransactionWait != nil { configuration["statistics.interval.ms"] = "500" }
         configuration.setDefault("group.id", "encore-partition-reader")
         configuration["enable.auto.commit"] = "false"
         // The end may be a transaction's control record, which is never handed out as a record.
@@ -111,6 +107,9 @@ public enum KafkaPartitionReader {
         let logger = Logger(label: "kafka.reader")
         // The fold sets the pace: records wait in librdkafka's small queue, not in memory here.
         let admission = KafkaAdmission(capacity: 8192, stallLimit: .seconds(30))
+        var configuration = configuration
+        // A reader that may settle for a committed end watches each partition's last stable offset.
+        if openTransactionWait != nil { configuration["statistics.interval.ms"] = "500" }
         let consumer = try KafkaConsumer(configuration: configuration, admission: admission, logger: logger)
         try consumer.assign(
             targets.keys.sorted().map { KafkaTopicPartitionOffset(topic: topic, partition: $0, offset: starts[$0]!) })
@@ -231,7 +230,7 @@ public enum KafkaPartitionReader {
         await consumer.close()
         if Task.isCancelled, case .timedOut = outcome {
             // (The reader and its timer end alike when cancelled: not a timeout.)
-            throw KafkaError(code: .closed, message: "reading '\(topic)' was cancelled before it reached the end")
+            throw KafkaError(code: .cancelled, message: "reading '\(topic)' was cancelled before it reached the end")
         }
         guard case .read(let state, let records) = outcome else {
             throw KafkaError(
@@ -251,7 +250,9 @@ public enum KafkaPartitionReader {
                 )
             }
         }
-        return KafkaPartitionRead(state: state, records: records, heldShort: shortEnds.mapValues(\.offset))
+        return KafkaPartitionRead(
+            state: state, records: records, heldShort: shortEnds.mapValues(\.offset),
+            heldBeforeStart: Set(shortEnds.filter { $0.value.start != nil }.keys))
     }
 }
 
@@ -264,6 +265,8 @@ public struct KafkaPartitionRead<State: Sendable>: Sendable {
     /// the reader's `openTransactionWait`): that committed end, which is below the read's start
     /// where the read began past it.
     public var heldShort: [Int32: Int64] = [:]
+    /// Those of them whose read began past the committed end: nothing of them was read.
+    public var heldBeforeStart: Set<Int32> = []
 }
 
 private enum ReadEnding<State: Sendable>: Sendable {

@@ -103,4 +103,23 @@ struct ChangelogIndexSummaryTests {
         #expect(scanned(Array(#"{"grants": [{"is_active": true, "expires_at_ms": -5}]}"#.utf8), state: true) == nil)
         #expect(scanned(Array(#"{"a": 1} x"#.utf8), state: false) == nil)
     }
+    @Test("a field the summary reads given twice: no summary, the record is decoded (which takes the last)")
+    func repeatedFields() throws {
+        let journal =
+            #"{"app_id":"app","app_user_id":"u","journal_seq":1,"request_id":"r","attempts":1,"started_at_ms":1,"result":"purchased","result":null}"#
+        #expect(scanned(Array(journal.utf8), state: false) == nil)
+        // What the store indexes then: the decoder's answer (the last `result`: open).
+        #expect(StateStore.journalSummary(Array(journal.utf8)) == (try decodedJournal(Array(journal.utf8))))
+        let state =
+            #"{"app_id":"app","app_user_id":"u","sequence":0,"updated_at_ms":0,"grants":[{"product_id":"p","entitlement":{"type":"free_trial","value":7,"unit":"days"},"status":"verified","is_active":true,"granted_at_ms":1,"expires_at_ms":50,"expires_at_ms":null,"request_id":"r"}],"sources":[],"access":[]}"#
+        #expect(scanned(Array(state.utf8), state: true) == nil)
+        #expect(StateStore.stateSummary(Array(state.utf8)) == (try? decodedState(Array(state.utf8))))
+        for repeated in [
+            #""updated_at_ms":5,"updated_at_ms":6"#, #""grants":[],"grants":[]"#, #""requests":[],"requests":[]"#,
+        ] {
+            #expect(scanned(Array("{\(repeated)}".utf8), state: true) == nil, "\(repeated)")
+        }
+        #expect(scanned(Array(#"{"requests":[{"result":"failed","result":null}]}"#.utf8), state: true) == nil)
+    }
+
 }

@@ -89,7 +89,7 @@ struct KafkaRoundTripTests {
             let result = try await read.value
             Issue.record("the cancelled read returned \(result.records) records")
         } catch let error as KafkaError {
-            #expect(error.code == .closed, "\(error)")
+            #expect(error.code == .cancelled, "\(error)")
         }
     }
 

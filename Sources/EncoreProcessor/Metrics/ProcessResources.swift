@@ -12,6 +12,24 @@ struct ProcessResources: Sendable {
     var startTimeSeconds: Double
     var openDescriptors: Int
 
+    /// Hands the memory glibc's allocator holds freed back to the system (`malloc_trim`): with a
+    /// thread's arena per busy thread, freed blocks otherwise stay resident. A heap profile of a
+    /// 2,000,000-user instance answering requests found 145 MB live at its peak and 305 MB resident.
+    static func returnFreedMemory() {
+        if let trim = mallocTrim { _ = trim(0) }
+    }
+
+    /// glibc's `malloc_trim` (not in Swift's Glibc module), looked up once; `nil` elsewhere.
+    private static let mallocTrim: (@convention(c) (Int) -> Int32)? = {
+        #if canImport(Glibc)
+            // (A null handle is RTLD_DEFAULT: the process's own symbols.)
+            guard let symbol = dlsym(nil, "malloc_trim") else { return nil }
+            return unsafeBitCast(symbol, to: (@convention(c) (Int) -> Int32).self)
+        #else
+            return nil
+        #endif
+    }()
+
     /// Now; zeros where `/proc` cannot be read.
     static func current() -> ProcessResources {
         let ticks = Double(sysconf(Int32(_SC_CLK_TCK)))

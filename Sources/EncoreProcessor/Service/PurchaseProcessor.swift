@@ -124,9 +124,13 @@ public final class PurchaseProcessor: Sendable {
                 logger: logger)
         }
         let ticker = Task {
+            var ticks = 0
             while !Task.isCancelled {
                 try? await Task.sleep(for: .milliseconds(20))
                 for inbox in inboxes { inbox.post(.tick) }
+                ticks += 1
+                // Every 10 s: what the allocator holds freed goes back (a few milliseconds).
+                if ticks % 500 == 0 { ProcessResources.returnFreedMemory() }
             }
         }
         let router = self.router
@@ -165,6 +169,8 @@ public final class PurchaseProcessor: Sendable {
             return (first, offsets)
         }
         ticker.cancel()
+        // (The store closes when this returns: its last usage sample is not shown as current.)
+        vitals.update { $0.store = nil }
         // All at once: each may take the drain timeout when the brokers are gone.
         await withTaskGroup(of: Void.self) { group in
             for producer in clients.producers {
