@@ -51,6 +51,16 @@ def outcome_ids(bootstrap, topic, committed_only, seconds):
     return seen
 
 
+def stop(process):
+    """SIGTERM (the processor drains and commits), SIGKILL after 60 s."""
+    process.terminate()
+    try:
+        process.wait(60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--binary", required=True)
@@ -128,11 +138,7 @@ def main():
                 break
             time.sleep(1)
     finally:
-        second.terminate()
-        try:
-            second.wait(60)
-        except subprocess.TimeoutExpired:
-            second.kill()
+        stop(second)
     missing = len(set(ids) - visible)
     report = {"requests": len(ids), "killed_at_s": killed_at, "missing": missing,
               "seconds": round(time.monotonic() - started, 1), "log": f"/tmp/eos-check-{run}.log"}
@@ -170,11 +176,7 @@ def past_the_held_end(args, start, produce, ids, topics, deadline, report):
             while time.monotonic() < deadline and not set(ids) <= seen and process.poll() is None:
                 seen = outcome_ids(args.bootstrap_servers, topics["outcomes"], False, 3)
         finally:
-            process.terminate()
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            stop(process)
         return set(ids) - seen, process.returncode
 
     produce(40)
