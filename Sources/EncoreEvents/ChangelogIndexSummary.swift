@@ -8,7 +8,7 @@
 /// integer where an expiry is read; a field it reads given twice, which the decoder resolves as the
 /// last one): the caller then decodes the record. Other fields are skipped unread, so a record the
 /// decoder would refuse may still get a summary (the store is a cache; the restore that reads the
-/// user's records back decides). The expiry rule is ``EntitlementLedger.earliestExpiry(of:after:)``'s
+/// user's records back decides). The expiry rule is `EntitlementLedger.earliestExpiry(of:after:)`'s
 /// with no floor (EncoreProcessor), kept equal by `ChangelogIndexSummaryTests`.
 public struct ChangelogIndexSummary: Sendable, Equatable {
     public var hasOpenRequest: Bool

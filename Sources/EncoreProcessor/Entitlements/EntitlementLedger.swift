@@ -555,7 +555,8 @@ public struct EntitlementLedger: Sendable {
 
     /// When the state's earliest expiry is due: an active grant's (past its time, it expires at
     /// the next settle), or an active source state's after `floor` and the last update. Only the
-    /// earliest is queued: settling it queues the next.
+    /// earliest is queued: settling it queues the next. The state store's index reads the same rule
+    /// from a record's JSON without decoding it (`ChangelogIndexSummary.state`, kept equal by its tests).
     static func earliestExpiry(of state: EntitlementStateRecord, after floor: Int64) -> Int64? {
         var earliest: Int64? = nil
         for grant in state.grants where grant.isActive {
