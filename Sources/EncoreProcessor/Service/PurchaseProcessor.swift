@@ -129,7 +129,7 @@ public final class PurchaseProcessor: Sendable {
                 try? await Task.sleep(for: .milliseconds(20))
                 for inbox in inboxes { inbox.post(.tick) }
                 ticks += 1
-                // Every 10 s: what the allocator holds freed goes back (a few milliseconds).
+                // Every 10 s: what the allocator holds freed goes back to the system.
                 if ticks % 500 == 0 { ProcessResources.returnFreedMemory() }
             }
         }
