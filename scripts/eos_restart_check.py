@@ -19,9 +19,7 @@ another new id answers more requests (the changelog grows past the restart's che
 restart's instance comes back on its store. Its restore reads from each checkpoint: where that is
 past the committed end (librdkafka then signals no end of partition) it must settle there after
 the wait rather than wait three times 60 s and stop (the bug), keep its store, and answer what
-came since. Partitions the first restart read to a committed end took no writes into its store
-(their checkpoint stays below that end), so only the others can be past it: reported, with
-whether a partition kept its checkpoint so.
+came since. Whether a partition was past the committed end is reported.
 
 Prints one JSON line; exits 1 when an outcome is not visible within --timeout-s.
 """
@@ -189,12 +187,9 @@ def past_the_held_end(args, start, produce, ids, topics, deadline, report):
     report.update({
         "requests": len(ids), "third_missing": len(third_missing), "back_missing": len(back_missing),
         # A read from a checkpoint past the committed end, settled there (reported, not required:
-        # a partition the first restart read to a committed end short of its end takes no writes
-        # into its store, so its checkpoint stays below that end; only partitions the dead
-        # transaction did not hold then can be past it now).
+        # a kill that leaves the dead transaction holding no partition the restart then wrote
+        # past gives none).
         "back_settled_before_its_start": "before the start" in log,
-        # Partitions the restart read to a committed end kept their store's checkpoint.
-        "back_kept_checkpoint": "stays at its checkpoint" in log,
         "back_restore_retried": "cannot read the changelog" in log or "cannot restore" in log,
         "back_rebuilt": log.count("rebuilding"),
         # The store past the committed end is kept, not taken for another changelog's.
