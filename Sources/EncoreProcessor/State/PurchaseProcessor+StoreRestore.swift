@@ -160,9 +160,9 @@ extension PurchaseProcessor {
         // there. Also for a partition read to a committed end short of its end (an open transaction
         // held it; Tansu only, in practice): records committed past that end were not read, and
         // this instance's writes move the checkpoint past them (docs/STATE.md, Restore). Keeping
-        // such a partition's writes out of the store instead left them in memory only, where a
-        // later restore's open-request index does not look: CI's chaos then called a user's next
-        // request while an earlier call of it was still open (an overlap).
+        // such a partition's writes out of the store instead leaves them in memory only, where a
+        // later restore's open-request index does not look: an open intent there would not hold
+        // its user (found by reading; tried and reverted).
         writer.restored(partitions)
         let users = restored.values.reduce(0) { $0 + $1.states.count }
         let remembered = restored.values.reduce(0) { $0 + $1.journal.count }
