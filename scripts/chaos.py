@@ -33,7 +33,9 @@ least, and then until a member has published a request in doubt (a pending with 
 outcome_unknown), at most 150 s: a run on a loaded machine, or one whose members were rebalancing,
 still shows the in-doubt path. A call of another of
 the user's requests while billing still works on a held one is an overlap (a recovery call of the
-same request is the same purchase, counted apart as asks_over_held).
+same request is the same purchase, counted apart as asks_over_held). Billing answers a call of a
+request only when it no longer works on an earlier call of it; until then it answers 409
+(idempotency_key_in_use, as Stripe does), which leaves the effect unknown: counted as busy_answers.
 
 Prints one JSON object with those counts and the run's figures; exits 1 when one is not 0.
 """
@@ -85,6 +87,9 @@ class Billing:
         #  arrival order, ever seen connected)
         self.calls = []
         self.arrivals = 0
+        # request id -> arrival numbers of its calls billing is working on
+        self.working = {}
+        self.busy_answers = 0
         self.slow_ms = call_timeout_ms * 1.5
 
     def in_outage(self, now):
@@ -121,6 +126,7 @@ class Billing:
             held = self.in_outage(start)
             arrival = self.arrivals
             self.arrivals += 1
+            self.working.setdefault(request_id, set()).add(arrival)
             if request_id in self.charged:
                 result = self.charged[request_id]
             else:
@@ -149,6 +155,18 @@ class Billing:
             user = f"{request['app_id']}:{request['app_user_id']}"
             self.calls.append((request_id, user, instance, attempt, recovery, start, end, hung_up,
                                connected_at, arrival, seen_connected, held))
+            working = self.working[request_id]
+            working.discard(arrival)
+            # Billing still works on an earlier call of this request (one held in the outage, or a
+            # slow one the caller hung up on): no answer yet, as Stripe's 409
+            # idempotency_key_in_use says. Answering the result now would let the processor start
+            # the user's next request while billing still works on this one.
+            busy = any(other < arrival for other in working)
+            if not working:
+                del self.working[request_id]
+            if busy:
+                self.busy_answers += 1
+                return None
         return result
 
 
@@ -187,9 +205,11 @@ def serve_billing(billing):
                     return True
 
             result = billing.handle(self.path.strip("/"), json.loads(body), self.headers, client_gone)
-            payload = json.dumps({"result": result}).encode()
+            status = 200 if result is not None else 409
+            payload = json.dumps({"result": result} if result is not None
+                                 else {"error": {"code": "idempotency_key_in_use"}}).encode()
             try:
-                self.send_response(200)
+                self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
@@ -379,8 +399,36 @@ def self_test():
         overlapping, _, _, _ = classify_overlaps(calls, killed_at, late_first)
         if len(overlapping) != expected:
             failures.append(f"{name}: {len(overlapping)} overlaps; expected {expected}")
-    print("\n".join(failures) or f"self-test: {len(calls_cases) + len(overlap_cases)} cases pass")
+    failures += billing_self_test()
+    print("\n".join(failures) or f"self-test: {len(calls_cases) + len(overlap_cases) + 1} cases pass")
     sys.exit(1 if failures else 0)
+
+
+def billing_self_test():
+    """Billing answers a call of a request only once no earlier call of it is being worked on: a
+    recovery call held in the outage, ending with it while billing still works on the first call
+    (slower than the outage), is answered 409; one after the first call ended gets the result."""
+    billing = Billing(1000)
+    billing.delay_ms = lambda request_id, recovery: 5 if recovery else 2000
+    billing.outage = (time.monotonic(), 0.3, 0.3)
+    request = {"app_id": "a", "app_user_id": "u"}
+    answers = {}
+
+    def call(attempt):
+        headers = {"Idempotency-Key": "r", "Encore-Attempt": str(attempt),
+                   "Encore-Recovery": "true" if attempt > 1 else "false"}
+        answers[attempt] = billing.handle("i1", request, headers, lambda: False)
+
+    first = threading.Thread(target=call, args=(1,))
+    first.start()
+    time.sleep(0.1)
+    call(2)  # held until the outage ends at 0.3 s, while the first call runs until 2 s
+    first.join()
+    call(3)
+    expected = {1: billing.answer("r"), 2: None, 3: billing.answer("r")}
+    if answers != expected or billing.busy_answers != 1:
+        return [f"billing: answers {answers}, {billing.busy_answers} busy; expected {expected}, 1 busy"]
+    return []
 
 
 def wait_port(port, timeout=30):
@@ -936,6 +984,7 @@ def main():
         "overlaps_after_hang_up": overlaps_after_hang_up,
         "overlaps_after_given_up": overlaps_after_given_up,
         "asks_over_held": asks_over_held,
+        "busy_answers": billing.busy_answers,
         "outage_s": round(billing.outage_ended_at - billing.outage[0], 1) if billing.outage_ended_at else None,
         "held_calls": sum(1 for c in billing.calls if c[11]),
         "in_doubt_opened": in_doubt_opened,

@@ -92,6 +92,15 @@ def main():
                 except OSError:
                     pass  # the caller stopped reading
                 return
+            if self.path.startswith("/in-progress"):
+                # Billing still works on a call with this Idempotency-Key (Stripe's
+                # idempotency_key_in_use): no answer yet, the effect unknown.
+                payload = json.dumps({"error": {"code": "idempotency_key_in_use"}}).encode()
+                self.send_response(409)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+                return
             if self.path.startswith("/huge"):
                 payload = b"<html>" + b"x" * (5 * 1024 * 1024)
                 self.send_response(502)

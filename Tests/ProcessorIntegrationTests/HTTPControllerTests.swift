@@ -82,6 +82,15 @@ struct HTTPControllerTests {
             #expect(error.type == "connection" && error.isRetryable && !error.isOutcomeUnknown)
             #expect(!error.message.contains("pa55word") && !error.message.contains("t0ken"), "\(error.message)")
         }
+        // A 409: billing still works on a call with this Idempotency-Key. It may charge: unknown, never final.
+        let inProgress = HTTPController(
+            url: URL(string: "\(base)/in-progress")!, timeout: .seconds(10), signingKey: Array(Self.secret.utf8))
+        do {
+            let answer = try await inProgress.purchase(request("r-in-progress"))
+            Issue.record("/in-progress was answered \(answer)")
+        } catch let error as PurchaseControllerError {
+            #expect(error.type == "http_409" && error.isRetryable && error.isOutcomeUnknown, "\(error)")
+        }
         // A 2xx whose body cannot be read: billing answered and may have charged. Unknown, never final.
         for path in ["garbage", "huge200"] {
             let unreadable = HTTPController(

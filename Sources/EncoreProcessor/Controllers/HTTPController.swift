@@ -13,12 +13,12 @@ import Kafka
 /// (and `Encore-Recovery: true` on a recovery call: look the purchase up before charging), the
 /// request's `traceparent`/`tracestate`, the configured headers, and with a signing key
 /// `Encore-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">`. Expects
-/// `{"result":"purchased|cancelled|pending"}`. 5xx, 429, a connection lost after sending and a
-/// 2xx whose body cannot be read leave the effect unknown (retried as recovery calls, in doubt when
-/// the attempts run out); a connection that never opened is retryable; other 4xx and 3xx
-/// (redirects are never followed) are final. Answers are
-/// read up to ``maximumResponseBytes``; errors name the controller, never the URL's credentials or
-/// query, and quote at most a short, sanitised excerpt of the body.
+/// `{"result":"purchased|cancelled|pending"}`. 5xx, 429, 409 (billing still works on a call with
+/// the same key), a connection lost after sending and a 2xx whose body cannot be read leave the
+/// effect unknown (retried as recovery calls, in doubt when the attempts run out); a connection
+/// that never opened is retryable; other 4xx and 3xx (redirects are never followed) are final.
+/// Answers are read up to ``maximumResponseBytes``; errors name the controller, never the URL's
+/// credentials or query, and quote at most a short, sanitised excerpt of the body.
 public struct HTTPController: PurchaseController {
     /// Bytes of an answer read at most.
     public static let maximumResponseBytes = 64 * 1024
@@ -97,8 +97,9 @@ public struct HTTPController: PurchaseController {
         }
         let status = answer.response.statusCode
         let excerpt = Self.excerpt(answer.data)
-        if status >= 500 || status == 429 {
-            // Billing may have acted before it failed.
+        if status >= 500 || status == 429 || status == 409 {
+            // Billing may have acted before it failed; a 409 says it still works on a call with this
+            // Idempotency-Key (Stripe's idempotency_key_in_use), whose effect is not known yet.
             throw PurchaseControllerError.outcomeUnknown("http_\(status)", "\(label) answered \(status): \(excerpt)")
         }
         if (300..<400).contains(status) {
