@@ -175,6 +175,53 @@ struct StateStoreUnitTests {
         try same("the writes after it")
     }
 
+    @Test(
+        "batches written on the batch writer's thread, a rebuild's and a tail's, leave what direct writes leave: a batch's index reads what the batches queued before it wrote"
+    )
+    func batchWriterMatchesDirectWrites() throws {
+        let path = directory()
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let store = try open(path)
+        var random = SplitMix64(seed: 31)
+        // A few users, so that nearly every batch changes the expiry a batch before it set.
+        func batch() -> [(key: [UInt8]?, value: [UInt8])] {
+            (0..<64).map { _ in
+                let user = "u\(random.next() % 12)"
+                switch random.next() % 3 {
+                case 0: return state(user, expiresAtMs: random.next() % 4 == 0 ? nil : Int64(random.next() % 1_000))
+                default: return journal(user, seq: Int64(random.next() % 3), open: random.next() % 2 == 0)
+                }
+            }
+        }
+        // A writer behind the batches' building, so that a batch built without waiting for the
+        // ones before it to be written reads the expiries they replace as they were before them.
+        let writer = StateStore.BatchWriter(store, lag: .milliseconds(2))
+        defer { writer.finish() }
+        var rebuild: StateStore.Rebuild? = StateStore.Rebuild(records: 64 * 40)
+        var tail: StateStore.Rebuild? = nil
+        for offset in 1...40 {
+            let records = batch()
+            let checkpoint = StateStore.Checkpoint(offset: Int64(offset * 64), lastDigest: 0)
+            try store.apply(records, partition: 0, checkpoint: checkpoint)
+            try store.apply(records, partition: 1, checkpoint: checkpoint, rebuild: &rebuild, through: writer)
+            try store.apply(records, partition: 2, checkpoint: checkpoint, rebuild: &tail, through: writer)
+        }
+        try writer.drain()
+        try store.finishRebuilds()
+        #expect(try store.dueUsers(of: 0, after: nil, throughMs: 1_000, limit: 1_000).users.count > 5)
+        for partition: Int32 in [1, 2] {
+            #expect(try store.checkpoint(of: partition) == store.checkpoint(of: 0))
+            #expect(try records(store, partition) == records(store, 0), "records of \(partition)")
+            #expect(try store.usersWithOpenRequests(of: partition) == store.usersWithOpenRequests(of: 0))
+            for through: Int64 in [250, 500, 1_000] {
+                #expect(
+                    try store.dueUsers(of: partition, after: nil, throughMs: through, limit: 1_000).users
+                        == store.dueUsers(of: 0, after: nil, throughMs: through, limit: 1_000).users,
+                    "expiries of \(partition) through \(through)")
+            }
+        }
+    }
+
     @Test("a Bloom filter holds every element inserted; of others it holds none at this load")
     func bloomFilter() {
         var filter = BloomFilter(bits: 1 << 16)

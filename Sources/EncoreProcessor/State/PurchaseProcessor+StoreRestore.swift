@@ -229,10 +229,15 @@ extension PurchaseProcessor {
             do { try store.pauseCompactions() } catch { return (0, [], "\(error)") }
             paused = true
         }
+        // The batches are written on a thread of their own while the next ones are read.
+        let writer = StateStore.BatchWriter(store)
+        defer { writer.finish() }
         /// A rebuild that fails leaves nothing behind: its unlogged batches (a retry would trust
         /// their checkpoint while they are not durable, and logged writes after them would outlive
-        /// them in a crash) are deleted by a logged, synced range delete, and compactions resume.
+        /// them in a crash) are deleted by a logged, synced range delete, once every batch queued
+        /// is written, and compactions resume.
         func abandon() {
+            try? writer.drain()
             for partition in rebuilt { try? store.reset(partition: partition) }
             if paused { try? store.resumeCompactions(after: rebuilt) }
         }
@@ -267,7 +272,7 @@ extension PurchaseProcessor {
                         try store.apply(
                             tail.pending[partition]!, partition: partition,
                             checkpoint: checkpoint(after: tail.pending[partition]!, at: tail.next[partition]!),
-                            synced: false, rebuild: &tail.rebuilds[partition])
+                            rebuild: &tail.rebuilds[partition], through: writer)
                         tail.pending[partition] = []
                     } catch {
                         tail.failure = "\(error)"
@@ -285,13 +290,14 @@ extension PurchaseProcessor {
             do {
                 try store.apply(
                     records, partition: partition, checkpoint: checkpoint(after: records, at: tail.next[partition]!),
-                    synced: false, rebuild: &written[partition])
+                    rebuild: &written[partition], through: writer)
             } catch {
                 failure = "\(error)"
             }
         }
         if failure == nil {
             do {
+                try writer.drain()
                 try store.syncLog()
                 if !rebuilt.isEmpty { try store.finishRebuilds() }
                 if paused {
