@@ -54,6 +54,32 @@ struct StateStoreUnitTests {
             offset: offset)
     }
 
+    /// 64 random changes of `users` users: expiries set, moved, removed; intents opened and answered
+    /// (a few slots per user, so a slot is written again both open and answered).
+    private func changes(_ random: inout SplitMix64, users: UInt64) -> [(key: [UInt8]?, value: [UInt8])] {
+        (0..<64).map { _ in
+            let user = "u\(random.next() % users)"
+            switch random.next() % 3 {
+            case 0: return state(user, expiresAtMs: random.next() % 4 == 0 ? nil : Int64(random.next() % 1_000))
+            default: return journal(user, seq: Int64(random.next() % 3), open: random.next() % 2 == 0)
+            }
+        }
+    }
+
+    /// Partition `partition` holds what `other` holds: records, open requests, expiries.
+    private func expectSame(_ store: StateStore, _ partition: Int32, as other: Int32, after moment: String) throws {
+        #expect(try records(store, partition) == records(store, other), "records of \(partition) after \(moment)")
+        #expect(
+            try store.usersWithOpenRequests(of: partition) == store.usersWithOpenRequests(of: other),
+            "open requests of \(partition) after \(moment)")
+        for through: Int64 in [250, 500, 1_000] {
+            #expect(
+                try store.dueUsers(of: partition, after: nil, throughMs: through, limit: 1_000).users
+                    == store.dueUsers(of: other, after: nil, throughMs: through, limit: 1_000).users,
+                "expiries of \(partition) through \(through) after \(moment)")
+        }
+    }
+
     @Test("records and their checkpoint are kept per partition, the latest value of each key")
     func applyAndRead() throws {
         let path = directory()
@@ -123,28 +149,8 @@ struct StateStoreUnitTests {
         defer { try? FileManager.default.removeItem(atPath: path) }
         let store = try open(path)
         var random = SplitMix64(seed: 30)
-        // Random changes of 40 users: expiries set, moved, removed; intents opened and answered
-        // (a few slots per user, so a slot is written again both open and answered).
-        func batch() -> [(key: [UInt8]?, value: [UInt8])] {
-            (0..<64).map { _ in
-                let user = "u\(random.next() % 40)"
-                switch random.next() % 3 {
-                case 0: return state(user, expiresAtMs: random.next() % 4 == 0 ? nil : Int64(random.next() % 1_000))
-                default: return journal(user, seq: Int64(random.next() % 3), open: random.next() % 2 == 0)
-                }
-            }
-        }
-        func same(_ moment: String) throws {
-            #expect(try records(store, 0) == records(store, 1), "records after \(moment)")
-            #expect(
-                try store.usersWithOpenRequests(of: 0) == store.usersWithOpenRequests(of: 1), "open after \(moment)")
-            for through: Int64 in [250, 500, 1_000] {
-                #expect(
-                    try store.dueUsers(of: 0, after: nil, throughMs: through, limit: 1_000).users
-                        == store.dueUsers(of: 1, after: nil, throughMs: through, limit: 1_000).users,
-                    "expiries through \(through) after \(moment)")
-            }
-        }
+        func batch() -> [(key: [UInt8]?, value: [UInt8])] { changes(&random, users: 40) }
+        func same(_ moment: String) throws { try expectSame(store, 1, as: 0, after: moment) }
         // Partition 1 held other users' records, open intents and expiries: the reset must clear
         // them all, as the rebuild writes on the belief that only its own entries exist.
         try store.apply(
@@ -184,15 +190,7 @@ struct StateStoreUnitTests {
         let store = try open(path)
         var random = SplitMix64(seed: 31)
         // A few users, so that nearly every batch changes the expiry a batch before it set.
-        func batch() -> [(key: [UInt8]?, value: [UInt8])] {
-            (0..<64).map { _ in
-                let user = "u\(random.next() % 12)"
-                switch random.next() % 3 {
-                case 0: return state(user, expiresAtMs: random.next() % 4 == 0 ? nil : Int64(random.next() % 1_000))
-                default: return journal(user, seq: Int64(random.next() % 3), open: random.next() % 2 == 0)
-                }
-            }
-        }
+        func batch() -> [(key: [UInt8]?, value: [UInt8])] { changes(&random, users: 12) }
         // A writer behind the batches' building, so that a batch built without waiting for the
         // ones before it to be written reads the expiries they replace as they were before them.
         let writer = StateStore.BatchWriter(store, lag: .milliseconds(2))
@@ -211,14 +209,7 @@ struct StateStoreUnitTests {
         #expect(try store.dueUsers(of: 0, after: nil, throughMs: 1_000, limit: 1_000).users.count > 5)
         for partition: Int32 in [1, 2] {
             #expect(try store.checkpoint(of: partition) == store.checkpoint(of: 0))
-            #expect(try records(store, partition) == records(store, 0), "records of \(partition)")
-            #expect(try store.usersWithOpenRequests(of: partition) == store.usersWithOpenRequests(of: 0))
-            for through: Int64 in [250, 500, 1_000] {
-                #expect(
-                    try store.dueUsers(of: partition, after: nil, throughMs: through, limit: 1_000).users
-                        == store.dueUsers(of: 0, after: nil, throughMs: through, limit: 1_000).users,
-                    "expiries of \(partition) through \(through)")
-            }
+            try expectSame(store, partition, as: 0, after: "the writes")
         }
     }
 
