@@ -277,70 +277,91 @@ private enum ReadEnding<State: Sendable>: Sendable {
 }
 
 /// The partitions whose readable end (`read_committed`: the last stable offset) stays short of
-/// the end the reader aims at, and since when; shared by the reader and its watch.
-private final class HeldEnds: Sendable {
-    private struct Short {
+/// the end the reader aims at, and since when: a state machine with no I/O, the clock given.
+struct HeldEndsTable {
+    struct Short: Equatable {
         var offset: Int64
         var end: Int64
         var since: ContinuousClock.Instant
-        /// Where the read began, past `offset` (``heldPastStart(_:committedEnd:start:end:)``).
+        /// Where the read began, past `offset` (``heldPastStart(_:committedEnd:start:end:now:)``).
         var start: Int64? = nil
     }
-    private let state = Mutex<(short: [Int32: Short], done: Set<Int32>, settled: Bool)>(([:], [], false))
 
-    /// The consumer reached `offset`, short of `end`: held from now unless it already was there.
-    func heldShort(_ partition: Int32, at offset: Int64, end: Int64) {
-        state.withLock {
-            if $0.short[partition]?.offset != offset {
-                $0.short[partition] = Short(offset: offset, end: end, since: .now)
-            }
+    private(set) var short: [Int32: Short] = [:]
+    /// Partitions read to their end.
+    private(set) var done: Set<Int32> = []
+    private(set) var settled = false
+
+    /// The consumer reached `offset`, short of `end`: held from `now` unless it already was there.
+    mutating func heldShort(_ partition: Int32, at offset: Int64, end: Int64, now: ContinuousClock.Instant) {
+        if short[partition]?.offset != offset {
+            short[partition] = Short(offset: offset, end: end, since: now)
         }
     }
 
     /// The consumer fetches the partition from `start`, past its committed end (`read_committed`:
-    /// the last stable offset): held from now unless it already was there, or done.
-    func heldPastStart(_ partition: Int32, committedEnd: Int64, start: Int64, end: Int64) {
-        state.withLock {
-            guard !$0.done.contains(partition), $0.short[partition]?.offset != committedEnd else { return }
-            $0.short[partition] = Short(offset: committedEnd, end: end, since: .now, start: start)
-        }
+    /// the last stable offset): held from `now` unless it already was there, or done.
+    mutating func heldPastStart(
+        _ partition: Int32, committedEnd: Int64, start: Int64, end: Int64, now: ContinuousClock.Instant
+    ) {
+        guard !done.contains(partition), short[partition]?.offset != committedEnd else { return }
+        short[partition] = Short(offset: committedEnd, end: end, since: now, start: start)
     }
 
     /// The partition's committed end is at or past the fetch position (the transaction ended).
-    func notPastStart(_ partition: Int32) {
-        state.withLock {
-            if $0.short[partition]?.start != nil { $0.short[partition] = nil }
-        }
+    mutating func notPastStart(_ partition: Int32) {
+        if short[partition]?.start != nil { short[partition] = nil }
     }
 
     /// A record of the partition arrived: it is not held.
-    func moved(_ partition: Int32) { _ = state.withLock { $0.short.removeValue(forKey: partition) } }
+    mutating func moved(_ partition: Int32) { short[partition] = nil }
 
-    func reached(_ partition: Int32) {
-        state.withLock {
-            $0.short[partition] = nil
-            $0.done.insert(partition)
-        }
+    mutating func reached(_ partition: Int32) {
+        short[partition] = nil
+        done.insert(partition)
     }
 
-    /// Whether every one of the `remaining` partitions not done is held, each for `wait` at least.
-    func settle(remaining count: Int, after wait: Duration) -> Bool {
-        state.withLock {
-            let now = ContinuousClock.now
-            guard $0.done.count + $0.short.count == count,
-                $0.short.values.allSatisfy({ now - $0.since >= wait })
-            else { return false }
-            $0.settled = true
-            return true
+    /// Whether every one of the `count` partitions read is done or held, each held for `wait` at
+    /// least by `now`; once true, the read is settled.
+    mutating func settle(remaining count: Int, after wait: Duration, now: ContinuousClock.Instant) -> Bool {
+        guard done.count + short.count == count, short.values.allSatisfy({ now - $0.since >= wait }) else {
+            return false
         }
+        settled = true
+        return true
     }
 
-    var settled: Bool { state.withLock { $0.settled } }
-
-    /// The partitions read to a committed end short of their end (after ``settle(remaining:after:)``).
+    /// The partitions read to a committed end short of their end (after ``settle(remaining:after:now:)``).
     var shortEnds: [Int32: (offset: Int64, end: Int64, start: Int64?)] {
-        state.withLock { $0.settled ? $0.short.mapValues { ($0.offset, $0.end, $0.start) } : [:] }
+        settled ? short.mapValues { ($0.offset, $0.end, $0.start) } : [:]
     }
+}
+
+/// ``HeldEndsTable`` shared by the reader and its watch, on the clock.
+private final class HeldEnds: Sendable {
+    private let table = Mutex(HeldEndsTable())
+
+    func heldShort(_ partition: Int32, at offset: Int64, end: Int64) {
+        table.withLock { $0.heldShort(partition, at: offset, end: end, now: .now) }
+    }
+
+    func heldPastStart(_ partition: Int32, committedEnd: Int64, start: Int64, end: Int64) {
+        table.withLock { $0.heldPastStart(partition, committedEnd: committedEnd, start: start, end: end, now: .now) }
+    }
+
+    func notPastStart(_ partition: Int32) { table.withLock { $0.notPastStart(partition) } }
+
+    func moved(_ partition: Int32) { table.withLock { $0.moved(partition) } }
+
+    func reached(_ partition: Int32) { table.withLock { $0.reached(partition) } }
+
+    func settle(remaining count: Int, after wait: Duration) -> Bool {
+        table.withLock { $0.settle(remaining: count, after: wait, now: .now) }
+    }
+
+    var settled: Bool { table.withLock { $0.settled } }
+
+    var shortEnds: [Int32: (offset: Int64, end: Int64, start: Int64?)] { table.withLock { $0.shortEnds } }
 }
 
 /// How many batches a read folded, for its stall timeout.
