@@ -157,9 +157,9 @@ class Billing:
                                connected_at, arrival, seen_connected, held))
             working = self.working[request_id]
             working.discard(arrival)
-            # Billing still works on an earlier call of this request (one held in the outage, or a
-            # slow one the caller hung up on): no answer yet, as Stripe's 409
-            # idempotency_key_in_use says. Answering the result now would let the processor start
+            # Billing still works on an earlier call of this request (one held in the outage, which
+            # runs to its own end past the outage's; a call not held ends when billing notices the
+            # hang-up): no answer yet, as Stripe's 409 idempotency_key_in_use says. Answering the result now would let the processor start
             # the user's next request while billing still works on this one.
             busy = any(other < arrival for other in working)
             if not working:

@@ -11,7 +11,7 @@ With --secret FILE, a call whose Encore-Signature does not verify (HMAC-SHA256 o
 with the file's secret, t within 5 minutes) is answered 401. Paths: /redirect answers 307 to
 /followed (which logs "FOLLOWED"); /huge answers 502 with a 5 MB body; /garbage answers 200 with
 a body that is not JSON; /huge200 answers 200 with 100 MB beginning {"result":"purchased" (streamed
-until the caller hangs up).
+until the caller hangs up); /in-progress answers 409 idempotency_key_in_use.
 """
 import hashlib
 import hmac

@@ -213,6 +213,33 @@ struct StateStoreUnitTests {
         }
     }
 
+    @Test(
+        "a write of the batch writer that fails is thrown by the next drain and the next write; nothing of it is written"
+    )
+    func batchWriterFailure() throws {
+        let path = directory()
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let store = try open(path)
+        try store.apply([state("u1", expiresAtMs: 5)], partition: 0, checkpoint: .init(offset: 1, lastDigest: 0))
+        // The same store opened read-only: RocksDB refuses every write.
+        let readOnly = try StateStore.openForReading(directory: path).store
+        defer { readOnly.close() }
+        let writer = StateStore.BatchWriter(readOnly)
+        defer { writer.finish() }
+        var none: StateStore.Rebuild? = nil
+        try readOnly.apply(
+            [journal("u1", seq: 0, open: true)], partition: 0, checkpoint: .init(offset: 2, lastDigest: 0),
+            rebuild: &none, through: writer)
+        #expect(throws: RocksDBError.self) { try writer.drain() }
+        #expect(throws: RocksDBError.self) {
+            try readOnly.apply(
+                [journal("u1", seq: 1, open: true)], partition: 0, checkpoint: .init(offset: 3, lastDigest: 0),
+                rebuild: &none, through: writer)
+        }
+        #expect(try store.checkpoint(of: 0)?.offset == 1)
+        #expect(try store.usersWithOpenRequests(of: 0).isEmpty)
+    }
+
     @Test("a Bloom filter holds every element inserted; of others it holds none at this load")
     func bloomFilter() {
         var filter = BloomFilter(bits: 1 << 16)

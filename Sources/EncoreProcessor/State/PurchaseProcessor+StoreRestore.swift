@@ -230,14 +230,14 @@ extension PurchaseProcessor {
             paused = true
         }
         // The batches are written on a thread of their own while the next ones are read.
-        let writer = StateStore.BatchWriter(store)
-        defer { writer.finish() }
+        let batches = StateStore.BatchWriter(store)
+        defer { batches.finish() }
         /// A rebuild that fails leaves nothing behind: its unlogged batches (a retry would trust
         /// their checkpoint while they are not durable, and logged writes after them would outlive
         /// them in a crash) are deleted by a logged, synced range delete, once every batch queued
         /// is written, and compactions resume.
         func abandon() {
-            try? writer.drain()
+            try? batches.drain()
             for partition in rebuilt { try? store.reset(partition: partition) }
             if paused { try? store.resumeCompactions(after: rebuilt) }
         }
@@ -272,7 +272,7 @@ extension PurchaseProcessor {
                         try store.apply(
                             tail.pending[partition]!, partition: partition,
                             checkpoint: checkpoint(after: tail.pending[partition]!, at: tail.next[partition]!),
-                            rebuild: &tail.rebuilds[partition], through: writer)
+                            rebuild: &tail.rebuilds[partition], through: batches)
                         tail.pending[partition] = []
                     } catch {
                         tail.failure = "\(error)"
@@ -290,14 +290,14 @@ extension PurchaseProcessor {
             do {
                 try store.apply(
                     records, partition: partition, checkpoint: checkpoint(after: records, at: tail.next[partition]!),
-                    rebuild: &written[partition], through: writer)
+                    rebuild: &written[partition], through: batches)
             } catch {
                 failure = "\(error)"
             }
         }
         if failure == nil {
             do {
-                try writer.drain()
+                try batches.drain()
                 try store.syncLog()
                 if !rebuilt.isEmpty { try store.finishRebuilds() }
                 if paused {

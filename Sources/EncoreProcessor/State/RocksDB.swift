@@ -37,6 +37,9 @@ final class RocksDB: @unchecked Sendable {
         options = rocksdb_options_create()
         rocksdb_options_set_create_if_missing(options, readOnly ? 0 : 1)
         rocksdb_options_set_max_background_jobs(options, 2)
+        // A compaction from the first level (a bulk rebuild's final one, above all) is split over
+        // two threads: when a rebuild's reading is over, the machine's second core is idle.
+        rocksdb_options_set_max_subcompactions(options, 2)
         rocksdb_options_set_compression(options, Int32(rocksdb_lz4_compression))
         // Memory: the memtables of the one column family, bounded together.
         rocksdb_options_set_write_buffer_size(options, max(writeBufferBytes / 4, 1 << 20))
