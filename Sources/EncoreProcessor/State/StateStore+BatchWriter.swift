@@ -4,8 +4,8 @@ import Synchronization
 extension StateStore {
     /// A restore's writes on a thread of their own, in the order given: the restore reads and
     /// indexes the next batch while RocksDB inserts this one into its memtables (the larger part of
-    /// a rebuild's CPU). At most two are queued, one of them being written. The first write that fails fails the ones after
-    /// it and is thrown by the next ``write(_:logged:)`` or ``drain()``.
+    /// a rebuild's CPU). At most two are queued, one of them being written. The first write that
+    /// fails fails the ones after it and is thrown by the next ``write(_:logged:)`` or ``drain()``.
     final class BatchWriter: Sendable {
         /// `@unchecked Sendable` (a C handle): the thread that built the batch gives it up in
         /// ``write(_:logged:)``, and only the writer's thread touches it after.

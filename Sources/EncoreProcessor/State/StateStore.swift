@@ -1,7 +1,6 @@
 import EncoreEvents
 import Foundation
 import Kafka
-import Synchronization
 
 /// The local state store (docs/STATE.md): for each changelog partition, the latest record of each
 /// changelog key, and the checkpoint: the changelog offset up to which (exclusive) it holds the
