@@ -240,6 +240,30 @@ struct StateStoreUnitTests {
         #expect(try store.usersWithOpenRequests(of: 0).isEmpty)
     }
 
+    @Test(
+        "an abandoned rebuild leaves nothing of its partition, not even the batches still queued when it was abandoned")
+    func abandonedRebuild() throws {
+        let path = directory()
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let store = try open(path)
+        try store.pauseCompactions()
+        // A writer far behind: both batches are still queued when the rebuild is abandoned.
+        let writer = StateStore.BatchWriter(store, lag: .milliseconds(50))
+        defer { writer.finish() }
+        var rebuild: StateStore.Rebuild? = StateStore.Rebuild(records: 2)
+        try store.apply(
+            [state("u1", expiresAtMs: 5), journal("u1", seq: 0, open: true)], partition: 3,
+            checkpoint: .init(offset: 2, lastDigest: 0), rebuild: &rebuild, through: writer)
+        try store.apply(
+            [state("u2", expiresAtMs: 6)], partition: 3, checkpoint: .init(offset: 3, lastDigest: 0),
+            rebuild: &rebuild, through: writer)
+        store.abandon(rebuilds: [3], writtenBy: writer, paused: true)
+        #expect(try store.checkpoint(of: 3) == nil)
+        #expect(try records(store, 3).isEmpty)
+        #expect(try store.usersWithOpenRequests(of: 3).isEmpty)
+        #expect(try store.dueUsers(of: 3, after: nil, throughMs: 1_000, limit: 10).users.isEmpty)
+    }
+
     @Test("a Bloom filter holds every element inserted; of others it holds none at this load")
     func bloomFilter() {
         var filter = BloomFilter(bits: 1 << 16)

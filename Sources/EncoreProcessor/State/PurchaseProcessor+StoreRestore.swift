@@ -234,13 +234,8 @@ extension PurchaseProcessor {
         defer { batches.finish() }
         /// A rebuild that fails leaves nothing behind: its unlogged batches (a retry would trust
         /// their checkpoint while they are not durable, and logged writes after them would outlive
-        /// them in a crash) are deleted by a logged, synced range delete, once every batch queued
-        /// is written, and compactions resume.
-        func abandon() {
-            try? batches.drain()
-            for partition in rebuilt { try? store.reset(partition: partition) }
-            if paused { try? store.resumeCompactions(after: rebuilt) }
-        }
+        /// them in a crash) are deleted.
+        func abandon() { store.abandon(rebuilds: rebuilt, writtenBy: batches, paused: paused) }
         let read: KafkaPartitionRead<Tail>
         do {
             read = try await KafkaPartitionReader.fold(

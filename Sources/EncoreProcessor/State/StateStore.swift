@@ -184,6 +184,16 @@ final class StateStore: Sendable {
         try writer.write(batch, logged: rebuild == nil)
     }
 
+    /// Leaves nothing of failed rebuilds of `partitions`: once every batch `writer` queued is
+    /// written (one written after the reset would outlive it), their keys are deleted by a logged,
+    /// synced range delete, and with `paused` compactions resume. Errors are left to the next
+    /// restore, which finds no checkpoint or an earlier one.
+    func abandon(rebuilds partitions: [Int32], writtenBy writer: BatchWriter, paused: Bool) {
+        try? writer.drain()
+        for partition in partitions { try? reset(partition: partition) }
+        if paused { try? resumeCompactions(after: partitions) }
+    }
+
     /// Makes rebuilds' writes durable (the store's memtables flushed to its files).
     func finishRebuilds() throws(RocksDBError) { try db.flush() }
 
