@@ -60,7 +60,7 @@ extension PurchaseProcessor {
         // A first pass from the checkpoints (the record before each, to recognise the topic).
         var tail = try await readTail(
             partitions, from: checkpoints, marks: marks, store: store, configuration: configuration, kafka: kafka,
-            vitals: vitals)
+            vitals: vitals, logger: logger)
         // Partitions whose record before the checkpoint is not the one the store saw: another
         // topic of the same name. Read again from the beginning.
         let foreign = tail.foreign
@@ -71,7 +71,7 @@ extension PurchaseProcessor {
             rebuilt.formUnion(foreign)
             let again = try await readTail(
                 Array(foreign), from: [:], marks: marks, store: store, configuration: configuration, kafka: kafka,
-                vitals: vitals)
+                vitals: vitals, logger: logger)
             tail.records += again.records
             if tail.failure == nil { tail.failure = again.failure }
         }
@@ -136,7 +136,7 @@ extension PurchaseProcessor {
                     attempt += 1
                     let again = try await readTail(
                         [partition], from: [:], marks: marks, store: store, configuration: configuration,
-                        kafka: kafka, vitals: vitals)
+                        kafka: kafka, vitals: vitals, logger: logger)
                     if let failure = again.failure {
                         throw RocksDBError(
                             description: "cannot write the state store in \(store.directory): \(failure)")
@@ -197,8 +197,10 @@ extension PurchaseProcessor {
     private static func readTail(
         _ partitions: [Int32], from checkpoints: [Int32: StateStore.Checkpoint],
         marks: [Int32: (low: Int64, high: Int64)], store: StateStore, configuration: ProcessorConfiguration,
-        kafka: KafkaConfiguration, vitals: ProcessorVitals?
+        kafka: KafkaConfiguration, vitals: ProcessorVitals?, logger: Logger
     ) async throws(KafkaError) -> (records: Int, foreign: Set<Int32>, failure: String?) {
+        let clock = ContinuousClock()
+        let started = clock.now
         var starts: [Int32: Int64] = [:]
         for partition in partitions {
             if let checkpoint = checkpoints[partition] {
@@ -292,9 +294,16 @@ extension PurchaseProcessor {
         }
         if failure == nil {
             do {
+                let read = clock.now
                 try batches.drain()
                 try store.syncLog()
+                let written = clock.now
                 if !rebuilt.isEmpty { try store.finishRebuilds() }
+                if !rebuilt.isEmpty {
+                    logger.info(
+                        "rebuilt the state store of partitions \(rebuilt.sorted()) from \(tail.records) changelog records: read in \(read - started), the last batches written in \(written - read), flushed in \(clock.now - written)"
+                    )
+                }
                 if paused {
                     try store.resumeCompactions(after: rebuilt)
                     paused = false

@@ -180,16 +180,47 @@ final class RocksDB: @unchecked Sendable {
     /// without stalling writes (its stalls by the number of those files apply only with them on):
     /// a bulk load, followed by ``compact(from:to:)``.
     func setAutomaticCompactions(_ on: Bool) throws(RocksDBError) {
+        try setOptions(["disable_auto_compactions": on ? "false" : "true"])
+    }
+
+    /// RocksDB's defaults for the number of first-level files at which writes slow down and stop.
+    static let firstLevelStalls = (slowdown: 20, stop: 36)
+
+    /// With `relaxed`, writes never slow down or stop for the number of first-level files (a bulk
+    /// load's files waiting for their compaction); without, at RocksDB's defaults.
+    func relaxFirstLevelStalls(_ relaxed: Bool) throws(RocksDBError) {
+        let (slowdown, stop) = relaxed ? (1 << 30, 1 << 30) : Self.firstLevelStalls
+        try setOptions(["level0_slowdown_writes_trigger": "\(slowdown)", "level0_stop_writes_trigger": "\(stop)"])
+    }
+
+    /// Sets mutable options of the column family (RocksDB's `SetOptions`).
+    private func setOptions(_ options: [String: String]) throws(RocksDBError) {
         precondition(!closed.load(ordering: .acquiring), "RocksDB used after close()")
+        let keys = options.keys.map { strdup($0) }
+        let values = options.keys.map { strdup(options[$0]!) }
+        defer { (keys + values).forEach { free($0) } }
         var error: UnsafeMutablePointer<CChar>? = nil
-        "disable_auto_compactions".withCString { key in
-            (on ? "false" : "true").withCString { value in
-                var keys: [UnsafePointer<CChar>?] = [key]
-                var values: [UnsafePointer<CChar>?] = [value]
-                rocksdb_set_options(db, 1, &keys, &values, &error)
-            }
+        var keyPointers = keys.map { UnsafePointer($0) }
+        var valuePointers = values.map { UnsafePointer($0) }
+        rocksdb_set_options(db, Int32(options.count), &keyPointers, &valuePointers, &error)
+        if let failure = Self.take(error) {
+            throw RocksDBError(description: "cannot set \(options.keys.sorted().joined(separator: ", ")): \(failure)")
         }
-        if let failure = Self.take(error) { throw RocksDBError(description: "cannot set compactions: \(failure)") }
+    }
+
+    /// The number of files in the first level (newest, overlapping: each read looks into all).
+    func firstLevelFiles() -> Int? {
+        precondition(!closed.load(ordering: .acquiring), "RocksDB used after close()")
+        guard let value = rocksdb_property_value(db, "rocksdb.num-files-at-level0") else { return nil }
+        defer { rocksdb_free(value) }
+        return Int(String(cString: value).trimmingCharacters(in: .whitespaces))
+    }
+
+    /// Makes manual compactions running now (``compact(from:to:)``) stop soon and any later one
+    /// return at once: before ``close()`` while another thread compacts.
+    func stopManualCompactions() {
+        precondition(!closed.load(ordering: .acquiring), "RocksDB used after close()")
+        rocksdb_disable_manual_compaction(db)
     }
 
     /// Compacts the keys from `start` to `end` (RocksDB takes `end` as inclusive: a key equal to it,

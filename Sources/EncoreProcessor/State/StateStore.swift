@@ -36,6 +36,8 @@ final class StateStore: Sendable {
     let topic: String
     /// (Written by the ``BatchWriter``'s thread too.)
     let db: RocksDB
+    /// RocksDB's compactions around bulk rebuilds.
+    let compactions: Compactions
 
     /// Opens the store in `directory` for `group`'s changelog `stateTopic`. One built for another
     /// group, topic or format, or one RocksDB cannot open, is removed and created empty (every
@@ -84,12 +86,17 @@ final class StateStore: Sendable {
             throw ProcessorError(.invalidConfiguration, "--state-dir \(directory): \(error)")
         }
         db = opened!
+        compactions = Compactions(db, logger: logger)
+        do { try compactions.catchUpIfPiledUp() } catch {
+            logger.warning("the state store in \(directory) cannot compact its piled-up first level: \(error)")
+        }
     }
 
     private init(directory: String, topic: String, db: RocksDB) {
         self.directory = directory
         self.topic = topic
         self.db = db
+        compactions = Compactions(db, logger: Logger(label: "encore.state"))
     }
 
     /// Opens the store in `directory` to read it as it is (nothing written, rebuilt or locked: a
@@ -198,15 +205,17 @@ final class StateStore: Sendable {
     func finishRebuilds() throws(RocksDBError) { try db.flush() }
 
     /// A bulk rebuild: RocksDB's compactions paused while it loads, then the partitions compacted
-    /// once (docs/STATE.md, Restore).
-    func pauseCompactions() throws(RocksDBError) { try db.setAutomaticCompactions(false) }
+    /// once in the background (docs/STATE.md, Restore; ``Compactions``).
+    func pauseCompactions() throws(RocksDBError) { try compactions.pause() }
 
-    /// Compacts `partitions` once and resumes RocksDB's compactions.
+    /// Resumes RocksDB's compactions (once no other bulk rebuild loads) and compacts `partitions`
+    /// once, in the background.
     func resumeCompactions(after partitions: [Int32]) throws(RocksDBError) {
-        if let first = partitions.min(), let last = partitions.max() {
-            db.compact(from: Self.partitionPrefix(first), to: Self.partitionPrefix(last &+ 1))
-        }
-        try db.setAutomaticCompactions(true)
+        let first = partitions.min() ?? 0
+        let last = partitions.max() ?? 0
+        try compactions.resume(
+            compacting: Self.partitionPrefix(first), to: Self.partitionPrefix(last &+ 1),
+            what: "the rebuilt partitions \(partitions.sorted())")
     }
 
     /// Makes every write so far durable.
@@ -408,8 +417,12 @@ final class StateStore: Sendable {
         }
     }
 
-    /// Closes the store (RocksDB's threads stop): nothing may use it after.
-    func close() { db.close() }
+    /// Closes the store (its background compaction stopped, RocksDB's threads too): nothing may
+    /// use it after.
+    func close() {
+        compactions.close()
+        db.close()
+    }
 
     /// 64-bit FNV-1a of a record's key and value: which record is just before a checkpoint.
     static func digest(key: [UInt8]?, value: [UInt8]) -> UInt64 {

@@ -1,0 +1,130 @@
+import Foundation
+import Kafka
+import Testing
+
+@testable import EncoreProcessor
+
+/// RocksDB's compactions around a bulk rebuild: its final compaction in the background, writes
+/// never stopped by the first level's files meanwhile, the stalls back once it is through.
+@Suite("State store compactions")
+struct StoreCompactionsTests {
+    private func directory() -> String {
+        FileManager.default.temporaryDirectory.appendingPathComponent("encore-compactions-\(UUID())").path
+    }
+
+    /// Writes `files` first-level files of about 1 MB each (random values: LZ4 leaves them about
+    /// that large, so compacting them together takes a while), compactions paused by `pause`.
+    private func pileUp(_ db: RocksDB, files: Int, seed: UInt64) throws {
+        var random = SplitMix64(seed: seed)
+        for file in 0..<files {
+            let batch = RocksDB.Batch()
+            for entry in 0..<256 {
+                let value = (0..<512).map { _ in UInt64(random.next()) }.withUnsafeBytes { Array($0) }
+                batch.put(Array("key-\(entry)-\(file)".utf8), Array(value.prefix(4096)))
+            }
+            try db.write(batch, synced: false)
+            try db.flush()
+        }
+    }
+
+    private func writeStopped(_ db: RocksDB) -> Bool { db.property("rocksdb.is-write-stopped") == 1 }
+
+    @Test(
+        "a bulk load's compaction runs after resume returns, writes are not stopped by the 40 first-level files meanwhile, and the stalls are back once it is through"
+    )
+    func backgroundCompaction() throws {
+        let path = directory()
+        defer { RocksDB.destroy(path: path) }
+        let db = try RocksDB(path: path, cacheBytes: 1 << 20, writeBufferBytes: 8 << 20)
+        defer { db.close() }
+        let gate = DispatchSemaphore(value: 0)
+        let compactions = StateStore.Compactions(db, logger: Logger(label: "test"), gate: gate)
+        try compactions.pause()
+        #expect(compactions.settings == (paused: true, relaxed: false))
+        try pileUp(db, files: 40, seed: 1)
+        #expect(db.firstLevelFiles() == 40)
+        try compactions.resume(compacting: [], to: [0xff], what: "test")
+        // (Held at the gate: nothing compacted yet but what RocksDB's automatic compactions begin,
+        // which take the 40 files together and free none of them before they end.)
+        #expect(compactions.settings == (paused: false, relaxed: true))
+        #expect(!writeStopped(db), "40 first-level files stop writes at RocksDB's defaults (36)")
+        let batch = RocksDB.Batch()
+        batch.put(Array("after".utf8), Array("resume".utf8))
+        try db.write(batch)
+        gate.signal()
+        compactions.waitForBackground()
+        #expect(compactions.settings == (paused: false, relaxed: false))
+        #expect(db.firstLevelFiles() == 0)
+        #expect(try db.get(Array("after".utf8)) == Array("resume".utf8))
+        #expect(try db.get(Array("key-7-39".utf8))?.count == 4096)
+    }
+
+    @Test("a second bulk load keeps compactions paused when the first one ends; they resume with the last")
+    func overlappingLoads() throws {
+        let path = directory()
+        defer { RocksDB.destroy(path: path) }
+        let db = try RocksDB(path: path, cacheBytes: 1 << 20, writeBufferBytes: 8 << 20)
+        defer { db.close() }
+        let gate = DispatchSemaphore(value: 0)
+        let compactions = StateStore.Compactions(db, logger: Logger(label: "test"), gate: gate)
+        try compactions.pause()
+        try compactions.pause()
+        try compactions.resume(compacting: [], to: [0x80], what: "the first")
+        #expect(compactions.settings == (paused: true, relaxed: true))
+        try compactions.resume(compacting: [0x80], to: [0xff], what: "the second")
+        #expect(compactions.settings == (paused: false, relaxed: true))
+        gate.signal()
+        gate.signal()
+        compactions.waitForBackground()
+        #expect(compactions.settings == (paused: false, relaxed: false))
+    }
+
+    @Test("closing the store while its background compaction waits stops it and returns; the store opens again whole")
+    func closeDuringCompaction() throws {
+        let path = directory()
+        defer { RocksDB.destroy(path: path) }
+        do {
+            let db = try RocksDB(path: path, cacheBytes: 1 << 20, writeBufferBytes: 8 << 20)
+            let compactions = StateStore.Compactions(
+                db, logger: Logger(label: "test"), gate: DispatchSemaphore(value: 0))
+            try compactions.pause()
+            try pileUp(db, files: 8, seed: 2)
+            try compactions.resume(compacting: [], to: [0xff], what: "test")
+            let closed = DispatchSemaphore(value: 0)
+            Thread {
+                compactions.close()
+                closed.signal()
+            }.start()
+            #expect(closed.wait(timeout: .now() + 60) == .success, "close waits for a compaction held at its gate")
+            db.close()
+        }
+        let again = try RocksDB(path: path, cacheBytes: 1 << 20, writeBufferBytes: 8 << 20)
+        defer { again.close() }
+        #expect(try again.get(Array("key-255-7".utf8))?.count == 4096)
+    }
+
+    @Test(
+        "a store opened with its first level piled up (a bulk load killed before its compaction) compacts it in the background, writes not stopped"
+    )
+    func catchUpAtOpen() throws {
+        let path = directory()
+        defer { RocksDB.destroy(path: path) }
+        func open() throws -> StateStore {
+            try StateStore(
+                directory: path, group: "g", stateTopic: "state", cacheBytes: 1 << 20, writeBufferBytes: 8 << 20,
+                logger: Logger(label: "test"))
+        }
+        do {
+            let killed = try open()
+            try killed.pauseCompactions()
+            try pileUp(killed.db, files: 40, seed: 3)
+            killed.close()
+        }
+        let store = try open()
+        defer { store.close() }
+        #expect(!writeStopped(store.db), "40 first-level files stop writes at RocksDB's defaults (36)")
+        store.compactions.waitForBackground()
+        #expect(store.compactions.settings == (paused: false, relaxed: false))
+        #expect(store.db.firstLevelFiles() == 0)
+    }
+}
