@@ -127,4 +127,32 @@ struct StoreCompactionsTests {
         #expect(store.compactions.settings == (paused: false, relaxed: false))
         #expect(store.db.firstLevelFiles() == 0)
     }
+
+    @Test("writes added in key order leave what they leave in the order given: a key's put and delete keep their order")
+    func orderedWrites() throws {
+        let path = directory()
+        defer { RocksDB.destroy(path: path) }
+        let db = try RocksDB(path: path, cacheBytes: 1 << 20, writeBufferBytes: 8 << 20)
+        defer { db.close() }
+        func key(_ text: String) -> [UInt8] { Array(text.utf8) }
+        var writes = RocksDB.OrderedWrites()
+        writes.put(key("b"), key("1"))
+        writes.delete(key("b"))
+        writes.put(key("a"), key("2"))
+        writes.delete(key("c"))
+        writes.put(key("c"), key("3"))
+        writes.put(key("ab"), key("4"))
+        writes.put(key("a"), key("5"))
+        let batch = RocksDB.Batch()
+        writes.add(to: batch)
+        try db.write(batch)
+        #expect(try db.get(key("a")) == key("5"))
+        #expect(try db.get(key("ab")) == key("4"))
+        #expect(try db.get(key("b")) == nil)
+        #expect(try db.get(key("c")) == key("3"))
+        #expect(RocksDB.OrderedWrites.compare(key("a"), key("ab")) < 0)
+        #expect(RocksDB.OrderedWrites.compare(key("b"), key("ab")) > 0)
+        #expect(RocksDB.OrderedWrites.compare([], key("a")) < 0)
+        #expect(RocksDB.OrderedWrites.compare([0xff], [0x01, 0x02]) > 0)
+    }
 }

@@ -284,6 +284,47 @@ final class RocksDB: @unchecked Sendable {
         return String(cString: error)
     }
 
+    /// Puts and deletes gathered, then added to a ``Batch`` in key order, those of one key in the
+    /// order given (so the batch leaves what it would have in the order given). RocksDB's memtable
+    /// inserts keys in order faster: its skip list starts each search where the last one ended,
+    /// where a random order searches from the top and compares keys all the way down.
+    struct OrderedWrites {
+        private var writes: [(key: [UInt8], value: [UInt8]?)] = []
+
+        mutating func put(_ key: [UInt8], _ value: [UInt8]) { writes.append((key, value)) }
+
+        mutating func delete(_ key: [UInt8]) { writes.append((key, nil)) }
+
+        /// Adds the writes to `batch`, in order.
+        func add(to batch: Batch) {
+            let order = writes.indices.sorted { first, second in
+                let order = Self.compare(writes[first].key, writes[second].key)
+                return order != 0 ? order < 0 : first < second
+            }
+            for index in order {
+                if let value = writes[index].value {
+                    batch.put(writes[index].key, value)
+                } else {
+                    batch.delete(writes[index].key)
+                }
+            }
+        }
+
+        /// RocksDB's default (bytewise) order: negative, zero or positive.
+        static func compare(_ first: [UInt8], _ second: [UInt8]) -> Int {
+            let common = min(first.count, second.count)
+            let order =
+                common == 0
+                ? 0
+                : first.withUnsafeBytes { first in
+                    second.withUnsafeBytes { second in
+                        Int(memcmp(first.baseAddress!, second.baseAddress!, common))
+                    }
+                }
+            return order != 0 ? order : first.count - second.count
+        }
+    }
+
     /// Writes gathered to be applied together by ``RocksDB/write(_:)``.
     ///
     /// Not `Sendable`: one owner builds and writes it.

@@ -261,18 +261,20 @@ final class StateStore: Sendable {
     ) throws(RocksDBError) {
         // Each user's expiry as this batch leaves it (a user may be written twice in one).
         var expiries: [[UInt8]: Int64?] = [:]
+        // (Added to the batch in key order at the end: RocksDB inserts them faster.)
+        var writes = RocksDB.OrderedWrites()
         func index(_ key: [UInt8], open: Bool) {
             if open {
-                batch.put(key, [])
+                writes.put(key, [])
                 rebuild?.open.insert(key)
             } else if rebuild == nil || (!rebuild!.open.isEmpty && rebuild!.open.remove(key) != nil) {
-                batch.delete(key)
+                writes.delete(key)
             }
         }
         for record in records {
             let key = record.key ?? []
             let (user, isJournal) = Self.user(ofChangelogKey: key)
-            batch.put(Self.recordKey(partition, user: user, changelogKey: key, isJournal: isJournal), record.value)
+            writes.put(Self.recordKey(partition, user: user, changelogKey: key, isJournal: isJournal), record.value)
             let open = Self.openIndexKey(partition, user: user, changelogKey: key)
             let expiry: Int64?
             if isJournal {
@@ -296,16 +298,17 @@ final class StateStore: Sendable {
             }
             expiries[user] = .some(expiry)
             guard was != expiry else { continue }
-            if let was { batch.delete(Self.expiryKey(partition, at: was, user: user)) }
+            if let was { writes.delete(Self.expiryKey(partition, at: was, user: user)) }
             if let expiry {
-                batch.put(Self.expiryKey(partition, at: expiry, user: user), [])
-                batch.put(Self.expiryOfKey(partition, user: user), Self.bytes(expiry))
+                writes.put(Self.expiryKey(partition, at: expiry, user: user), [])
+                writes.put(Self.expiryOfKey(partition, user: user), Self.bytes(expiry))
                 rebuild?.expiring.insert(user)
             } else {
-                batch.delete(Self.expiryOfKey(partition, user: user))
+                writes.delete(Self.expiryOfKey(partition, user: user))
             }
         }
-        batch.put(Self.checkpointKey(partition), Self.bytes(checkpoint))
+        writes.put(Self.checkpointKey(partition), Self.bytes(checkpoint))
+        writes.add(to: batch)
     }
 
     /// What the indexes need of a journal record: scanned, or decoded where the scan cannot read it
