@@ -155,4 +155,34 @@ struct StoreCompactionsTests {
         #expect(RocksDB.OrderedWrites.compare([], key("a")) < 0)
         #expect(RocksDB.OrderedWrites.compare([0xff], [0x01, 0x02]) > 0)
     }
+
+    @Test(
+        "the store's keys keep their bytes (a store on disk is read with them): partition, tag, user length and user, expiry"
+    )
+    func keyBytes() {
+        let user = Array("ab".utf8)
+        let prefix: [UInt8] = [0x01, 0x00, 0x00, 0x00, 0x03]
+        let userTail: [UInt8] = [0x00, 0x00, 0x00, 0x02, 0x61, 0x62]
+        #expect(StateStore.partitionPrefix(3) == prefix)
+        #expect(StateStore.partitionPrefix(-2) == [0x01, 0xff, 0xff, 0xff, 0xfe])
+        #expect(StateStore.checkpointKey(3) == prefix + [0x00])
+        #expect(StateStore.userPrefix(3, tag: 0x01, user: user) == prefix + [0x01] + userTail)
+        #expect(
+            StateStore.recordKey(3, user: user, changelogKey: Array(":0:ab".utf8), isJournal: true)
+                == prefix + [0x01] + userTail + [0x01] + Array(":0:ab".utf8))
+        #expect(
+            StateStore.recordKey(3, user: user, changelogKey: user, isJournal: false)
+                == prefix + [0x01] + userTail + [0x00])
+        #expect(
+            StateStore.openIndexKey(3, user: user, changelogKey: Array("k".utf8))
+                == prefix + [0x02] + userTail + Array("k".utf8))
+        // The expiry with its sign bit flipped, so that keys sort as the numbers do.
+        #expect(
+            StateStore.expiryKey(3, at: 0x0102_0304_0506_0708, user: user)
+                == prefix + [0x03, 0x81, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08] + userTail)
+        #expect(
+            StateStore.expiryKey(3, at: -1, user: user)
+                == prefix + [0x03, 0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff] + userTail)
+        #expect(StateStore.expiryOfKey(3, user: user) == prefix + [0x04] + userTail)
+    }
 }

@@ -149,7 +149,7 @@ final class StateStore: Sendable {
     /// of another, or a read of a user's expiry it never wrote, is left out.
     struct Rebuild: Sendable {
         /// The open-request index entries written and not deleted since the reset.
-        fileprivate var open: Set<[UInt8]> = []
+        fileprivate var open: Set<HashedBytes> = []
         /// The users given an expiry since the reset, and others (a Bloom filter: a user it does not
         /// hold has none; one it holds is looked up).
         fileprivate var expiring: BloomFilter
@@ -260,14 +260,14 @@ final class StateStore: Sendable {
         rebuild: inout Rebuild?, beforeRead: () throws(RocksDBError) -> Void = {}
     ) throws(RocksDBError) {
         // Each user's expiry as this batch leaves it (a user may be written twice in one).
-        var expiries: [[UInt8]: Int64?] = [:]
+        var expiries: [HashedBytes: Int64?] = [:]
         // (Added to the batch in key order at the end: RocksDB inserts them faster.)
         var writes = RocksDB.OrderedWrites()
         func index(_ key: [UInt8], open: Bool) {
             if open {
                 writes.put(key, [])
-                rebuild?.open.insert(key)
-            } else if rebuild == nil || (!rebuild!.open.isEmpty && rebuild!.open.remove(key) != nil) {
+                rebuild?.open.insert(HashedBytes(key))
+            } else if rebuild == nil || (!rebuild!.open.isEmpty && rebuild!.open.remove(HashedBytes(key)) != nil) {
                 writes.delete(key)
             }
         }
@@ -288,7 +288,7 @@ final class StateStore: Sendable {
                 expiry = nil
             }
             let was: Int64?
-            if let known = expiries[user] {
+            if let known = expiries[HashedBytes(user)] {
                 was = known
             } else if let rebuild, !rebuild.expiring.mayHold(user) {
                 was = nil
@@ -296,7 +296,7 @@ final class StateStore: Sendable {
                 try beforeRead()
                 was = try db.get(Self.expiryOfKey(partition, user: user)).map { Self.int64($0, at: 0) }
             }
-            expiries[user] = .some(expiry)
+            expiries[HashedBytes(user)] = .some(expiry)
             guard was != expiry else { continue }
             if let was { writes.delete(Self.expiryKey(partition, at: was, user: user)) }
             if let expiry {
@@ -309,6 +309,16 @@ final class StateStore: Sendable {
         }
         writes.put(Self.checkpointKey(partition), Self.bytes(checkpoint))
         writes.add(to: batch)
+    }
+
+    /// Bytes as a set's or dictionary's key, hashed in one call (an array of bytes is hashed byte
+    /// by byte: a rebuild's dictionary of users took a tenth of its indexing).
+    struct HashedBytes: Hashable, Sendable {
+        let bytes: [UInt8]
+
+        init(_ bytes: [UInt8]) { self.bytes = bytes }
+
+        func hash(into hasher: inout Hasher) { bytes.withUnsafeBytes { hasher.combine(bytes: $0) } }
     }
 
     /// What the indexes need of a journal record: scanned, or decoded where the scan cannot read it
@@ -441,54 +451,68 @@ final class StateStore: Sendable {
 
     private static let identityKey: [UInt8] = [0x00] + Array("identity".utf8)
 
-    private static func partitionPrefix(_ partition: Int32) -> [UInt8] {
-        let bits = UInt32(bitPattern: partition)
-        return [
-            0x01, UInt8(bits >> 24), UInt8(truncatingIfNeeded: bits >> 16), UInt8(truncatingIfNeeded: bits >> 8),
-            UInt8(truncatingIfNeeded: bits),
-        ]
+    static func partitionPrefix(_ partition: Int32) -> [UInt8] { key(partition, capacity: 0) { _ in } }
+
+    /// A key of `partition`: its prefix, then what `body` appends (about `capacity` bytes), built
+    /// in one buffer (a rebuild builds several keys per record).
+    private static func key(_ partition: Int32, capacity: Int, _ body: (inout [UInt8]) -> Void) -> [UInt8] {
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(5 + capacity)
+        bytes.append(0x01)
+        append32(UInt32(bitPattern: partition), to: &bytes)
+        body(&bytes)
+        return bytes
     }
 
-    private static func checkpointKey(_ partition: Int32) -> [UInt8] { partitionPrefix(partition) + [0x00] }
+    static func checkpointKey(_ partition: Int32) -> [UInt8] { key(partition, capacity: 1) { $0.append(0x00) } }
 
     /// The partition's prefix and `suffix`.
     private static func recordKey(_ partition: Int32, _ suffix: [UInt8]) -> [UInt8] {
-        partitionPrefix(partition) + suffix
+        key(partition, capacity: suffix.count) { $0.append(contentsOf: suffix) }
+    }
+
+    /// Appends `tag` and the user key with its length.
+    private static func appendUser(_ user: [UInt8], tag: UInt8, to bytes: inout [UInt8]) {
+        bytes.append(tag)
+        append32(UInt32(truncatingIfNeeded: user.count), to: &bytes)
+        bytes.append(contentsOf: user)
     }
 
     /// The partition's prefix, `tag`, and the user key with its length.
-    private static func userPrefix(_ partition: Int32, tag: UInt8, user: [UInt8]) -> [UInt8] {
-        var bytes = partitionPrefix(partition)
-        bytes.reserveCapacity(bytes.count + 5 + user.count + 64)
-        bytes.append(tag)
-        bytes.append(contentsOf: bytes32(UInt32(truncatingIfNeeded: user.count)))
-        bytes.append(contentsOf: user)
-        return bytes
+    static func userPrefix(_ partition: Int32, tag: UInt8, user: [UInt8]) -> [UInt8] {
+        key(partition, capacity: 5 + user.count) { appendUser(user, tag: tag, to: &$0) }
     }
 
     /// Where a changelog record is kept: under its user, the state first, then the journal's.
-    private static func recordKey(
-        _ partition: Int32, user: [UInt8], changelogKey: [UInt8], isJournal: Bool
-    ) -> [UInt8] {
-        var bytes = userPrefix(partition, tag: 0x01, user: user)
-        if isJournal {
-            bytes.append(0x01)
-            bytes.append(contentsOf: changelogKey)
-        } else {
-            bytes.append(0x00)
+    static func recordKey(_ partition: Int32, user: [UInt8], changelogKey: [UInt8], isJournal: Bool) -> [UInt8] {
+        key(partition, capacity: 6 + user.count + (isJournal ? changelogKey.count : 0)) { bytes in
+            appendUser(user, tag: 0x01, to: &bytes)
+            if isJournal {
+                bytes.append(0x01)
+                bytes.append(contentsOf: changelogKey)
+            } else {
+                bytes.append(0x00)
+            }
         }
-        return bytes
     }
 
-    private static func openIndexKey(_ partition: Int32, user: [UInt8], changelogKey: [UInt8]) -> [UInt8] {
-        userPrefix(partition, tag: 0x02, user: user) + changelogKey
+    static func openIndexKey(_ partition: Int32, user: [UInt8], changelogKey: [UInt8]) -> [UInt8] {
+        key(partition, capacity: 5 + user.count + changelogKey.count) { bytes in
+            appendUser(user, tag: 0x02, to: &bytes)
+            bytes.append(contentsOf: changelogKey)
+        }
     }
 
-    private static func expiryKey(_ partition: Int32, at expiry: Int64, user: [UInt8]) -> [UInt8] {
-        recordKey(partition, [0x03] + bytes(orderable(expiry)) + bytes32(UInt32(truncatingIfNeeded: user.count)) + user)
+    static func expiryKey(_ partition: Int32, at expiry: Int64, user: [UInt8]) -> [UInt8] {
+        key(partition, capacity: 13 + user.count) { bytes in
+            bytes.append(0x03)
+            append64(UInt64(bitPattern: orderable(expiry)), to: &bytes)
+            append32(UInt32(truncatingIfNeeded: user.count), to: &bytes)
+            bytes.append(contentsOf: user)
+        }
     }
 
-    private static func expiryOfKey(_ partition: Int32, user: [UInt8]) -> [UInt8] {
+    static func expiryOfKey(_ partition: Int32, user: [UInt8]) -> [UInt8] {
         userPrefix(partition, tag: 0x04, user: user)
     }
 
@@ -531,15 +555,19 @@ final class StateStore: Sendable {
     private static func orderable(_ value: Int64) -> Int64 { Int64(bitPattern: UInt64(bitPattern: value) ^ (1 << 63)) }
 
     private static func bytes(_ value: Int64) -> [UInt8] {
-        let bits = UInt64(bitPattern: value)
-        return stride(from: 56, through: 0, by: -8).map { UInt8(truncatingIfNeeded: bits >> $0) }
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(8)
+        append64(UInt64(bitPattern: value), to: &bytes)
+        return bytes
     }
 
-    private static func bytes32(_ value: UInt32) -> [UInt8] {
-        [
-            UInt8(value >> 24), UInt8(truncatingIfNeeded: value >> 16), UInt8(truncatingIfNeeded: value >> 8),
-            UInt8(truncatingIfNeeded: value),
-        ]
+    /// Appends `value`, most significant byte first (keys sort by it).
+    private static func append64(_ value: UInt64, to bytes: inout [UInt8]) {
+        for shift in stride(from: 56, through: 0, by: -8) { bytes.append(UInt8(truncatingIfNeeded: value >> shift)) }
+    }
+
+    private static func append32(_ value: UInt32, to bytes: inout [UInt8]) {
+        for shift in stride(from: 24, through: 0, by: -8) { bytes.append(UInt8(truncatingIfNeeded: value >> shift)) }
     }
 
     private static func bytes(_ checkpoint: Checkpoint) -> [UInt8] {
