@@ -98,7 +98,7 @@ extension StateStore {
         private func compactInBackground(from start: [UInt8], to end: [UInt8], what: String) {
             running.enter()
             logger.info("compacting \(what) in the background")
-            Thread { [self] in
+            let thread = Thread { [self] in
                 defer { running.leave() }
                 let clock = ContinuousClock()
                 let began = clock.now
@@ -111,18 +111,24 @@ extension StateStore {
                 {
                     usleep(100_000)
                 }
-                let failure: RocksDBError? = state.withLock { state in
+                let (closed, failure) = state.withLock { state -> (Bool, RocksDBError?) in
                     state.catchingUp -= 1
-                    guard !state.closed else { return nil }
-                    do throws(RocksDBError) { try apply(&state) } catch { return error }
-                    return nil
+                    guard !state.closed else { return (true, nil) }
+                    do throws(RocksDBError) { try apply(&state) } catch { return (false, error) }
+                    return (false, nil)
                 }
-                if let failure {
+                if closed {
+                    logger.info(
+                        "stopped compacting \(what): the store closes (what is left is compacted after its next opening)"
+                    )
+                } else if let failure {
                     logger.warning("compacted \(what), but RocksDB's write stalls were not set back: \(failure)")
                 } else {
                     logger.info("compacted \(what) in \(clock.now - began)")
                 }
-            }.start()
+            }
+            thread.name = "store compaction"
+            thread.start()
         }
 
         /// Tells RocksDB what `state` asks for: compactions paused while a load runs; the first
