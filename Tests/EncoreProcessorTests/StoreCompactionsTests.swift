@@ -29,16 +29,33 @@ struct StoreCompactionsTests {
 
     private func writeStopped(_ db: RocksDB) -> Bool { db.property("rocksdb.is-write-stopped") == 1 }
 
+    /// A database in a new directory, with compactions whose background work each waits for a
+    /// signal of the gate; closed and removed after `body`.
+    private func withGatedCompactions(
+        _ body: (RocksDB, StateStore.Compactions, DispatchSemaphore) throws -> Void
+    ) throws {
+        let path = directory()
+        defer { RocksDB.destroy(path: path) }
+        let db = try RocksDB(path: path, cacheBytes: 1 << 20, writeBufferBytes: 8 << 20)
+        let gate = DispatchSemaphore(value: 0)
+        let compactions = StateStore.Compactions(db, logger: Logger(label: "test"), gate: gate)
+        defer {
+            compactions.close()
+            db.close()
+        }
+        try body(db, compactions, gate)
+    }
+
     @Test(
         "a bulk load's compaction runs after resume returns, writes are not stopped by the 40 first-level files meanwhile, and the stalls are back once it is through"
     )
     func backgroundCompaction() throws {
-        let path = directory()
-        defer { RocksDB.destroy(path: path) }
-        let db = try RocksDB(path: path, cacheBytes: 1 << 20, writeBufferBytes: 8 << 20)
-        defer { db.close() }
-        let gate = DispatchSemaphore(value: 0)
-        let compactions = StateStore.Compactions(db, logger: Logger(label: "test"), gate: gate)
+        try withGatedCompactions { db, compactions, gate in try backgroundCompaction(db, compactions, gate) }
+    }
+
+    private func backgroundCompaction(
+        _ db: RocksDB, _ compactions: StateStore.Compactions, _ gate: DispatchSemaphore
+    ) throws {
         try compactions.pause()
         #expect(compactions.settings == (paused: true, relaxed: false))
         try pileUp(db, files: 40, seed: 1)
@@ -61,12 +78,10 @@ struct StoreCompactionsTests {
 
     @Test("a second bulk load keeps compactions paused when the first one ends; they resume with the last")
     func overlappingLoads() throws {
-        let path = directory()
-        defer { RocksDB.destroy(path: path) }
-        let db = try RocksDB(path: path, cacheBytes: 1 << 20, writeBufferBytes: 8 << 20)
-        defer { db.close() }
-        let gate = DispatchSemaphore(value: 0)
-        let compactions = StateStore.Compactions(db, logger: Logger(label: "test"), gate: gate)
+        try withGatedCompactions { _, compactions, gate in try overlappingLoads(compactions, gate) }
+    }
+
+    private func overlappingLoads(_ compactions: StateStore.Compactions, _ gate: DispatchSemaphore) throws {
         try compactions.pause()
         try compactions.pause()
         try compactions.resume(compacting: [], to: [0x80], what: "the first")
