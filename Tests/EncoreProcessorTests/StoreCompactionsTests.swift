@@ -60,7 +60,7 @@ struct StoreCompactionsTests {
         #expect(compactions.settings == (paused: true, relaxed: false))
         try pileUp(db, files: 40, seed: 1)
         #expect(db.firstLevelFiles() == 40)
-        try compactions.resume(compacting: [], to: [0xff], what: "test")
+        try compactions.resume(compacting: ([], [0xff]), what: "test")
         // (Held at the gate: nothing compacted yet but what RocksDB's automatic compactions begin,
         // which take the 40 files together and free none of them before they end.)
         #expect(compactions.settings == (paused: false, relaxed: true))
@@ -84,9 +84,9 @@ struct StoreCompactionsTests {
     private func overlappingLoads(_ compactions: StateStore.Compactions, _ gate: DispatchSemaphore) throws {
         try compactions.pause()
         try compactions.pause()
-        try compactions.resume(compacting: [], to: [0x80], what: "the first")
+        try compactions.resume(compacting: ([], [0x80]), what: "the first")
         #expect(compactions.settings == (paused: true, relaxed: true))
-        try compactions.resume(compacting: [0x80], to: [0xff], what: "the second")
+        try compactions.resume(compacting: ([0x80], [0xff]), what: "the second")
         #expect(compactions.settings == (paused: false, relaxed: true))
         gate.signal()
         gate.signal()
@@ -104,7 +104,7 @@ struct StoreCompactionsTests {
                 db, logger: Logger(label: "test"), gate: DispatchSemaphore(value: 0))
             try compactions.pause()
             try pileUp(db, files: 8, seed: 2)
-            try compactions.resume(compacting: [], to: [0xff], what: "test")
+            try compactions.resume(compacting: ([], [0xff]), what: "test")
             let closed = DispatchSemaphore(value: 0)
             Thread {
                 compactions.close()
@@ -116,6 +116,30 @@ struct StoreCompactionsTests {
         let again = try RocksDB(path: path, cacheBytes: 1 << 20, writeBufferBytes: 8 << 20)
         defer { again.close() }
         #expect(try again.get(Array("key-255-7".utf8))?.count == 4096)
+    }
+
+    @Test(
+        "closing the store while its background compaction runs stops it there: the first-level files stay as they were, for the next opening"
+    )
+    func closeStopsARunningCompaction() throws {
+        try withGatedCompactions { db, compactions, gate in
+            // Two loads: automatic compactions stay off when the first ends, so only the
+            // background compaction of the first could take the files away.
+            try compactions.pause()
+            try compactions.pause()
+            try pileUp(db, files: 80, seed: 4)
+            try compactions.resume(compacting: ([], [0xff]), what: "test")
+            gate.signal()
+            let deadline = ContinuousClock.now + .seconds(60)
+            while db.property("rocksdb.num-running-compactions") ?? 0 == 0, ContinuousClock.now < deadline {
+                usleep(1_000)
+            }
+            #expect(db.property("rocksdb.num-running-compactions") == 1, "the compaction began")
+            compactions.close()
+            // (80 files of about 1 MB each: a compaction of them all takes far longer than the stop.)
+            #expect(db.firstLevelFiles() == 80, "a compaction run to its end takes the 80 files together")
+            #expect(try db.get(Array("key-9-79".utf8))?.count == 4096)
+        }
     }
 
     @Test(
@@ -158,9 +182,24 @@ struct StoreCompactionsTests {
         writes.put(key("c"), key("3"))
         writes.put(key("ab"), key("4"))
         writes.put(key("a"), key("5"))
+        // Enough writes, of few keys, for the sort to be more than an insertion sort.
+        var expected: [String: String] = [:]
+        for index in 0..<200 {
+            let name = "k\(index % 6)"
+            if index % 7 == 3 {
+                writes.delete(key(name))
+                expected[name] = nil
+            } else {
+                writes.put(key(name), key("\(index)"))
+                expected[name] = "\(index)"
+            }
+        }
         let batch = RocksDB.Batch()
         writes.add(to: batch)
         try db.write(batch)
+        for index in 0..<6 {
+            #expect(try db.get(key("k\(index)")) == expected["k\(index)"].map(key), "k\(index)")
+        }
         #expect(try db.get(key("a")) == key("5"))
         #expect(try db.get(key("ab")) == key("4"))
         #expect(try db.get(key("b")) == nil)

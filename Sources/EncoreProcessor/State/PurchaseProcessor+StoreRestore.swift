@@ -294,19 +294,20 @@ extension PurchaseProcessor {
         }
         if failure == nil {
             do {
-                let read = clock.now
+                let readAt = clock.now
                 try batches.drain()
                 try store.syncLog()
-                let written = clock.now
-                if !rebuilt.isEmpty { try store.finishRebuilds() }
+                let writtenAt = clock.now
                 if !rebuilt.isEmpty {
+                    try store.finishRebuilds()
                     logger.info(
-                        "rebuilt the state store of partitions \(rebuilt.sorted()) from \(tail.records) changelog records: read in \(read - started), the last batches written in \(written - read), flushed in \(clock.now - written)"
+                        "rebuilt the state store of partitions \(rebuilt.sorted()), \(tail.records) changelog records read in all: read in \(readAt - started), the last batches written in \(writtenAt - readAt), flushed in \(clock.now - writtenAt)"
                     )
                 }
                 if paused {
-                    try store.resumeCompactions(after: rebuilt)
+                    // (The load is over even if this throws: abandon() must not end it again.)
                     paused = false
+                    try store.resumeCompactions(after: rebuilt)
                 }
             } catch {
                 failure = "\(error)"

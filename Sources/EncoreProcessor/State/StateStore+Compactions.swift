@@ -48,21 +48,22 @@ extension StateStore {
             }
         }
 
-        /// A bulk load ended: automatic compactions resume (with no other load running), and the
-        /// keys from `start` to `end` are compacted in the background, writes never stalled by the
-        /// first level's files until that is through. A closed store compacts nothing.
-        func resume(compacting start: [UInt8], to end: [UInt8], what: String) throws(RocksDBError) {
+        /// A bulk load ended (also when this throws): automatic compactions resume (with no other
+        /// load running), and the keys from `start` to `end` (none: nothing) are compacted in the
+        /// background, writes never stalled by the first level's files until that is through. A
+        /// closed store compacts nothing.
+        func resume(compacting range: (start: [UInt8], end: [UInt8])?, what: String) throws(RocksDBError) {
             let started = try state.withLock { (state) throws(RocksDBError) -> Bool in
                 state.loading -= 1
                 guard !state.closed else { return false }
-                state.catchingUp += 1
+                if range != nil { state.catchingUp += 1 }
                 do throws(RocksDBError) { try apply(&state) } catch {
-                    state.catchingUp -= 1
+                    if range != nil { state.catchingUp -= 1 }
                     throw error
                 }
-                return true
+                return range != nil
             }
-            if started { compactInBackground(from: start, to: end, what: what) }
+            if started, let range { compactInBackground(from: range.start, to: range.end, what: what) }
         }
 
         /// At open: a first level at RocksDB's slowdown threshold or above (a bulk load killed
@@ -71,21 +72,26 @@ extension StateStore {
             guard let files = db.firstLevelFiles(), files >= RocksDB.firstLevelStalls.slowdown else { return }
             try state.withLock { (state) throws(RocksDBError) in
                 state.catchingUp += 1
-                try apply(&state)
+                do throws(RocksDBError) { try apply(&state) } catch {
+                    state.catchingUp -= 1
+                    throw error
+                }
             }
             compactInBackground(from: [], to: [0xff], what: "the store's \(files) first-level files")
         }
 
         /// Stops the background compactions (RocksDB abandons a running one: its files stay as
-        /// they were) and waits for their threads: before the database closes.
+        /// they were) and waits for their threads, on every call: before the database closes.
         func close() {
-            let wasClosed = state.withLock { state in
+            let (wasClosed, waiting) = state.withLock { state in
                 defer { state.closed = true }
-                return state.closed
+                return (state.closed, state.catchingUp)
             }
-            guard !wasClosed else { return }
-            db.stopManualCompactions()
-            if let gate { for _ in 0..<64 { gate.signal() } }
+            if !wasClosed {
+                db.stopManualCompactions()
+                // (Each compaction not through yet waits for one signal at most.)
+                for _ in 0..<waiting { gate?.signal() }
+            }
             running.wait()
         }
 
@@ -104,9 +110,12 @@ extension StateStore {
                 let began = clock.now
                 gate?.wait()
                 if !state.withLock({ $0.closed }) { db.compact(from: start, to: end) }
-                // The newer first-level files (written meanwhile) are left to automatic compactions:
-                // the stalls return once they have taken the level back under the threshold.
-                while !state.withLock({ $0.closed || $0.loading > 0 }),
+                // The newer first-level files (written meanwhile: the manual compaction held off
+                // automatic ones) are left to automatic compactions: the stalls return once they
+                // have taken the level back under the threshold, or after a minute at most (writes
+                // faster than compactions then are slowed down again, as RocksDB means them to be).
+                let compacted = clock.now
+                while clock.now - compacted < .seconds(60), !state.withLock({ $0.closed || $0.loading > 0 }),
                     (db.firstLevelFiles() ?? 0) >= RocksDB.firstLevelStalls.slowdown
                 {
                     usleep(100_000)

@@ -211,11 +211,10 @@ final class StateStore: Sendable {
     /// Resumes RocksDB's compactions (once no other bulk rebuild loads) and compacts `partitions`
     /// once, in the background.
     func resumeCompactions(after partitions: [Int32]) throws(RocksDBError) {
-        let first = partitions.min() ?? 0
-        let last = partitions.max() ?? 0
-        try compactions.resume(
-            compacting: Self.partitionPrefix(first), to: Self.partitionPrefix(last &+ 1),
-            what: "the rebuilt partitions \(partitions.sorted())")
+        let range = partitions.min().map { first in
+            (Self.partitionPrefix(first), Self.partitionPrefix(partitions.max()! &+ 1))
+        }
+        try compactions.resume(compacting: range, what: "the rebuilt partitions \(partitions.sorted())")
     }
 
     /// Makes every write so far durable.
