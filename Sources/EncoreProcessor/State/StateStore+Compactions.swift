@@ -127,9 +127,7 @@ extension StateStore {
                     return (false, nil)
                 }
                 if closed {
-                    logger.info(
-                        "stopped compacting \(what): the store closes (what is left is compacted after its next opening)"
-                    )
+                    logger.info("stopped compacting \(what): the store closes")
                 } else if let failure {
                     logger.warning("compacted \(what), but RocksDB's write stalls were not set back: \(failure)")
                 } else {
