@@ -203,8 +203,15 @@ public struct EntitlementLedger: Sendable {
     public mutating func journalEntry(
         ofUser key: String, requestID: String, partition: Int32? = nil
     ) -> EntitlementStateRecord.RequestEntry? {
+        journalEntry(ofUser: key, requestID: requestID, partition: partition, requestKey: nil)
+    }
+
+    /// `requestKey`: the request's key in the journal, when the caller already has it (`nil`: built here).
+    mutating func journalEntry(
+        ofUser key: String, requestID: String, partition: Int32?, requestKey: RequestMemory.Key?
+    ) -> EntitlementStateRecord.RequestEntry? {
         if let partition { load(key, partition: partition) }
-        let requestKey = RequestMemory.Key(userKey: key, requestID: requestID)
+        let requestKey = requestKey ?? RequestMemory.Key(userKey: key, requestID: requestID)
         if let partition { return journals[partition]?.entry(requestKey, requestID: requestID) }
         for memory in journals.values {
             if let entry = memory.entry(requestKey, requestID: requestID) { return entry }
@@ -219,7 +226,17 @@ public struct EntitlementLedger: Sendable {
         _ request: PurchaseRequestEvent, attempt: Int, partition: Int32, nowMs: Int64, offset: Int64? = nil,
         digest: String? = nil
     ) -> LedgerUpdate {
-        replaceEntry(of: request, partition: partition) { earlier in
+        recordIntent(
+            request, attempt: attempt, partition: partition, nowMs: nowMs, offset: offset, digest: digest,
+            known: nil)
+    }
+
+    /// `known`: the request's user key and journal key, when the caller already has them (`nil`: built here).
+    mutating func recordIntent(
+        _ request: PurchaseRequestEvent, attempt: Int, partition: Int32, nowMs: Int64, offset: Int64?,
+        digest: String?, known: JournalIdentity?
+    ) -> LedgerUpdate {
+        replaceEntry(of: request, partition: partition, known: known) { earlier in
             .init(
                 requestID: request.requestID, attempts: attempt, startedAtMs: nowMs, offset: offset ?? earlier?.offset,
                 inDoubtSinceMs: earlier?.inDoubtSinceMs, digest: digest ?? earlier?.digest)
@@ -257,14 +274,14 @@ public struct EntitlementLedger: Sendable {
     /// Replaces the journal entry of `request` with `entry(earlier entry)`: the journal record
     /// to write, under the request's slot (a new one for a request not journaled yet).
     private mutating func replaceEntry(
-        of request: PurchaseRequestEvent, partition: Int32,
+        of request: PurchaseRequestEvent, partition: Int32, known: JournalIdentity? = nil,
         _ entry: (EntitlementStateRecord.RequestEntry?) -> EntitlementStateRecord.RequestEntry
     ) -> LedgerUpdate {
-        let key = request.key
+        let key = known?.userKey ?? request.key
         load(key, partition: partition)
         let record = journalRecord(
             userKey: key, appID: request.appID, appUserID: request.appUserID, requestID: request.requestID,
-            partition: partition, entry)
+            partition: partition, requestKey: known?.requestKey, entry)
         return LedgerUpdate(
             changes: [],
             state: users[key]?.state ?? EntitlementStateRecord(appID: request.appID, appUserID: request.appUserID),
@@ -273,10 +290,11 @@ public struct EntitlementLedger: Sendable {
 
     private mutating func journalRecord(
         userKey key: String, appID: String, appUserID: String, requestID: String, partition: Int32,
+        requestKey known: RequestMemory.Key? = nil,
         _ entry: (EntitlementStateRecord.RequestEntry?) -> EntitlementStateRecord.RequestEntry
     ) -> JournalRecord {
         let (record, settlesLegacy) = withJournal(partition) { memory in
-            let requestKey = RequestMemory.Key(userKey: key, requestID: requestID)
+            let requestKey = known ?? RequestMemory.Key(userKey: key, requestID: requestID)
             let new = entry(memory.entry(requestKey, requestID: requestID))
             // (Its first journal record supersedes an earlier version's entry: a recovery's intent.)
             let settlesLegacy = memory.isLegacyOpen(requestKey)
@@ -294,6 +312,16 @@ public struct EntitlementLedger: Sendable {
         _ outcome: PurchaseOutcomeEvent, entitlement offered: Entitlement?, campaignID: String? = nil,
         offerID: String? = nil, partition: Int32, grants: Bool = true
     ) -> LedgerUpdate {
+        complete(
+            outcome, entitlement: offered, campaignID: campaignID, offerID: offerID, partition: partition,
+            grants: grants, known: nil)
+    }
+
+    /// `known`: the outcome's user key and journal key, when the caller already has them (`nil`: built here).
+    mutating func complete(
+        _ outcome: PurchaseOutcomeEvent, entitlement offered: Entitlement?, campaignID: String?, offerID: String?,
+        partition: Int32, grants: Bool, known: JournalIdentity?
+    ) -> LedgerUpdate {
         let status: EntitlementStatus? =
             switch outcome.result {
             case .purchased: .verified
@@ -302,7 +330,7 @@ public struct EntitlementLedger: Sendable {
             }
         let entitlement = grants && status != nil ? offered ?? catalog.entitlement(for: outcome.productID) : nil
         let now = outcome.completedAtMs
-        let key = outcome.key
+        let key = known?.userKey ?? outcome.key
         load(key, partition: partition)
         var update: LedgerUpdate? = nil
         if let status, let entitlement, !isSameGrantAgain(outcome, entitlement, status: status, key: key) {
@@ -315,7 +343,7 @@ public struct EntitlementLedger: Sendable {
         }
         let record = journalRecord(
             userKey: key, appID: outcome.appID, appUserID: outcome.appUserID, requestID: outcome.requestID,
-            partition: partition
+            partition: partition, requestKey: known?.requestKey
         ) { earlier in
             // A failure journaled before its outcome stays as it was (it rebuilds the outcome).
             if let earlier, earlier.result != nil, earlier.error != nil { return earlier }

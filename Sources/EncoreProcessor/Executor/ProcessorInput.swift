@@ -48,6 +48,15 @@ struct InputPartition: Hashable, Comparable, Sendable, CustomStringConvertible {
 
     static func requests(_ number: Int32) -> InputPartition { InputPartition(topic: .requests, number: number) }
 
+    /// The input partition of a topic's partition; `nil` for a topic the processor does not read.
+    static func of(_ topic: String, _ number: Int32, in configuration: borrowing ProcessorConfiguration)
+        -> InputPartition?
+    {
+        if topic == configuration.requestsTopic { return .requests(number) }
+        if topic == configuration.sourcesTopic { return InputPartition(topic: .sources, number: number) }
+        return nil
+    }
+
     static func < (lhs: InputPartition, rhs: InputPartition) -> Bool {
         (lhs.topic.rawValue, lhs.number) < (rhs.topic.rawValue, rhs.number)
     }

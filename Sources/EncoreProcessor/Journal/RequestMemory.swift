@@ -12,6 +12,18 @@ import EncoreEvents
 /// so a new request replaces the one `cap` requests older, here as on the changelog. A request in
 /// flight or in doubt is never replaced: its user's lane is held, so no newer request of the user
 /// is journaled meanwhile. Entries untouched for longer than the retention go at ``prune(nowMs:)``.
+/// A request's user key and its key in the journal, built once per request (hashing them is a
+/// share of a request's cost): the worker keeps them with its work item.
+struct JournalIdentity: Sendable {
+    let userKey: String
+    let requestKey: RequestMemory.Key
+
+    init(userKey: String, requestID: String) {
+        self.userKey = userKey
+        requestKey = RequestMemory.Key(userKey: userKey, requestID: requestID)
+    }
+}
+
 struct RequestMemory: Sendable {
     /// A request's identity: two independent 64-bit hashes of its user key and request id.
     struct Key: Hashable, Sendable {

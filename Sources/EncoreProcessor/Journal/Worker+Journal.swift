@@ -18,7 +18,8 @@ extension Worker {
         while let item = ready {
             ready = nil
             let journaled = ledger.journalEntry(
-                ofUser: item.lane.key, requestID: item.request.requestID, partition: item.ref.partition.number)
+                ofUser: item.lane.key, requestID: item.request.requestID, partition: item.ref.partition.number,
+                requestKey: item.identity.requestKey)
             if let journaled, let digest = journaled.digest, digest != item.digest {
                 rejectConflict(item, journaled)
                 ready = scheduler.finish(lane: item.lane)
@@ -77,7 +78,7 @@ extension Worker {
         item.holdsPlaceAhead = true
         let intent = ledger.recordIntent(
             item.request, attempt: item.firstAttempt, partition: item.ref.partition.number,
-            nowMs: nowMs, offset: item.ref.offset, digest: item.digest)
+            nowMs: nowMs, offset: item.ref.offset, digest: item.digest, known: item.identity)
         outputs.publish(intent, for: nil, intent: item)
     }
 

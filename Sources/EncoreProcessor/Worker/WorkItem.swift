@@ -33,6 +33,8 @@ final class WorkItem {
     let message: KafkaMessage
     /// One lane per user.
     let lane: UserLane
+    /// The user's key (the lane's) and the request's key in the journal.
+    let identity: JournalIdentity
     /// The attempt number of the first call this process makes: 1, or one past the attempts of
     /// the intent an earlier process recorded (a recovery).
     var firstAttempt = 1
@@ -67,6 +69,7 @@ final class WorkItem {
         self.request = request
         self.message = message
         self.lane = UserLane(appID: request.appID, appUserID: request.appUserID)
+        self.identity = JournalIdentity(userKey: lane.key, requestID: request.requestID)
         self.digest = request.contentDigest
     }
 }

@@ -65,9 +65,7 @@ extension Worker {
 
     /// The input partition of a topic's partition; `nil` for a topic the processor does not read.
     func inputPartition(_ topic: String, _ number: Int32) -> InputPartition? {
-        if topic == configuration.requestsTopic { return .requests(number) }
-        if topic == configuration.sourcesTopic { return InputPartition(topic: .sources, number: number) }
-        return nil
+        InputPartition.of(topic, number, in: configuration)
     }
 
     mutating func pause(_ inputs: some Collection<InputPartition>) {

@@ -241,7 +241,8 @@ struct Worker {
     mutating func receive(_ message: KafkaMessage, _ payload: IncomingRecord.Payload) {
         // After a revoke or during shutdown, records are left for the next owner (offsets not stored).
         // A record handed out again (around a pause and resume) is already being handled.
-        guard let partition = inputPartition(message.topic, message.partition),
+        // (Not through `inputPartition`: a method of `self` here copied the whole worker.)
+        guard let partition = InputPartition.of(message.topic, message.partition, in: configuration),
             let generation = ownership.generation(forNewRecordOf: partition),
             !tracker.hasReceived(partition, offset: message.offset)
         else {
@@ -297,7 +298,7 @@ struct Worker {
             outputs.publish(
                 ledger.recordIntent(
                     item.request, attempt: attempt, partition: item.ref.partition.number, nowMs: nowMs,
-                    offset: item.ref.offset, digest: item.digest),
+                    offset: item.ref.offset, digest: item.digest, known: item.identity),
                 for: nil, intent: item)
         case .doubt(let item, let failure, let attempts):
             doubt(item, failure, attempts: attempts)
@@ -439,7 +440,8 @@ struct Worker {
         }
         let update = ledger.complete(
             outcome, entitlement: item.request.entitlement, campaignID: item.request.campaignID,
-            offerID: item.request.offerID, partition: item.ref.partition.number, grants: configuration.ledgerEnabled)
+            offerID: item.request.offerID, partition: item.ref.partition.number, grants: configuration.ledgerEnabled,
+            known: item.identity)
         // At least once, the user's next request starts once these outputs are acknowledged, and its
         // intent shares the changelog record of this result (``resultReady(_:)``). In a transaction
         // the lane is held to the end.
