@@ -29,7 +29,7 @@ struct RequestMemoryTests {
             let user = "app:u\(random.next() % 300)"
             let id = "req-\(step)"
             issued.append((user, id))
-            let seq = memory.allocate(userKey: user)
+            let seq = memory.allocate(user: UserLane(key: user))
             let started = Self.t0 + Int64(step)
             memory.record(userKey: user, seq: seq, Entry(requestID: id, attempts: 1, startedAtMs: started))
             #expect(memory.entry(userKey: user, requestID: id)?.result == nil)
@@ -59,7 +59,7 @@ struct RequestMemoryTests {
         check("after the prune")
         // The users left continue their counters: a new request replaces their oldest.
         for user in model.keys where model[user]!.count == 3 {
-            let seq = memory.allocate(userKey: user)
+            let seq = memory.allocate(user: UserLane(key: user))
             model[user]!.removeFirst()
             let entry = Entry(
                 requestID: "new-\(user)", attempts: 1, startedAtMs: Self.t0, result: .purchased,
@@ -83,7 +83,7 @@ struct RequestMemoryTests {
     )
     func openRequestsAndForget() {
         var memory = RequestMemory(cap: 2)
-        let seq = memory.allocate(userKey: "app:a")
+        let seq = memory.allocate(user: UserLane(key: "app:a"))
         memory.record(userKey: "app:a", seq: seq, Entry(requestID: "r1", attempts: 1, startedAtMs: Self.t0))
         #expect(memory.hasOpenRequest(ofUser: "app:a") && !memory.hasOpenRequest(ofUser: "app:b"))
         let done = Entry(
@@ -95,7 +95,7 @@ struct RequestMemoryTests {
         // Read back from its records: the same entry, the counter past it.
         memory.record(userKey: "app:a", seq: seq, done)
         #expect(memory.entry(userKey: "app:a", requestID: "r1") == Self.readBack(done))
-        #expect(memory.allocate(userKey: "app:a") == seq + 1)
+        #expect(memory.allocate(user: UserLane(key: "app:a")) == seq + 1)
     }
 
     @Test("open intents, in-doubt marks and decided failures are kept whole; a legacy entry never hides a newer one")
@@ -105,10 +105,10 @@ struct RequestMemoryTests {
         let failed = Entry(
             requestID: "r0", attempts: 1, startedAtMs: Self.t0, result: .failed, completedAtMs: Self.t0 + 1,
             error: failure, controller: "store", offset: 4, digest: "00000000000000aa")
-        memory.record(userKey: "app:u", seq: memory.allocate(userKey: "app:u"), failed)
+        memory.record(userKey: "app:u", seq: memory.allocate(user: UserLane(key: "app:u")), failed)
         #expect(memory.entry(userKey: "app:u", requestID: "r0") == failed)
         let inDoubt = Entry(requestID: "r1", attempts: 4, startedAtMs: Self.t0, offset: 5, inDoubtSinceMs: Self.t0 + 9)
-        let seq = memory.allocate(userKey: "app:u")
+        let seq = memory.allocate(user: UserLane(key: "app:u"))
         memory.record(userKey: "app:u", seq: seq, inDoubt)
         #expect(
             memory.entry(userKey: "app:u", requestID: "r1") == inDoubt
@@ -122,7 +122,7 @@ struct RequestMemoryTests {
         #expect(memory.entry(userKey: "app:u", requestID: "r9")?.result == .cancelled)
         // The third request takes r0's slot: r0 and its error are forgotten; the intent stays.
         memory.record(
-            userKey: "app:u", seq: memory.allocate(userKey: "app:u"),
+            userKey: "app:u", seq: memory.allocate(user: UserLane(key: "app:u")),
             Entry(requestID: "r2", attempts: 1, startedAtMs: Self.t0, result: .purchased, completedAtMs: Self.t0))
         #expect(memory.entry(userKey: "app:u", requestID: "r0") == nil)
         #expect(memory.entry(userKey: "app:u", requestID: "r1") == inDoubt)
@@ -147,7 +147,7 @@ struct RequestMemoryTests {
         memory.prune(untouchedBefore: horizon)
         #expect(memory.entry(userKey: "app:u", requestID: "r0") == old)
         // The user's counter went past the intent's: the next request takes a later slot.
-        #expect(memory.allocate(userKey: "app:u") == 8)
+        #expect(memory.allocate(user: UserLane(key: "app:u")) == 8)
     }
 
     @Test("a journal key is ':{slot}:…'; an earlier state key starting with ':' is not one")

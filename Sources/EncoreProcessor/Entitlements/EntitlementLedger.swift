@@ -281,7 +281,7 @@ public struct EntitlementLedger: Sendable {
         load(key, partition: partition)
         let record = journalRecord(
             userKey: key, appID: request.appID, appUserID: request.appUserID, requestID: request.requestID,
-            partition: partition, requestKey: known?.requestKey, entry)
+            partition: partition, known: known, entry)
         return LedgerUpdate(
             changes: [],
             state: users[key]?.state ?? EntitlementStateRecord(appID: request.appID, appUserID: request.appUserID),
@@ -290,16 +290,17 @@ public struct EntitlementLedger: Sendable {
 
     private mutating func journalRecord(
         userKey key: String, appID: String, appUserID: String, requestID: String, partition: Int32,
-        requestKey known: RequestMemory.Key? = nil,
+        known: JournalIdentity? = nil,
         _ entry: (EntitlementStateRecord.RequestEntry?) -> EntitlementStateRecord.RequestEntry
     ) -> JournalRecord {
+        let user = known?.user ?? UserLane(key: key)
         let (record, settlesLegacy) = withJournal(partition) { memory in
-            let requestKey = known ?? RequestMemory.Key(userKey: key, requestID: requestID)
+            let requestKey = known?.requestKey ?? RequestMemory.Key(userKey: key, requestID: requestID)
             let new = entry(memory.entry(requestKey, requestID: requestID))
             // (Its first journal record supersedes an earlier version's entry: a recovery's intent.)
             let settlesLegacy = memory.isLegacyOpen(requestKey)
-            let seq = memory.seq(of: requestKey) ?? memory.allocate(userKey: key)
-            memory.record(requestKey, userKey: key, seq: seq, new)
+            let seq = memory.seq(of: requestKey) ?? memory.allocate(user: user)
+            memory.record(requestKey, user: user, seq: seq, new)
             return (JournalRecord(appID: appID, appUserID: appUserID, seq: seq, entry: new), settlesLegacy)
         }
         if settlesLegacy { legacySettled[key, default: []].insert(requestID) }
@@ -343,7 +344,7 @@ public struct EntitlementLedger: Sendable {
         }
         let record = journalRecord(
             userKey: key, appID: outcome.appID, appUserID: outcome.appUserID, requestID: outcome.requestID,
-            partition: partition, requestKey: known?.requestKey
+            partition: partition, known: known
         ) { earlier in
             // A failure journaled before its outcome stays as it was (it rebuilds the outcome).
             if let earlier, earlier.result != nil, earlier.error != nil { return earlier }

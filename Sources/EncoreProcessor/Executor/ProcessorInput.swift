@@ -71,6 +71,31 @@ struct RecordRef: Hashable, Sendable {
     /// Bumped each time the partition is assigned anew, so late completions of a previous
     /// assignment are not mistaken for current ones.
     var generation: Int
+
+    // Hashed without `Hasher` (a share of each request's cost, several lookups per output): offsets
+    // come from the broker, not from a client, so a fixed mix spreads them well enough.
+    func hash(into hasher: inout Hasher) {
+        hasher.combine(offset)
+        hasher.combine(partition)
+        hasher.combine(generation)
+    }
+
+    func _rawHashValue(seed: Int) -> Int {
+        let words =
+            UInt64(bitPattern: offset) &+ UInt64(UInt32(bitPattern: partition.number)) << 40
+            &+ UInt64(partition.topic.rawValue) << 60 &+ UInt64(bitPattern: Int64(generation)) &* 0x9E37_79B9_7F4A_7C15
+        return mixedHash(words ^ UInt64(bitPattern: Int64(seed)))
+    }
+}
+
+/// splitmix64's finalizer: every bit of `value` moves about half of the result's bits. For keys
+/// hashed without `Hasher` (`_rawHashValue(seed:)`, which `Dictionary` and `Set` call).
+@inline(__always)
+func mixedHash(_ value: UInt64) -> Int {
+    var z = value
+    z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+    z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+    return Int(bitPattern: UInt(z ^ (z >> 31)))
 }
 
 /// A record of an input topic and what decoding it gave.

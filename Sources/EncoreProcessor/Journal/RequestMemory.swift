@@ -15,12 +15,15 @@ import EncoreEvents
 /// A request's user key and its key in the journal, built once per request (hashing them is a
 /// share of a request's cost): the worker keeps them with its work item.
 struct JournalIdentity: Sendable {
-    let userKey: String
+    /// The user's key, hashed once.
+    let user: UserLane
     let requestKey: RequestMemory.Key
 
-    init(userKey: String, requestID: String) {
-        self.userKey = userKey
-        requestKey = RequestMemory.Key(userKey: userKey, requestID: requestID)
+    var userKey: String { user.key }
+
+    init(user: UserLane, requestID: String) {
+        self.user = user
+        requestKey = RequestMemory.Key(userKey: user.key, requestID: requestID)
     }
 }
 
@@ -41,6 +44,9 @@ struct RequestMemory: Sendable {
             low = UInt64(bitPattern: Int64(first.finalize()))
             high = UInt64(bitPattern: Int64(second.finalize()))
         }
+
+        /// Without a third `Hasher`: `low` is already a seeded hash of the key.
+        func _rawHashValue(seed: Int) -> Int { Int(bitPattern: UInt(low)) ^ seed }
     }
 
     /// A settled request: 48 bytes.
@@ -87,7 +93,7 @@ struct RequestMemory: Sendable {
     private var index: [Int32] = Array(repeating: -1, count: 16)
     private var details: [Key: Detail] = [:]
     private var users: [User] = []
-    private var userIDs: [String: Int32] = [:]
+    private var userIDs: [UserLane: Int32] = [:]
     private var freeUsers: [Int32] = []
 
     init(cap: Int) {
@@ -132,8 +138,8 @@ struct RequestMemory: Sendable {
 
     /// Takes the user's next journal counter: its slot's older request is forgotten (its record
     /// is replaced on the changelog by the one this counter writes).
-    mutating func allocate(userKey: String) -> Int64 {
-        let user = intern(userKey)
+    mutating func allocate(user lane: UserLane) -> Int64 {
+        let user = intern(lane)
         let seq = users[Int(user)].nextSeq
         users[Int(user)].nextSeq += 1
         let slot = Int(seq % Int64(cap))
@@ -145,17 +151,17 @@ struct RequestMemory: Sendable {
 
     /// Records a journal entry the processor wrote (or read back from the changelog) under `seq`.
     mutating func record(userKey: String, seq: Int64?, _ entry: EntitlementStateRecord.RequestEntry) {
-        record(Key(userKey: userKey, requestID: entry.requestID), userKey: userKey, seq: seq, entry)
+        record(Key(userKey: userKey, requestID: entry.requestID), user: UserLane(key: userKey), seq: seq, entry)
     }
 
-    /// `key` must be the key of `userKey` and the entry's request id.
-    mutating func record(_ key: Key, userKey: String, seq: Int64?, _ entry: EntitlementStateRecord.RequestEntry) {
+    /// `key` must be the key of the user's key and the entry's request id.
+    mutating func record(_ key: Key, user lane: UserLane, seq: Int64?, _ entry: EntitlementStateRecord.RequestEntry) {
         let needsDetail = entry.result == nil || entry.error != nil || entry.attempts > 0xfff
         if let position = find(key) { remove(at: position) }
         var user: Int32 = -1
         if let seq {
             // (A restored intent moves the counter on too: the next request takes a later slot.)
-            user = intern(userKey)
+            user = intern(lane)
             users[Int(user)].nextSeq = max(users[Int(user)].nextSeq, seq + 1)
         }
         setDetail(key, needsDetail ? Detail(seq: seq, entry: entry, user: user) : nil)
@@ -186,7 +192,7 @@ struct RequestMemory: Sendable {
     mutating func recordLegacy(userKey: String, _ entry: EntitlementStateRecord.RequestEntry) -> Bool {
         let key = Key(userKey: userKey, requestID: entry.requestID)
         guard details[key] == nil, find(key) == nil else { return false }
-        record(key, userKey: userKey, seq: nil, entry)
+        record(key, user: UserLane(key: userKey), seq: nil, entry)
         return true
     }
 
@@ -219,12 +225,13 @@ struct RequestMemory: Sendable {
 
     /// Whether the user has a request in flight or in doubt.
     func hasOpenRequest(ofUser userKey: String) -> Bool {
-        userIDs[userKey].map { users[Int($0)].openRequests > 0 } ?? false
+        userIDs[UserLane(key: userKey)].map { users[Int($0)].openRequests > 0 } ?? false
     }
 
     /// Forgets everything of the user (kept in the state store, read back when needed).
     mutating func forget(userKey: String) {
-        guard let user = userIDs[userKey] else { return }
+        let lane = UserLane(key: userKey)
+        guard let user = userIDs[lane] else { return }
         for slot in users[Int(user)].ring.indices {
             // (Read each time: a removal moves the last entry, possibly the user's, into its place.)
             let position = users[Int(user)].ring[slot]
@@ -234,7 +241,7 @@ struct RequestMemory: Sendable {
         if users[Int(user)].openRequests > 0 {
             for (key, detail) in details where detail.user == user { setDetail(key, nil) }
         }
-        userIDs[userKey] = nil
+        userIDs[lane] = nil
         users[Int(user)] = User(key: "")
         freeUsers.append(user)
     }
@@ -248,17 +255,17 @@ struct RequestMemory: Sendable {
         if let detail, detail.entry.result == nil, detail.user >= 0 { users[Int(detail.user)].openRequests += 1 }
     }
 
-    private mutating func intern(_ userKey: String) -> Int32 {
-        if let user = userIDs[userKey] { return user }
+    private mutating func intern(_ lane: UserLane) -> Int32 {
+        if let user = userIDs[lane] { return user }
         let user: Int32
         if let free = freeUsers.popLast() {
             user = free
-            users[Int(free)] = User(key: userKey)
+            users[Int(free)] = User(key: lane.key)
         } else {
             user = Int32(users.count)
-            users.append(User(key: userKey))
+            users.append(User(key: lane.key))
         }
-        userIDs[userKey] = user
+        userIDs[lane] = user
         return user
     }
 

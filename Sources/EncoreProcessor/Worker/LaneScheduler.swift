@@ -139,6 +139,10 @@ struct UserLane: Hashable, Sendable {
 
     func hash(into hasher: inout Hasher) { hasher.combine(hashCode) }
 
+    /// Without a second `Hasher`: `hashCode` is already the key's seeded hash (a client chooses user
+    /// ids, so a user key is never hashed by a fixed function).
+    func _rawHashValue(seed: Int) -> Int { hashCode ^ seed }
+
     static func == (lhs: UserLane, rhs: UserLane) -> Bool {
         lhs.hashCode == rhs.hashCode && lhs.key == rhs.key
     }

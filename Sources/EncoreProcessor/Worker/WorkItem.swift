@@ -69,7 +69,7 @@ final class WorkItem {
         self.request = request
         self.message = message
         self.lane = UserLane(appID: request.appID, appUserID: request.appUserID)
-        self.identity = JournalIdentity(userKey: lane.key, requestID: request.requestID)
+        self.identity = JournalIdentity(user: lane, requestID: request.requestID)
         self.digest = request.contentDigest
     }
 }
