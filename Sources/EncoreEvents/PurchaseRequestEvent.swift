@@ -60,10 +60,19 @@ public struct PurchaseRequestEvent: EncoreEvent, Hashable {
     /// in key order): the same on every process and version, so a re-sent record matches its
     /// journal entry and a reused `request_id` with other content does not.
     public var contentDigest: String {
+        // (Field by field: an array of the fields would be allocated per request.)
         var digest = ContentDigest()
-        for text in [requestID, appID, appUserID, productID, store.rawValue, environment.rawValue] { digest.add(text) }
+        digest.add(requestID)
+        digest.add(appID)
+        digest.add(appUserID)
+        digest.add(productID)
+        digest.add(store.rawValue)
+        digest.add(environment.rawValue)
         digest.add(requestedAtMs)
-        for text in [placementID, promoOfferID, campaignID, offerID] { digest.add(text) }
+        digest.add(placementID)
+        digest.add(promoOfferID)
+        digest.add(campaignID)
+        digest.add(offerID)
         digest.add(entitlement.map { "\($0.type.rawValue)/\($0.value)/\($0.unit.rawValue)" })
         digest.add(deadlineAtMs.map(String.init))
         if let attributes {
@@ -117,20 +126,28 @@ struct ContentDigest {
     }
 
     mutating func add(_ text: String?) {
-        guard let text else {
+        guard var text else {
             add(byte: 0xff)
             return
         }
         add(Int64(text.utf8.count))
-        for byte in text.utf8 { add(byte: byte) }
+        text.withUTF8 { utf8 in
+            for byte in utf8 { add(byte: byte) }
+        }
     }
 
     mutating func add(_ number: Int64) {
         for shift in stride(from: 0, to: 64, by: 8) { add(byte: UInt8(truncatingIfNeeded: number >> shift)) }
     }
 
+    /// 16 lowercase hex digits, leading zeros kept; one allocation.
     var hex: String {
-        let digits = String(state, radix: 16)
-        return String(repeating: "0", count: 16 - digits.count) + digits
+        String(unsafeUninitializedCapacity: 16) { buffer in
+            let digits: StaticString = "0123456789abcdef"
+            for index in 0..<16 {
+                buffer[index] = digits.utf8Start[Int(truncatingIfNeeded: state >> UInt64(60 - 4 * index)) & 0xf]
+            }
+            return 16
+        }
     }
 }
