@@ -58,9 +58,17 @@ def main():
                         str(args.partitions), *flags], check=True, stdout=subprocess.DEVNULL)
         subprocess.run([args.limit, "fill", bootstrap, str(args.count)], check=True, stderr=subprocess.DEVNULL,
                        env={**os.environ, "IN_TOPIC": topics["requests"], "PARTS": str(args.partitions)})
-        reader = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{prefix}-reader",
-                           "enable.auto.commit": False, "auto.offset.reset": "earliest"})
-        reader.assign([TopicPartition(topics["outcomes"], p, 0) for p in range(args.partitions)])
+        next_offsets = [0] * args.partitions
+
+        def open_reader():
+            consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{prefix}-reader",
+                                 "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+            consumer.assign([TopicPartition(topics["outcomes"], p, next_offsets[p]) for p in range(args.partitions)])
+            return consumer
+
+        reader = open_reader()
+        last_read = time.monotonic()
+        reopened = 0
         command = [args.binary, "run", "--bootstrap-servers", bootstrap, *flags, "--controller", "simulated",
                    "--simulated-latency-ms", "0", "--simulated-outcomes", "purchased=1", "--allow-simulated-production", "--group-id", prefix,
                    "--workers", str(args.workers), "--log-level", "error"]
@@ -83,6 +91,15 @@ def main():
                 for message in reader.consume(num_messages=10_000, timeout=0.5):
                     if not message.error():
                         stamps.append(message.timestamp()[1])
+                        next_offsets[message.partition()] = message.offset() + 1
+                        last_read = time.monotonic()
+                # On Tansu a reader has stopped receiving with outcomes left in the topic (a fresh
+                # one read them all): after 20 s without a record, read on with a new one.
+                if time.monotonic() - last_read > 20:
+                    reader.close()
+                    reader = open_reader()
+                    reopened += 1
+                    last_read = time.monotonic()
                 # The n-th joins once the others' outcomes flow (10% of the backlog answered).
                 if n > 1 and joined_ms is None and len(stamps) >= args.count // 10:
                     joined_ms = int(time.time() * 1000)
@@ -99,7 +116,8 @@ def main():
             reader.close()
         stamps.sort()
         if len(stamps) < args.count:
-            print(json.dumps({"instances": n, "error": f"{len(stamps)} of {args.count} outcomes"}), flush=True)
+            print(json.dumps({"instances": n, "error": f"{len(stamps)} of {args.count} outcomes",
+                              "readers_reopened": reopened}), flush=True)
             continue
         pause, resumed = 0, stamps[0]
         if joined_ms is not None:
@@ -111,7 +129,7 @@ def main():
         span = max(1, window[-1] - window[0]) / 1000
         print(json.dumps({"instances": n, "partitions": args.partitions, "count": args.count,
                           "throughput": round(len(window) / span), "pause_ms": pause,
-                          "cpu_us": round(cpu / args.count * 1e6, 1)}), flush=True)
+                          "cpu_us": round(cpu / args.count * 1e6, 1), "readers_reopened": reopened}), flush=True)
 
 
 if __name__ == "__main__":
