@@ -1,17 +1,5 @@
 import EncoreEvents
 
-/// One partition's remembered requests (journal v2): what deduplicates a re-sent request, finds a
-/// request an earlier process left open, and rebuilds a failure the processor decided.
-///
-/// Settled requests live in one flat table of fixed 48-byte entries (a 128-bit key, the content
-/// digest, the record's offset, the time, the attempts and result), found through an index of
-/// 32-bit positions: no string or JSON per entry. The few requests that need more (an open intent,
-/// a request in doubt, a decided failure with its error) are kept whole beside it.
-///
-/// Each user has a journal counter (`seq`); a request's records go to the user's slot `seq % cap`,
-/// so a new request replaces the one `cap` requests older, here as on the changelog. A request in
-/// flight or in doubt is never replaced: its user's lane is held, so no newer request of the user
-/// is journaled meanwhile. Entries untouched for longer than the retention go at ``prune(nowMs:)``.
 /// A request's user key and its key in the journal, built once per request (hashing them is a
 /// share of a request's cost): the worker keeps them with its work item.
 struct JournalIdentity: Sendable {
@@ -27,6 +15,18 @@ struct JournalIdentity: Sendable {
     }
 }
 
+/// One partition's remembered requests (journal v2): what deduplicates a re-sent request, finds a
+/// request an earlier process left open, and rebuilds a failure the processor decided.
+///
+/// Settled requests live in one flat table of fixed 48-byte entries (a 128-bit key, the content
+/// digest, the record's offset, the time, the attempts and result), found through an index of
+/// 32-bit positions: no string or JSON per entry. The few requests that need more (an open intent,
+/// a request in doubt, a decided failure with its error) are kept whole beside it.
+///
+/// Each user has a journal counter (`seq`); a request's records go to the user's slot `seq % cap`,
+/// so a new request replaces the one `cap` requests older, here as on the changelog. A request in
+/// flight or in doubt is never replaced: its user's lane is held, so no newer request of the user
+/// is journaled meanwhile. Entries untouched for longer than the retention go at ``prune(nowMs:)``.
 struct RequestMemory: Sendable {
     /// A request's identity: two independent 64-bit hashes of its user key and request id.
     struct Key: Hashable, Sendable {
