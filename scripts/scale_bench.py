@@ -8,7 +8,9 @@ For n instances, n-1 start first; once their outcomes flow, the n-th joins. Repo
                instances working), by the outcome records' timestamps;
   pause_ms     the longest gap between consecutive outcomes after the n-th instance started: what
                its rebalance stopped (0 for one instance);
-  cpu_us       the instances' CPU (user + system, /proc) over the requests.
+  cpu_us       the instances' CPU (user + system, /proc) over the requests;
+  readers_reopened  how often the outcome reader was replaced after a minute without a record (on
+               Tansu one stopped receiving with outcomes left in the topic).
 Prints one JSON object per n.
 
 usage: scale_bench.py --binary B --limit .build/limit --bootstrap-servers H:P [--count 300000]
@@ -94,8 +96,9 @@ def main():
                         next_offsets[message.partition()] = message.offset() + 1
                         last_read = time.monotonic()
                 # On Tansu a reader has stopped receiving with outcomes left in the topic (a fresh
-                # one read them all): after 20 s without a record, read on with a new one.
-                if time.monotonic() - last_read > 20:
+                # one read them all): after a minute without a record (a join's pause is about
+                # 24 s), read on with a new one.
+                if time.monotonic() - last_read > 60:
                     reader.close()
                     reader = open_reader()
                     reopened += 1

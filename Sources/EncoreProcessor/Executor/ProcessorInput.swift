@@ -72,14 +72,9 @@ struct RecordRef: Hashable, Sendable {
     /// assignment are not mistaken for current ones.
     var generation: Int
 
-    // Hashed without `Hasher` (a share of each request's cost, several lookups per output): offsets
-    // come from the broker, not from a client, so a fixed mix spreads them well enough.
-    func hash(into hasher: inout Hasher) {
-        hasher.combine(offset)
-        hasher.combine(partition)
-        hasher.combine(generation)
-    }
-
+    /// Hashed without `Hasher` (a share of each request's cost, several lookups per output): its
+    /// partition, offset and generation come from the broker, not from a client, so a fixed mix
+    /// spreads them well enough.
     func _rawHashValue(seed: Int) -> Int {
         let words =
             UInt64(bitPattern: offset) &+ UInt64(UInt32(bitPattern: partition.number)) << 40
@@ -89,7 +84,8 @@ struct RecordRef: Hashable, Sendable {
 }
 
 /// splitmix64's finalizer: every bit of `value` moves about half of the result's bits. For keys
-/// hashed without `Hasher` (`_rawHashValue(seed:)`, which `Dictionary` and `Set` call).
+/// hashed without `Hasher` (`_rawHashValue(seed:)`, which `Dictionary` and `Set` call), with the
+/// table's seed mixed in, so that two tables lay the same keys out differently.
 @inline(__always)
 func mixedHash(_ value: UInt64) -> Int {
     var z = value

@@ -3,8 +3,9 @@ import EncoreEvents
 /// A request's user key and its key in the journal, built once per request (hashing them is a
 /// share of a request's cost): the worker keeps them with its work item.
 struct JournalIdentity: Sendable {
-    /// The user's key, hashed once.
+    /// The user's lane: the user's key and its seeded hash.
     let user: UserLane
+    /// The request's key in the journal (``RequestMemory/Key``).
     let requestKey: RequestMemory.Key
 
     var userKey: String { user.key }
@@ -46,7 +47,7 @@ struct RequestMemory: Sendable {
         }
 
         /// Without a third `Hasher`: `low` is already a seeded hash of the key.
-        func _rawHashValue(seed: Int) -> Int { Int(bitPattern: UInt(low)) ^ seed }
+        func _rawHashValue(seed: Int) -> Int { mixedHash(low ^ UInt64(bitPattern: Int64(seed))) }
     }
 
     /// A settled request: 48 bytes.

@@ -141,7 +141,7 @@ struct UserLane: Hashable, Sendable {
 
     /// Without a second `Hasher`: `hashCode` is already the key's seeded hash (a client chooses user
     /// ids, so a user key is never hashed by a fixed function).
-    func _rawHashValue(seed: Int) -> Int { hashCode ^ seed }
+    func _rawHashValue(seed: Int) -> Int { mixedHash(UInt64(bitPattern: Int64(hashCode ^ seed))) }
 
     static func == (lhs: UserLane, rhs: UserLane) -> Bool {
         lhs.hashCode == rhs.hashCode && lhs.key == rhs.key

@@ -31,10 +31,10 @@ final class WorkItem {
     let ref: RecordRef
     let request: PurchaseRequestEvent
     let message: KafkaMessage
-    /// One lane per user.
-    let lane: UserLane
-    /// The user's key (the lane's) and the request's key in the journal.
+    /// The user's lane and the request's key in the journal.
     let identity: JournalIdentity
+    /// One lane per user.
+    var lane: UserLane { identity.user }
     /// The attempt number of the first call this process makes: 1, or one past the attempts of
     /// the intent an earlier process recorded (a recovery).
     var firstAttempt = 1
@@ -68,8 +68,8 @@ final class WorkItem {
         self.ref = ref
         self.request = request
         self.message = message
-        self.lane = UserLane(appID: request.appID, appUserID: request.appUserID)
-        self.identity = JournalIdentity(user: lane, requestID: request.requestID)
+        self.identity = JournalIdentity(
+            user: UserLane(appID: request.appID, appUserID: request.appUserID), requestID: request.requestID)
         self.digest = request.contentDigest
     }
 }

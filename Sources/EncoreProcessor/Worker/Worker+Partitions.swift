@@ -63,17 +63,12 @@ extension Worker {
         }
     }
 
-    /// The input partition of a topic's partition; `nil` for a topic the processor does not read.
-    func inputPartition(_ topic: String, _ number: Int32) -> InputPartition? {
-        InputPartition.of(topic, number, in: configuration)
-    }
-
     mutating func pause(_ inputs: some Collection<InputPartition>) {
         emit(.pause(inputs.sorted().map { KafkaTopicPartition(topic: topicName($0.topic), partition: $0.number) }))
     }
 
     mutating func assign(_ assignment: [KafkaTopicPartition]) {
-        let partitions = assignment.compactMap { inputPartition($0.topic, $0.partition) }
+        let partitions = assignment.compactMap { InputPartition.of($0.topic, $0.partition, in: configuration) }
         // A partition still owned keeps its generation and what it has received.
         for partition in partitions where ownership.generations[partition] == nil { tracker.remove(partition) }
         ownership.assign(partitions)
@@ -83,7 +78,9 @@ extension Worker {
     mutating func revoke(_ partitions: [KafkaTopicPartition], _ handOver: @escaping PartitionHandOver) {
         let leaving = Set(
             ownership.revoke(
-                partitions.compactMap { inputPartition($0.topic, $0.partition) }, handOver: handOver, now: now,
+                partitions.compactMap { InputPartition.of($0.topic, $0.partition, in: configuration) },
+                handOver: handOver,
+                now: now,
                 timeout: configuration.drainTimeout))
         // Work not started stays unprocessed: the next owner reads it again.
         let dropped = scheduler.removeWaiting { leaving.contains($0.ref.partition) }

@@ -241,7 +241,7 @@ struct Worker {
     mutating func receive(_ message: KafkaMessage, _ payload: IncomingRecord.Payload) {
         // After a revoke or during shutdown, records are left for the next owner (offsets not stored).
         // A record handed out again (around a pause and resume) is already being handled.
-        // (Not through `inputPartition`: a method of `self` here copied the whole worker.)
+        // (Not through a method of `self`: that copied the whole worker here.)
         guard let partition = InputPartition.of(message.topic, message.partition, in: configuration),
             let generation = ownership.generation(forNewRecordOf: partition),
             !tracker.hasReceived(partition, offset: message.offset)
