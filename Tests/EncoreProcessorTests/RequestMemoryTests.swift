@@ -18,9 +18,11 @@ struct RequestMemoryTests {
         return expected
     }
 
-    @Test("20,000 requests of 300 users, cap 3: exactly each user's last 3 are remembered, as journaled")
-    func matchesModel() {
-        var memory = RequestMemory(cap: 3)
+    @Test(
+        "20,000 requests of 300 users, cap 3: exactly each user's last 3 are remembered, as journaled (the table in one chunk, and in chunks of 7 entries, which moves entries across chunks)",
+        arguments: [ChunkedArray<RequestMemory.Settled>.defaultChunkCapacity, 7])
+    func matchesModel(chunkCapacity: Int) {
+        var memory = RequestMemory(cap: 3, chunkCapacity: chunkCapacity)
         var random = SplitMix64(seed: 29)
         // Per user, the settled entries in journal order; every request id ever issued.
         var model: [String: [Entry]] = [:]

@@ -89,7 +89,7 @@ struct RequestMemory: Sendable {
     }
 
     let cap: Int
-    private var settled: [Settled] = []
+    private var settled: ChunkedArray<Settled>
     /// Open addressing, linear probing: positions in `settled`, -1 empty; at most half full.
     private var index: [Int32] = Array(repeating: -1, count: 16)
     private var details: [Key: Detail] = [:]
@@ -97,9 +97,11 @@ struct RequestMemory: Sendable {
     private var userIDs: [UserLane: Int32] = [:]
     private var freeUsers: [Int32] = []
 
-    init(cap: Int) {
+    /// `chunkCapacity`: settled entries per chunk of the table (tests make it small).
+    init(cap: Int, chunkCapacity: Int = ChunkedArray<Settled>.defaultChunkCapacity) {
         precondition((1...4096).contains(cap), "the per-user cap is 1 to 4,096")
         self.cap = cap
+        settled = ChunkedArray(chunkCapacity: chunkCapacity)
     }
 
     /// Requests remembered (settled and whole).
