@@ -49,3 +49,4 @@ deploy-check: deps
 	python3 scripts/check_compose_commands.py .build/debug/encore-processor docker-compose.yml
 	scripts/check_k8s.sh .build/debug/encore-processor
 	scripts/check_monitoring.sh .build/debug/encore-processor
+	python3 scripts/check_allocator.py .build/debug/encore-processor

@@ -19,7 +19,7 @@ enum BenchCommand {
                 "workers", value: "N",
                 "Dispatch loops of the processor (partitions split among them). Default: as run's (the cores available)."
             ),
-            .option("buffer-size", value: "N", default: "10000", "Records held before the consumer stops reading."),
+            .option("buffer-size", value: "N", default: "5000", "Records held before the consumer stops reading."),
             .option("users", value: "N", default: "10000", "Distinct users."),
             .option(
                 "dedupe-per-user", value: "N", default: "\(JournalPolicy().perUserCap)",
@@ -135,6 +135,12 @@ enum BenchCommand {
                     format: "%d requests remembered, %.1f bytes each", report.rememberedRequests,
                     report.journalBytesPerRequest)
             ),
+            (
+                "memory",
+                String(
+                    format: "%.1f MB resident, %.1f MB once %@ returned what it holds freed",
+                    report.residentMegabytes.beforeReturn, report.residentMegabytes.afterReturn, report.allocator)
+            ),
         ]
         if options.flag("json") {
             let json: [String: Any] = [
@@ -145,6 +151,8 @@ enum BenchCommand {
                 "cpu_us_per_request": report.cpuMicrosecondsPerRequest,
                 "remembered_requests": report.rememberedRequests,
                 "journal_bytes_per_request": report.journalBytesPerRequest,
+                "rss_mb": report.residentMegabytes.beforeReturn,
+                "rss_after_memory_return_mb": report.residentMegabytes.afterReturn, "allocator": report.allocator,
             ]
             let data = try JSONSerialization.data(withJSONObject: json, options: [.sortedKeys])
             print(String(decoding: data, as: UTF8.self))

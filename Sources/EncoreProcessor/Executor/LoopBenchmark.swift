@@ -28,6 +28,11 @@ public enum LoopBenchmark {
         /// Requests the journal remembers at the end, and about how many bytes each takes.
         public let rememberedRequests: Int
         public let journalBytesPerRequest: Double
+        /// Resident memory at the end, before and after the allocator handed back what it holds
+        /// freed (as the processor does every 10 s), and which allocator answered: "jemalloc",
+        /// "glibc" or "none".
+        public let residentMegabytes: (beforeReturn: Double, afterReturn: Double)
+        public let allocator: String
 
         public var cpuMicrosecondsPerRequest: Double { cpuSeconds / Double(max(1, processed)) * 1e6 }
         public var throughput: Double { Double(processed) / max(elapsedSeconds, 1e-9) }
@@ -103,10 +108,15 @@ public enum LoopBenchmark {
         ticker.cancel()
         producer.stop()
         let statistics = recorder.snapshot
+        let residentBefore = Double(ProcessResources.current().residentBytes) / 1e6
+        let returned = ProcessResources.returnFreedMemory()
+        let residentAfter = Double(ProcessResources.current().residentBytes) / 1e6
         return Report(
             processed: statistics.finished, outcomes: statistics.outcomes.values.reduce(0, +), cpuSeconds: cpu,
             elapsedSeconds: Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18,
-            rememberedRequests: journal.requests, journalBytesPerRequest: journal.bytesPerRequest)
+            rememberedRequests: journal.requests, journalBytesPerRequest: journal.bytesPerRequest,
+            residentMegabytes: (residentBefore, residentAfter),
+            allocator: returned == .jemallocPurged ? "jemalloc" : returned == .glibcTrimmed ? "glibc" : "none")
     }
 
     static func processCPUSeconds() -> Double {

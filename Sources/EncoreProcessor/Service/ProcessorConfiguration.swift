@@ -50,7 +50,7 @@ public struct ProcessorConfiguration: Sendable {
     public var maxInFlight = 256
     /// Records held between the consumer and the broker's acknowledgement of their outputs;
     /// reaching it, the consumer stops handing out records (see `KafkaAdmission`).
-    public var bufferCapacity = 10_000
+    public var bufferCapacity = 5_000
     /// A controller call longer than this is cancelled; once it has returned, it is tried again as a
     /// recovery call (its effect is unknown) while attempts remain, then the request is in doubt
     /// (unless it returned an answer after all): `pending`, reconciled by ``reconciliation``.
