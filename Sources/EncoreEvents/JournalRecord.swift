@@ -22,11 +22,21 @@ public struct JournalRecord: EncoreEvent, Hashable {
     /// A state record's key (`{app_id}:{app_user_id}`) never starts with `:` (an `app_id` is never
     /// empty and holds no `:`), so the two kinds never share a key.
     public func key(slotCount: Int) -> [UInt8] {
-        let slot = String(seq % Int64(max(1, slotCount)))
+        let slot = seq % Int64(max(1, slotCount))
         var key: [UInt8] = []
-        key.reserveCapacity(3 + slot.utf8.count + appID.utf8.count + appUserID.utf8.count)
+        key.reserveCapacity(3 + 20 + appID.utf8.count + appUserID.utf8.count)
         key.append(UInt8(ascii: ":"))
-        key.append(contentsOf: slot.utf8)
+        if slot >= 0 {
+            // The digits straight into the key, no String for them.
+            var divisor: Int64 = 1
+            while divisor <= slot / 10 { divisor *= 10 }
+            while divisor > 0 {
+                key.append(UInt8(ascii: "0") + UInt8(slot / divisor % 10))
+                divisor /= 10
+            }
+        } else {
+            key.append(contentsOf: String(slot).utf8)
+        }
         key.append(UInt8(ascii: ":"))
         key.append(contentsOf: appID.utf8)
         key.append(UInt8(ascii: ":"))

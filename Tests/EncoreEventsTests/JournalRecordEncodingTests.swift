@@ -52,4 +52,17 @@ struct JournalRecordEncodingTests {
             #expect(try JournalRecord(jsonBytes: bytes) == written, "record \(step)")
         }
     }
+
+    @Test("a record's changelog key is ':{journal_seq % slots}:{app_id}:{app_user_id}' for every slot number's length")
+    func keys() {
+        for (seq, slots) in [
+            (0, 1), (9, 100), (10, 100), (99, 100), (100, 101), (12_345, 4096), (4095, 4096),
+            (Int64.max, 1_000_000_007),
+        ] {
+            let record = JournalRecord(
+                appID: "app", appUserID: "u:1", seq: Int64(seq),
+                entry: EntitlementStateRecord.RequestEntry(requestID: "r", attempts: 1, startedAtMs: 0))
+            #expect(record.key(slotCount: slots) == Array(":\(Int64(seq) % Int64(slots)):app:u:1".utf8), "seq \(seq)")
+        }
+    }
 }
