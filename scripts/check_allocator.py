@@ -13,6 +13,11 @@ import subprocess
 import sys
 
 
+def require(condition, message):
+    if not condition:
+        sys.exit(f"allocator check: {message}")
+
+
 def run(binary, preload):
     env = dict(os.environ)
     env.pop("LD_PRELOAD", None)
@@ -26,12 +31,13 @@ def run(binary, preload):
 def main():
     binary = sys.argv[1]
     plain = run(binary, None)
-    assert plain["allocator"] == "glibc", f"without a preload the memory return should reach glibc: {plain}"
+    require(plain["allocator"] == "glibc", f"without a preload the memory return should reach glibc: {plain}")
     jemalloc = sorted(glob.glob("/usr/lib/*-linux-gnu/libjemalloc.so.2"))
     if not jemalloc:
-        sys.exit("libjemalloc2 is not installed (scripts/install-deps.sh installs it)")
+        sys.exit("allocator check: libjemalloc2 is not installed (scripts/install-deps.sh installs it)")
     preloaded = run(binary, jemalloc[0])
-    assert preloaded["allocator"] == "jemalloc", f"under jemalloc the memory return should purge its arenas: {preloaded}"
+    require(preloaded["allocator"] == "jemalloc",
+            f"under jemalloc the memory return should purge its arenas: {preloaded}")
     print(f"allocator: freed memory returned under glibc ({plain['rss_mb']:.1f} -> "
           f"{plain['rss_after_memory_return_mb']:.1f} MB) and jemalloc ({preloaded['rss_mb']:.1f} -> "
           f"{preloaded['rss_after_memory_return_mb']:.1f} MB)")

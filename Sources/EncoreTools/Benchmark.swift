@@ -16,7 +16,7 @@ public enum Benchmark {
         public var controllerLatency: Duration = .zero
         public var maxInFlight = 256
         public var workers = 1
-        public var bufferCapacity = 5_000
+        public var bufferCapacity = ProcessorConfiguration.defaultBufferCapacity
         public var users = 10_000
         /// Most requests one user's journal holds (`--dedupe-per-user`).
         public var journalPerUserCap = JournalPolicy().perUserCap

@@ -19,7 +19,9 @@ enum BenchCommand {
                 "workers", value: "N",
                 "Dispatch loops of the processor (partitions split among them). Default: as run's (the cores available)."
             ),
-            .option("buffer-size", value: "N", default: "5000", "Records held before the consumer stops reading."),
+            .option(
+                "buffer-size", value: "N", default: "\(ProcessorConfiguration.defaultBufferCapacity)",
+                "Records held before the consumer stops reading."),
             .option("users", value: "N", default: "10000", "Distinct users."),
             .option(
                 "dedupe-per-user", value: "N", default: "\(JournalPolicy().perUserCap)",

@@ -120,7 +120,7 @@ enum RunCommand {
             "Dispatch loops in this process; the consumer's partitions are split among them (a user stays on one). Default: the cores available, at most --max-in-flight."
         ),
         .option(
-            "buffer-size", value: "N", default: "5000",
+            "buffer-size", value: "N", default: "\(ProcessorConfiguration.defaultBufferCapacity)",
             "Records held (read, not yet done) before the consumer stops reading."),
         .option(
             "call-timeout-ms", value: "MS", default: "30000",

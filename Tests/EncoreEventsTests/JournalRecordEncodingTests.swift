@@ -34,7 +34,8 @@ struct JournalRecordEncodingTests {
                     message: messages[Int(random.next() % 3)], retryable: Bool.random(using: &random)))
             let entry = EntitlementStateRecord.RequestEntry(
                 requestID: "req-\(step)-\u{1F600}", attempts: Int(random.next() % 5),
-                startedAtMs: Int64(random.next() % 2_000_000_000_000), result: maybe(OutcomeResult.allCases[step % 4]),
+                startedAtMs: Int64(random.next() % 2_000_000_000_000),
+                result: maybe(OutcomeResult.allCases[step % OutcomeResult.allCases.count]),
                 completedAtMs: maybe(Int64(step) * 1_000 + 7), error: error, controller: maybe("stripe"),
                 offset: maybe(Int64(random.next() % 1_000_000)), inDoubtSinceMs: maybe(Int64(step) * 3),
                 digest: maybe(String(format: "%016llx", random.next())))
@@ -53,16 +54,34 @@ struct JournalRecordEncodingTests {
         }
     }
 
-    @Test("a record's changelog key is ':{journal_seq % slots}:{app_id}:{app_user_id}' for every slot number's length")
+    @Test("a record with every field set writes every field its table (and schema) names")
+    func everyField() {
+        let record = JournalRecord(
+            appID: "app", appUserID: "u", seq: 3,
+            entry: EntitlementStateRecord.RequestEntry(
+                requestID: "r", attempts: 2, startedAtMs: 1, result: .notAttempted, completedAtMs: 2,
+                error: PurchaseOutcomeEvent.Failure(type: "t", message: "m", retryable: false), controller: "c",
+                offset: 4, inDoubtSinceMs: 5, digest: "00242ac242a9de95"))
+        let written = String(decoding: record.jsonBytes(), as: UTF8.self)
+        for field in JournalRecord.table.schema {
+            #expect(written.contains("\"\(field.name)\":"), "\(field.name) in \(written)")
+        }
+        #expect(written.contains("\"result\":\"not_attempted\""))
+    }
+
+    @Test("a record's changelog key is ':{journal_seq % slots}:{app_id}:{app_user_id}', slots of 1 to 19 digits")
     func keys() {
-        for (seq, slots) in [
-            (0, 1), (9, 100), (10, 100), (99, 100), (100, 101), (12_345, 4096), (4095, 4096),
-            (Int64.max, 1_000_000_007),
-        ] {
+        var cases: [(seq: Int64, slots: Int)] = [(0, 1), (7, 1), (Int64.max - 1, Int.max), (Int64.max, Int.max)]
+        var power: Int64 = 1
+        for _ in 0...18 {
+            cases += [(power - 1, Int.max), (power, Int.max), (power * 3 + 1, 4096)]
+            if power <= Int64.max / 10 { power *= 10 }
+        }
+        for (seq, slots) in cases {
             let record = JournalRecord(
-                appID: "app", appUserID: "u:1", seq: Int64(seq),
+                appID: "app", appUserID: "u:1", seq: seq,
                 entry: EntitlementStateRecord.RequestEntry(requestID: "r", attempts: 1, startedAtMs: 0))
-            #expect(record.key(slotCount: slots) == Array(":\(Int64(seq) % Int64(slots)):app:u:1".utf8), "seq \(seq)")
+            #expect(record.key(slotCount: slots) == Array(":\(seq % Int64(slots)):app:u:1".utf8), "seq \(seq)")
         }
     }
 }

@@ -93,32 +93,37 @@ public struct JSONWriter: Sendable {
 
     public mutating func integer(_ value: Int64) {
         separate()
-        if value == 0 {
-            bytes.append(UInt8(ascii: "0"))
-        } else {
-            var magnitude = value.magnitude
-            var digits:
-                (
-                    UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
-                    UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8
-                ) =
-                    (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-            // Written from the end of the buffer backwards, then appended in one copy.
-            var start = 20
-            withUnsafeMutableBytes(of: &digits) { buffer in
-                while magnitude > 0 {
-                    start -= 1
-                    buffer[start] = UInt8(ascii: "0") + UInt8(magnitude % 10)
-                    magnitude /= 10
-                }
-                if value < 0 {
-                    start -= 1
-                    buffer[start] = UInt8(ascii: "-")
-                }
-                bytes.append(contentsOf: UnsafeRawBufferPointer(rebasing: buffer[start...]))
-            }
-        }
+        Self.appendDecimal(value, to: &bytes)
         needsComma = true
+    }
+
+    /// Appends `value`'s decimal digits (and sign) to `bytes`, with no String between.
+    static func appendDecimal(_ value: Int64, to bytes: inout [UInt8]) {
+        guard value != 0 else {
+            bytes.append(UInt8(ascii: "0"))
+            return
+        }
+        var magnitude = value.magnitude
+        var digits:
+            (
+                UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
+                UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8
+            ) =
+                (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        // Written from the end of the buffer backwards, then appended in one copy.
+        var start = 20
+        withUnsafeMutableBytes(of: &digits) { buffer in
+            while magnitude > 0 {
+                start -= 1
+                buffer[start] = UInt8(ascii: "0") + UInt8(magnitude % 10)
+                magnitude /= 10
+            }
+            if value < 0 {
+                start -= 1
+                buffer[start] = UInt8(ascii: "-")
+            }
+            bytes.append(contentsOf: UnsafeRawBufferPointer(rebasing: buffer[start...]))
+        }
     }
 
     public mutating func number(_ value: Double) {

@@ -29,9 +29,9 @@ public enum LoopBenchmark {
         public let rememberedRequests: Int
         public let journalBytesPerRequest: Double
         /// Resident memory at the end, before and after the allocator handed back what it holds
-        /// freed (as the processor does every 10 s), and which allocator answered: "jemalloc",
-        /// "glibc" or "none".
+        /// freed (as the processor does every 10 s).
         public let residentMegabytes: (beforeReturn: Double, afterReturn: Double)
+        /// The allocator that answered that return: "jemalloc", "glibc" or "none".
         public let allocator: String
 
         public var cpuMicrosecondsPerRequest: Double { cpuSeconds / Double(max(1, processed)) * 1e6 }
@@ -116,7 +116,7 @@ public enum LoopBenchmark {
             elapsedSeconds: Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18,
             rememberedRequests: journal.requests, journalBytesPerRequest: journal.bytesPerRequest,
             residentMegabytes: (residentBefore, residentAfter),
-            allocator: returned == .jemallocPurged ? "jemalloc" : returned == .glibcTrimmed ? "glibc" : "none")
+            allocator: returned.description)
     }
 
     static func processCPUSeconds() -> Double {

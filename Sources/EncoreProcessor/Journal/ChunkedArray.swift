@@ -38,13 +38,19 @@ struct ChunkedArray<Element>: RandomAccessCollection, MutableCollection {
         }
     }
 
+    /// Chunks allocated, used or not.
+    var chunkCount: Int { chunks.count }
+
     mutating func append(_ element: Element) {
         let chunk = count / chunkCapacity
         if chunk == chunks.count {
             var fresh: [Element] = []
-            // (The first chunk grows by doubling; the next ones are one allocation each.)
+            // (The first chunk grows as an array does; the next ones are one allocation each.)
             if chunk > 0 { fresh.reserveCapacity(chunkCapacity) }
             chunks.append(fresh)
+        } else if chunk == 0, chunks[0].count == chunks[0].capacity {
+            // Doubling, but never past a chunk: the first chunk ends at the same size as the others.
+            chunks[0].reserveCapacity(Swift.min(chunkCapacity, Swift.max(16, chunks[0].capacity * 2)))
         }
         chunks[chunk].append(element)
         count += 1
@@ -52,10 +58,10 @@ struct ChunkedArray<Element>: RandomAccessCollection, MutableCollection {
 
     mutating func removeLast() {
         precondition(count > 0, "removeLast on an empty ChunkedArray")
-        let chunk = (count - 1) / chunkCapacity
-        chunks[chunk].removeLast()
+        chunks[(count - 1) / chunkCapacity].removeLast()
         count -= 1
-        if chunks.count > chunk + 2 { chunks.removeLast() }
+        // One emptied chunk past those in use stays for reuse; a second one goes.
+        if chunks.count > (count + chunkCapacity - 1) / chunkCapacity + 1 { chunks.removeLast() }
     }
 }
 

@@ -19,7 +19,7 @@ struct JournalIdentity: Sendable {
 /// One partition's remembered requests (journal v2): what deduplicates a re-sent request, finds a
 /// request an earlier process left open, and rebuilds a failure the processor decided.
 ///
-/// Settled requests live in one flat table of fixed 48-byte entries (a 128-bit key, the content
+/// Settled requests live in a flat table of fixed 48-byte entries (in chunks, ``ChunkedArray``) (a 128-bit key, the content
 /// digest, the record's offset, the time, the attempts and result), found through an index of
 /// 32-bit positions: no string or JSON per entry. The few requests that need more (an open intent,
 /// a request in doubt, a decided failure with its error) are kept whole beside it.

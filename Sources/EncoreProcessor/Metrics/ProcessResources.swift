@@ -12,56 +12,60 @@ struct ProcessResources: Sendable {
     var startTimeSeconds: Double
     var openDescriptors: Int
 
-    /// Hands the memory the allocator holds freed back to the system: under jemalloc (the Docker
-    /// image's allocator, `LD_PRELOAD`) its arenas' unused dirty pages are purged, else glibc's
-    /// `malloc_trim` runs. With a thread's arena per busy thread, freed blocks otherwise stay
-    /// resident: a heap profile of a 2,000,000-user instance answering requests found 145 MB live
-    /// at its peak and 305 MB resident. (glibc's `malloc_trim` finds nothing to return under
-    /// jemalloc, which returns pages only by its own 10-s decay.) Which of the two it did.
+    /// Hands what the allocator holds freed back to the system: jemalloc's arenas are purged when
+    /// jemalloc is the allocator (the Docker image preloads it), else glibc's `malloc_trim` runs,
+    /// which would find nothing under jemalloc. Blocks while pages are returned.
     @discardableResult
-    static func returnFreedMemory(_ allocator: Allocator = .process) -> FreedMemoryReturn {
-        if let mallctl = allocator.jemallocControl {
+    static func returnFreedMemory() -> FreedMemoryReturn {
+        if let mallctl = jemallocControl {
             // MALLCTL_ARENAS_ALL (4096): every arena.
-            return "arena.4096.purge".withCString { mallctl($0, nil, nil, nil, 0) } == 0 ? .jemallocPurged : .failed
+            let code = "arena.4096.purge".withCString { mallctl($0, nil, nil, nil, 0) }
+            return code == 0 ? .jemallocPurged : .failed(code)
         }
-        if let trim = allocator.mallocTrim {
-            _ = trim(0)
-            return .glibcTrimmed
-        }
-        return .failed
+        guard let trim = mallocTrim else { return .unavailable }
+        _ = trim(0)
+        return .glibcTrimmed
     }
 
-    enum FreedMemoryReturn: Equatable {
-        case jemallocPurged, glibcTrimmed, failed
-    }
+    enum FreedMemoryReturn: Equatable, CustomStringConvertible {
+        case jemallocPurged, glibcTrimmed
+        /// Neither allocator's control was found.
+        case unavailable
+        /// jemalloc's `mallctl` answered this error code.
+        case failed(Int32)
 
-    /// The allocator's controls: jemalloc's `mallctl` when jemalloc is the allocator, else glibc's
-    /// `malloc_trim` (neither is in Swift's Glibc module).
-    struct Allocator: Sendable {
-        typealias Mallctl =
-            @convention(c) (
-                UnsafePointer<CChar>?, UnsafeMutableRawPointer?, UnsafeMutablePointer<Int>?, UnsafeMutableRawPointer?,
-                Int
-            ) -> Int32
-        let jemallocControl: Mallctl?
-        let mallocTrim: (@convention(c) (Int) -> Int32)?
-
-        /// The process's own allocator, looked up once.
-        static let process = Allocator(symbolsOf: nil)
-
-        /// The controls among the symbols of a `dlopen` handle (`nil`: RTLD_DEFAULT, the process's own).
-        init(symbolsOf handle: UnsafeMutableRawPointer?) {
-            #if canImport(Glibc)
-                jemallocControl = dlsym(handle, "mallctl").map { unsafeBitCast($0, to: Mallctl.self) }
-                mallocTrim = dlsym(handle, "malloc_trim").map {
-                    unsafeBitCast($0, to: (@convention(c) (Int) -> Int32).self)
-                }
-            #else
-                jemallocControl = nil
-                mallocTrim = nil
-            #endif
+        var description: String {
+            switch self {
+            case .jemallocPurged: "jemalloc"
+            case .glibcTrimmed: "glibc"
+            case .unavailable: "none"
+            case .failed(let code): "jemalloc (purge failed: \(code))"
+            }
         }
     }
+
+    private typealias Mallctl =
+        @convention(c) (
+            UnsafePointer<CChar>?, UnsafeMutableRawPointer?, UnsafeMutablePointer<Int>?, UnsafeMutableRawPointer?, Int
+        ) -> Int32
+
+    // Neither is in Swift's Glibc module: looked up once among the process's symbols (a null
+    // handle is RTLD_DEFAULT).
+    private static let jemallocControl: Mallctl? = {
+        #if canImport(Glibc)
+            dlsym(nil, "mallctl").map { unsafeBitCast($0, to: Mallctl.self) }
+        #else
+            nil
+        #endif
+    }()
+
+    private static let mallocTrim: (@convention(c) (Int) -> Int32)? = {
+        #if canImport(Glibc)
+            dlsym(nil, "malloc_trim").map { unsafeBitCast($0, to: (@convention(c) (Int) -> Int32).self) }
+        #else
+            nil
+        #endif
+    }()
 
     /// Now; zeros where `/proc` cannot be read.
     static func current() -> ProcessResources {

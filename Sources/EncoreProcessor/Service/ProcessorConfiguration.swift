@@ -50,7 +50,10 @@ public struct ProcessorConfiguration: Sendable {
     public var maxInFlight = 256
     /// Records held between the consumer and the broker's acknowledgement of their outputs;
     /// reaching it, the consumer stops handing out records (see `KafkaAdmission`).
-    public var bufferCapacity = 5_000
+    public var bufferCapacity = defaultBufferCapacity
+    /// 5,000: at the 1,000,000 backlog on Tansu, 172 to 175 MB peak instead of 191 with 10,000, at
+    /// the same rate (0 ms, and 20 ms with 1,000 calls in flight).
+    public static let defaultBufferCapacity = 5_000
     /// A controller call longer than this is cancelled; once it has returned, it is tried again as a
     /// recovery call (its effect is unknown) while attempts remain, then the request is in doubt
     /// (unless it returned an answer after all): `pending`, reconciled by ``reconciliation``.

@@ -129,8 +129,11 @@ public final class PurchaseProcessor: Sendable {
                 try? await Task.sleep(for: .milliseconds(20))
                 for inbox in inboxes { inbox.post(.tick) }
                 ticks += 1
-                // Every 10 s: what the allocator holds freed goes back to the system.
-                if ticks % 500 == 0 { ProcessResources.returnFreedMemory() }
+                // Every 10 s: what the allocator holds freed goes back to the system (off the
+                // cooperative pool: returning pages blocks).
+                if ticks % 500 == 0 {
+                    DispatchQueue.global(qos: .utility).async { ProcessResources.returnFreedMemory() }
+                }
             }
         }
         let router = self.router
