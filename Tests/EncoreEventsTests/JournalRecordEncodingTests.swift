@@ -6,23 +6,11 @@ import Testing
 /// fast path and the schema agreement read: the same bytes for every shape a record takes.
 @Suite("Journal record encoding")
 struct JournalRecordEncodingTests {
-    /// A seeded generator: a failing record can be made again.
-    struct SplitMix64: RandomNumberGenerator {
-        var state: UInt64
-        mutating func next() -> UInt64 {
-            state &+= 0x9e37_79b9_7f4a_7c15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xbf58_476d_1ce4_e5b9
-            z = (z ^ (z >> 27)) &* 0x94d0_49bb_1331_11eb
-            return z ^ (z >> 31)
-        }
-    }
-
     @Test(
         "2,000 records, each optional field present or absent, errors with escapes and past their limits: the table's bytes, and they decode back"
     )
     func sameBytesAsTheTable() throws {
-        var random = SplitMix64(state: 41)
+        var random = RequestJournalEncodingTests.SplitMix64(state: 41)
         func maybe<T>(_ value: T) -> T? { Bool.random(using: &random) ? value : nil }
         let messages = [
             "card declined", "quote \" and backslash \\ and\nnewline\t", String(repeating: "é", count: 1500),

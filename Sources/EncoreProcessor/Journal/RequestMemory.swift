@@ -19,10 +19,11 @@ struct JournalIdentity: Sendable {
 /// One partition's remembered requests (journal v2): what deduplicates a re-sent request, finds a
 /// request an earlier process left open, and rebuilds a failure the processor decided.
 ///
-/// Settled requests live in a flat table of fixed 48-byte entries (in chunks, ``ChunkedArray``) (a 128-bit key, the content
-/// digest, the record's offset, the time, the attempts and result), found through an index of
-/// 32-bit positions: no string or JSON per entry. The few requests that need more (an open intent,
-/// a request in doubt, a decided failure with its error) are kept whole beside it.
+/// Settled requests live in a flat table (kept in chunks, ``ChunkedArray``) of fixed 48-byte
+/// entries (a 128-bit key, the content digest, the record's offset, the time, the attempts and
+/// result), found through an index of 32-bit positions: no string or JSON per entry. The few
+/// requests that need more (an open intent, a request in doubt, a decided failure with its error)
+/// are kept whole beside it.
 ///
 /// Each user has a journal counter (`seq`); a request's records go to the user's slot `seq % cap`,
 /// so a new request replaces the one `cap` requests older, here as on the changelog. A request in
