@@ -141,7 +141,7 @@ enum BenchCommand {
                 "memory",
                 String(
                     format: "%.1f MB resident, %.1f MB once %@ returned what it holds freed",
-                    report.residentMegabytes.beforeReturn, report.residentMegabytes.afterReturn, report.allocator)
+                    report.residentMegabytes, report.residentMegabytesAfterReturn, report.allocator)
             ),
         ]
         if options.flag("json") {
@@ -153,8 +153,8 @@ enum BenchCommand {
                 "cpu_us_per_request": report.cpuMicrosecondsPerRequest,
                 "remembered_requests": report.rememberedRequests,
                 "journal_bytes_per_request": report.journalBytesPerRequest,
-                "rss_mb": report.residentMegabytes.beforeReturn,
-                "rss_after_memory_return_mb": report.residentMegabytes.afterReturn, "allocator": report.allocator,
+                "rss_mb": report.residentMegabytes, "rss_after_memory_return_mb": report.residentMegabytesAfterReturn,
+                "allocator": report.allocator,
             ]
             let data = try JSONSerialization.data(withJSONObject: json, options: [.sortedKeys])
             print(String(decoding: data, as: UTF8.self))

@@ -28,9 +28,10 @@ public enum LoopBenchmark {
         /// Requests the journal remembers at the end, and about how many bytes each takes.
         public let rememberedRequests: Int
         public let journalBytesPerRequest: Double
-        /// Resident memory at the end, before and after the allocator handed back what it holds
-        /// freed (as the processor does every 10 s).
-        public let residentMegabytes: (beforeReturn: Double, afterReturn: Double)
+        /// Resident memory at the end, and once the allocator handed back what it holds freed (as
+        /// the processor does every 10 s).
+        public let residentMegabytes: Double
+        public let residentMegabytesAfterReturn: Double
         /// The allocator that answered that return: "jemalloc", "glibc" or "none".
         public let allocator: String
 
@@ -115,7 +116,7 @@ public enum LoopBenchmark {
             processed: statistics.finished, outcomes: statistics.outcomes.values.reduce(0, +), cpuSeconds: cpu,
             elapsedSeconds: Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18,
             rememberedRequests: journal.requests, journalBytesPerRequest: journal.bytesPerRequest,
-            residentMegabytes: (residentBefore, residentAfter),
+            residentMegabytes: residentBefore, residentMegabytesAfterReturn: residentAfter,
             allocator: returned.description)
     }
 
