@@ -45,7 +45,9 @@ import socket
 s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
 # Controller errors and dead letters need traffic that makes them: mixed environments (the
-# simulated store refuses PRODUCTION), invalid records, and some error answers.
+# simulated store refuses PRODUCTION), invalid records, and some error answers. The log exists
+# before the processor starts: the loop below may read it before the background shell opens it.
+: > "$tmp/processor.log"
 "$binary" run --embedded-broker --controller simulated --http-listen "127.0.0.1:0" \
   --state-dir "$tmp/state" --group-id check-monitoring --instance-id check-monitoring \
   --simulated-outcomes purchased=0.8,cancelled=0.1,pending=0.04,retryable-error=0.03,error=0.03 \
