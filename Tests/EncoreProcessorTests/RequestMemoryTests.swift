@@ -10,9 +10,13 @@ import Testing
 struct RequestMemoryTests {
     typealias Entry = EntitlementStateRecord.RequestEntry
     static let t0: Int64 = 1_764_475_643_000
+    /// Offsets from here on are further than 2^37 from the model test's first ones.
+    static let farOffset: Int64 = 1 << 40
 
     /// What a settled entry reads back as: its start is its completion (the table keeps one time).
+    /// One whose offset is too far from the table's first (`farOffset`) is kept whole.
     static func readBack(_ entry: Entry) -> Entry {
+        if let offset = entry.offset, offset >= farOffset { return entry }
         var expected = entry
         expected.startedAtMs = entry.completedAtMs ?? entry.startedAtMs
         return expected
@@ -39,7 +43,9 @@ struct RequestMemoryTests {
             let result = Entry(
                 requestID: id, attempts: Int(random.next() % 5), startedAtMs: started,
                 result: results[Int(random.next() % 4)], completedAtMs: started + 7,
-                offset: random.next() % 3 == 0 ? nil : Int64(step), digest: String(format: "%016llx", step + 1))
+                offset: random.next() % 3 == 0
+                    ? nil : random.next() % 50 == 0 ? Self.farOffset + Int64(step) : Int64(step),
+                digest: String(format: "%016llx", step + 1))
             memory.record(userKey: user, seq: seq, result)
             model[user, default: []].append(result)
             if model[user]!.count > 3 { model[user]!.removeFirst() }
@@ -54,24 +60,35 @@ struct RequestMemoryTests {
             #expect(memory.count == remembered, "\(label)")
         }
         check("after the writes")
-        // Retention: everything completed before the horizon goes, the rest stays in place.
-        let horizon = Self.t0 + 12_000
+        // Retention: everything completed before the horizon goes, the rest stays. With small
+        // chunks, more than a quarter of the table is then free: the last entries move into the
+        // free slots and the tail is let go.
+        let slotsBefore = memory.settledSlots
+        let horizon = Self.t0 + 19_600
         memory.prune(untouchedBefore: horizon)
         for user in model.keys { model[user]!.removeAll { $0.completedAtMs! < horizon } }
         check("after the prune")
-        // The users left continue their counters: a new request replaces their oldest.
-        for user in model.keys where model[user]!.count == 3 {
-            let seq = memory.allocate(user: UserLane(key: user))
-            model[user]!.removeFirst()
-            let entry = Entry(
-                requestID: "new-\(user)", attempts: 1, startedAtMs: Self.t0, result: .purchased,
-                completedAtMs: Self.t0 + 20_000)
-            memory.record(userKey: user, seq: seq, entry)
-            model[user]!.append(entry)
-            issued.append((user, "new-\(user)"))
+        if chunkCapacity == 7 {
+            #expect(memory.settledSlots == memory.settledCount && memory.settledSlots < slotsBefore)
+        } else {
+            #expect(memory.settledSlots == slotsBefore, "a prune freeing less than a chunk keeps its slots")
+        }
+        // Every user goes on (those with all pruned from a new counter): three new requests each,
+        // so each slot of each ring replaces what it held, moved or not.
+        for user in model.keys.sorted() {
+            for round in 0..<3 {
+                let seq = memory.allocate(user: UserLane(key: user))
+                let entry = Entry(
+                    requestID: "new-\(round)-\(user)", attempts: 1, startedAtMs: Self.t0, result: .purchased,
+                    completedAtMs: Self.t0 + 20_000 + Int64(round))
+                memory.record(userKey: user, seq: seq, entry)
+                model[user]!.append(entry)
+                if model[user]!.count > 3 { model[user]!.removeFirst() }
+                issued.append((user, entry.requestID))
+            }
         }
         check("after new requests")
-        #expect(memory.bytesPerRequest > 0 && MemoryLayout<RequestMemory.Settled>.stride == 48)
+        #expect(memory.bytesPerRequest > 0 && MemoryLayout<RequestMemory.Settled>.stride == 36)
         // Users let go (kept in the state store): all of theirs goes, the others' stays in place.
         for (index, user) in model.keys.sorted().enumerated() where index % 3 == 0 {
             memory.forget(userKey: user)
@@ -128,6 +145,52 @@ struct RequestMemoryTests {
             Entry(requestID: "r2", attempts: 1, startedAtMs: Self.t0, result: .purchased, completedAtMs: Self.t0))
         #expect(memory.entry(userKey: "app:u", requestID: "r0") == nil)
         #expect(memory.entry(userKey: "app:u", requestID: "r1") == inDoubt)
+    }
+
+    @Test(
+        "a request recorded again under another slot is let go by its first slot: that slot's next request does not evict it"
+    )
+    func recordedAgainUnderAnotherSlot() {
+        var memory = RequestMemory(cap: 3)
+        let user = UserLane(key: "app:u")
+        func settled(_ id: String) -> Entry {
+            Entry(requestID: id, attempts: 1, startedAtMs: Self.t0, result: .purchased, completedAtMs: Self.t0)
+        }
+        memory.record(userKey: user.key, seq: memory.allocate(user: user), settled("r0"))  // slot 0
+        // Its records read back again, the later one under seq 1 (slot 1): it takes the slot it had.
+        memory.record(userKey: user.key, seq: memory.allocate(user: user), settled("r0"))
+        #expect(memory.settledCount == 1 && memory.settledSlots == 1)
+        memory.record(userKey: user.key, seq: memory.allocate(user: user), settled("r2"))  // slot 2
+        memory.record(userKey: user.key, seq: memory.allocate(user: user), settled("r3"))  // slot 0 again
+        #expect(memory.entry(userKey: user.key, requestID: "r0") == Self.readBack(settled("r0")), "r0 is in slot 1")
+        #expect(memory.settledCount == 3)
+    }
+
+    @Test("a time or offset out of a settled entry's range is kept whole, exactly; a slot freed is taken again")
+    func outOfRange() {
+        var memory = RequestMemory(cap: 2)
+        let user = UserLane(key: "app:u")
+        let first = Entry(
+            requestID: "r0", attempts: 1, startedAtMs: Self.t0, result: .purchased, completedAtMs: Self.t0, offset: 10)
+        let far = Entry(
+            requestID: "r1", attempts: 2, startedAtMs: Self.t0 - 5, result: .cancelled, completedAtMs: Self.t0,
+            offset: 10 + (1 << 37))
+        let late = Entry(
+            requestID: "r2", attempts: 3, startedAtMs: 1 << 42, result: .pending, completedAtMs: 1 << 42, offset: 11)
+        let near = Entry(
+            requestID: "r3", attempts: 4, startedAtMs: Self.t0, result: .purchased, completedAtMs: Self.t0,
+            offset: 10 - (1 << 37) + 1)
+        for entry in [first, far] { memory.record(userKey: user.key, seq: memory.allocate(user: user), entry) }
+        #expect(memory.entry(userKey: user.key, requestID: "r0") == Self.readBack(first))
+        #expect(memory.entry(userKey: user.key, requestID: "r1") == far)
+        // r2 takes r0's slot in the user's ring, and the table's freed slot.
+        memory.record(userKey: user.key, seq: memory.allocate(user: user), late)
+        #expect(memory.entry(userKey: user.key, requestID: "r0") == nil)
+        #expect(memory.entry(userKey: user.key, requestID: "r2") == late)
+        #expect(memory.settledSlots == 2)
+        memory.record(userKey: user.key, seq: memory.allocate(user: user), near)
+        #expect(memory.entry(userKey: user.key, requestID: "r3") == Self.readBack(near), "the nearest offset below")
+        #expect(memory.entry(userKey: user.key, requestID: "r1") == nil && memory.count == 2)
     }
 
     @Test("an open intent is never forgotten for the retention, on restore or prune, and its user's counter goes on")

@@ -19,11 +19,13 @@ struct JournalIdentity: Sendable {
 /// One partition's remembered requests (journal v2): what deduplicates a re-sent request, finds a
 /// request an earlier process left open, and rebuilds a failure the processor decided.
 ///
-/// Settled requests live in a flat table (kept in chunks, ``ChunkedArray``) of fixed 48-byte
+/// Settled requests live in a flat table (kept in chunks, ``ChunkedArray``) of fixed 36-byte
 /// entries (a 128-bit key, the content digest, the record's offset, the time, the attempts and
-/// result), found through an index of 32-bit positions: no string or JSON per entry. The few
-/// requests that need more (an open intent, a request in doubt, a decided failure with its error)
-/// are kept whole beside it.
+/// result), found through an index of 32-bit positions: no string or JSON per entry. An entry
+/// keeps its slot while it lives; a freed slot is taken again, and a prune that frees much of the
+/// table moves the last entries down and lets the tail go. The few requests that need more (an
+/// open intent, a request in doubt, a decided failure with its error, an offset or time out of
+/// the entry's range) are kept whole beside it.
 ///
 /// Each user has a journal counter (`seq`); a request's records go to the user's slot `seq % cap`,
 /// so a new request replaces the one `cap` requests older, here as on the changelog. A request in
@@ -34,6 +36,11 @@ struct RequestMemory: Sendable {
     struct Key: Hashable, Sendable {
         var low: UInt64
         var high: UInt64
+
+        init(low: UInt64, high: UInt64) {
+            self.low = low
+            self.high = high
+        }
 
         init(userKey: String, requestID: String) {
             var first = Hasher()
@@ -51,23 +58,55 @@ struct RequestMemory: Sendable {
         func _rawHashValue(seed: Int) -> Int { mixedHash(low ^ UInt64(bitPattern: Int64(seed))) }
     }
 
-    /// A settled request: 48 bytes.
+    /// A settled request: 36 bytes, as nine 32-bit words (64-bit fields would align it to 8 and
+    /// pad it to 40). Its slot in the table never moves while it lives: a user's ring points at it.
     struct Settled: Sendable {
-        var key: Key
-        /// The content digest's 64 bits (`PurchaseRequestEvent.contentDigest`); 0: none journaled.
-        var digest: UInt64
-        /// The request record's offset; -1: not journaled.
-        var offset: Int64
-        var completedAtMs: Int64
-        /// The user's index in `users`; -1: an entry of an earlier journal version (no slot).
-        var user: Int32
-        /// Where the user's ring points at this entry (`seq % cap`).
-        var ringSlot: UInt16
-        /// Attempts (up to 4,095) in the low 12 bits, the result's index above them.
-        var attemptsAndResult: UInt16
+        private var key0, key1, key2, key3: UInt32
+        private var digest0, digest1: UInt32
+        /// Bits 0–41: the completion time (ms since 1970, up to the year 2109); bits 42–57:
+        /// ``tally``; bits 58–95: ``offsetCode``.
+        private var packed0, packed1, packed2: UInt32
 
-        var result: OutcomeResult { OutcomeResult.allCases[Int(attemptsAndResult >> 12)] }
-        var attempts: Int { Int(attemptsAndResult & 0xfff) }
+        static let timeLimit: Int64 = 1 << 42
+        static let offsetCodeLimit: Int64 = 1 << 38
+        /// The tally of a free slot (no result has the index 15).
+        private static let freeTally: UInt16 = 0xffff
+
+        /// `completedAtMs` is kept within `0..<timeLimit`, `offsetCode` must be below `offsetCodeLimit`.
+        init(key: Key, digest: UInt64, completedAtMs: Int64, tally: UInt16, offsetCode: Int64) {
+            key0 = UInt32(truncatingIfNeeded: key.low)
+            key1 = UInt32(truncatingIfNeeded: key.low >> 32)
+            key2 = UInt32(truncatingIfNeeded: key.high)
+            key3 = UInt32(truncatingIfNeeded: key.high >> 32)
+            digest0 = UInt32(truncatingIfNeeded: digest)
+            digest1 = UInt32(truncatingIfNeeded: digest >> 32)
+            let time = UInt64(min(max(completedAtMs, 0), Self.timeLimit - 1))
+            let code = UInt64(offsetCode)
+            let low = time | UInt64(tally) << 42 | code << 58
+            packed0 = UInt32(truncatingIfNeeded: low)
+            packed1 = UInt32(truncatingIfNeeded: low >> 32)
+            packed2 = UInt32(truncatingIfNeeded: code >> 6)
+        }
+
+        var key: Key { Key(low: UInt64(key1) << 32 | UInt64(key0), high: UInt64(key3) << 32 | UInt64(key2)) }
+        /// The content digest's 64 bits (`PurchaseRequestEvent.contentDigest`); 0: none journaled.
+        var digest: UInt64 { UInt64(digest1) << 32 | UInt64(digest0) }
+        private var low: UInt64 { UInt64(packed1) << 32 | UInt64(packed0) }
+        var completedAtMs: Int64 { Int64(low & UInt64(Self.timeLimit - 1)) }
+        /// Attempts (up to 4,095) in the low 12 bits, the result's index above them.
+        var tally: UInt16 { UInt16(truncatingIfNeeded: low >> 42) }
+        /// The request record's offset, coded by ``RequestMemory`` (0: not journaled).
+        var offsetCode: Int64 { Int64(low >> 58 | UInt64(packed2) << 6) }
+
+        var result: OutcomeResult { OutcomeResult.allCases[Int(tally >> 12)] }
+        var attempts: Int { Int(tally & 0xfff) }
+
+        var isFree: Bool { tally == Self.freeTally }
+        mutating func free() {
+            packed0 = 0
+            packed1 = UInt32(Self.freeTally) << 10
+            packed2 = 0
+        }
     }
 
     /// What is kept whole: open intents, in-doubt requests, decided failures.
@@ -90,13 +129,21 @@ struct RequestMemory: Sendable {
     }
 
     let cap: Int
+    /// Settled entries' slots; a free one (``Settled/isFree``) is listed in `freeSlots` and taken
+    /// again before the table grows.
     private var settled: ChunkedArray<Settled>
+    private var freeSlots: [Int32] = []
     /// Open addressing, linear probing: positions in `settled`, -1 empty; at most half full.
     private var index: [Int32] = Array(repeating: -1, count: 16)
     private var details: [Key: Detail] = [:]
+    /// Details with no result (open intents, requests in doubt).
+    private var openDetails = 0
     private var users: [User] = []
     private var userIDs: [UserLane: Int32] = [:]
     private var freeUsers: [Int32] = []
+    /// Offsets are kept relative to the first one recorded (38 bits: 137 billion records either
+    /// side of it); one further away is kept in a whole entry.
+    private var offsetBase: Int64?
 
     /// `chunkCapacity`: settled entries per chunk of the table (tests make it small).
     init(cap: Int, chunkCapacity: Int = ChunkedArray<Settled>.defaultChunkCapacity) {
@@ -105,16 +152,19 @@ struct RequestMemory: Sendable {
         settled = ChunkedArray(chunkCapacity: chunkCapacity)
     }
 
-    /// Requests remembered (settled and whole).
-    var count: Int { settled.count + details.count }
-    var settledCount: Int { settled.count }
+    /// Requests remembered: settled, and open ones (kept whole only; a whole entry with a result
+    /// has a settled one too).
+    var count: Int { settledCount + openDetails }
+    var settledCount: Int { settled.count - freeSlots.count }
+    /// Slots of the table, in use or free (tests).
+    var settledSlots: Int { settled.count }
 
     /// About how many bytes the table takes per remembered request (entries, index, users).
     var bytesPerRequest: Double {
         guard count > 0 else { return 0 }
         let bytes =
-            settled.capacity * MemoryLayout<Settled>.stride + index.count * 4 + details.count * 256
-            + users.reduce(0) { $0 + 64 + $1.key.utf8.count + $1.ring.capacity * 4 }
+            settled.capacity * MemoryLayout<Settled>.stride + freeSlots.capacity * 4 + index.count * 4
+            + details.count * 256 + users.reduce(0) { $0 + 64 + $1.key.utf8.count + $1.ring.capacity * 4 }
         return Double(bytes) / Double(count)
     }
 
@@ -131,7 +181,7 @@ struct RequestMemory: Sendable {
         let entry = settled[position]
         return .init(
             requestID: requestID, attempts: entry.attempts, startedAtMs: entry.completedAtMs, result: entry.result,
-            completedAtMs: entry.completedAtMs, offset: entry.offset >= 0 ? entry.offset : nil,
+            completedAtMs: entry.completedAtMs, offset: offset(decoding: entry.offsetCode),
             digest: entry.digest == 0 ? nil : Self.hex(entry.digest))
     }
 
@@ -149,6 +199,7 @@ struct RequestMemory: Sendable {
         let slot = Int(seq % Int64(cap))
         if slot < users[Int(user)].ring.count, users[Int(user)].ring[slot] >= 0 {
             remove(at: Int(users[Int(user)].ring[slot]))
+            users[Int(user)].ring[slot] = -1
         }
         return seq
     }
@@ -160,8 +211,21 @@ struct RequestMemory: Sendable {
 
     /// `key` must be the key of the user's key and the entry's request id.
     mutating func record(_ key: Key, user lane: UserLane, seq: Int64?, _ entry: EntitlementStateRecord.RequestEntry) {
-        let needsDetail = entry.result == nil || entry.error != nil || entry.attempts > 0xfff
-        if let position = find(key) { remove(at: position) }
+        if let position = find(key) {
+            remove(at: position)
+            // (Its slot may be another than the new record's: the ring lets go of it.)
+            if let user = userIDs[lane] {
+                for slot in users[Int(user)].ring.indices where users[Int(user)].ring[slot] == Int32(position) {
+                    users[Int(user)].ring[slot] = -1
+                }
+            }
+        }
+        let completedAtMs = entry.completedAtMs ?? entry.startedAtMs
+        var offsetCode: Int64? = 0
+        if let offset = entry.offset { offsetCode = code(offset: offset) }
+        let needsDetail =
+            entry.result == nil || entry.error != nil || entry.attempts > 0xfff || offsetCode == nil
+            || !(0..<Settled.timeLimit).contains(completedAtMs)
         var user: Int32 = -1
         if let seq {
             // (A restored intent moves the counter on too: the next request takes a later slot.)
@@ -173,19 +237,21 @@ struct RequestMemory: Sendable {
         var slot = 0
         if let seq {
             slot = Int(seq % Int64(cap))
-            while users[Int(user)].ring.count <= slot { users[Int(user)].ring.append(-1) }
+            if users[Int(user)].ring.count <= slot {
+                // Doubling, but never past the cap: a full ring is `cap` slots, not the next power of two.
+                let capacity = users[Int(user)].ring.capacity
+                if capacity <= slot { users[Int(user)].ring.reserveCapacity(min(cap, max(slot + 1, capacity * 2))) }
+                while users[Int(user)].ring.count <= slot { users[Int(user)].ring.append(-1) }
+            }
             // (Read back: a later record of the slot replaces an earlier one.)
             let occupant = users[Int(user)].ring[slot]
             if occupant >= 0 { remove(at: Int(occupant)) }
         }
         let resultIndex = UInt16(Self.resultIndex[result] ?? 0)
-        let position = Int32(settled.count)
-        settled.append(
+        let position = insert(
             Settled(
-                key: key, digest: entry.digest.flatMap { UInt64($0, radix: 16) } ?? 0, offset: entry.offset ?? -1,
-                completedAtMs: entry.completedAtMs ?? entry.startedAtMs, user: user, ringSlot: UInt16(slot),
-                attemptsAndResult: resultIndex << 12 | UInt16(min(entry.attempts, 0xfff))))
-        insertIntoIndex(position)
+                key: key, digest: entry.digest.flatMap { UInt64($0, radix: 16) } ?? 0, completedAtMs: completedAtMs,
+                tally: resultIndex << 12 | UInt16(min(entry.attempts, 0xfff)), offsetCode: offsetCode ?? 0))
         if user >= 0 { users[Int(user)].ring[slot] = position }
     }
 
@@ -210,20 +276,28 @@ struct RequestMemory: Sendable {
     @discardableResult
     mutating func prune(untouchedBefore horizonMs: Int64) -> Bool {
         let before = count
-        var position = settled.count - 1
-        while position >= 0 {
-            if settled[position].completedAtMs < horizonMs { remove(at: position) }
-            position -= 1
+        for position in settled.indices where !settled[position].isFree && settled[position].completedAtMs < horizonMs {
+            remove(at: position)
         }
         details = details.filter { $0.value.entry.result == nil || $0.value.entry.lastTouchedMs >= horizonMs }
+        // The rings let go of the entries that went; a user with neither entry nor detail goes.
         var live = Set<Int32>()
-        for entry in settled where entry.user >= 0 { live.insert(entry.user) }
+        for user in users.indices {
+            for slot in users[user].ring.indices where users[user].ring[slot] >= 0 {
+                if settled[Int(users[user].ring[slot])].isFree {
+                    users[user].ring[slot] = -1
+                } else {
+                    live.insert(Int32(user))
+                }
+            }
+        }
         for detail in details.values where detail.user >= 0 { live.insert(detail.user) }
         for (id, user) in userIDs where !live.contains(user) {
             userIDs[id] = nil
             users[Int(user)] = User(key: "")
             freeUsers.append(user)
         }
+        compactIfSparse()
         return count < before
     }
 
@@ -236,11 +310,7 @@ struct RequestMemory: Sendable {
     mutating func forget(userKey: String) {
         let lane = UserLane(key: userKey)
         guard let user = userIDs[lane] else { return }
-        for slot in users[Int(user)].ring.indices {
-            // (Read each time: a removal moves the last entry, possibly the user's, into its place.)
-            let position = users[Int(user)].ring[slot]
-            if position >= 0 { remove(at: Int(position)) }
-        }
+        for position in users[Int(user)].ring where position >= 0 { remove(at: Int(position)) }
         // (Its details left with its settled entries, but open requests', which a user let go has none of.)
         if users[Int(user)].openRequests > 0 {
             for (key, detail) in details where detail.user == user { setDetail(key, nil) }
@@ -254,9 +324,15 @@ struct RequestMemory: Sendable {
 
     /// Sets or removes a request's whole entry, counting its user's open requests.
     private mutating func setDetail(_ key: Key, _ detail: Detail?) {
-        if let old = details[key], old.entry.result == nil, old.user >= 0 { users[Int(old.user)].openRequests -= 1 }
+        if let old = details[key], old.entry.result == nil {
+            openDetails -= 1
+            if old.user >= 0 { users[Int(old.user)].openRequests -= 1 }
+        }
         details[key] = detail
-        if let detail, detail.entry.result == nil, detail.user >= 0 { users[Int(detail.user)].openRequests += 1 }
+        if let detail, detail.entry.result == nil {
+            openDetails += 1
+            if detail.user >= 0 { users[Int(detail.user)].openRequests += 1 }
+        }
     }
 
     private mutating func intern(_ lane: UserLane) -> Int32 {
@@ -271,6 +347,21 @@ struct RequestMemory: Sendable {
         }
         userIDs[lane] = user
         return user
+    }
+
+    /// The offset's code in a settled entry (never 0), or `nil` when it is too far from the base.
+    private mutating func code(offset: Int64) -> Int64? {
+        let base = offsetBase ?? offset
+        offsetBase = base
+        let (distance, overflow) = offset.subtractingReportingOverflow(base)
+        let half = Settled.offsetCodeLimit / 2
+        guard !overflow, distance > -half, distance < half else { return nil }
+        return distance + half
+    }
+
+    private func offset(decoding code: Int64) -> Int64? {
+        guard code != 0, let offsetBase else { return nil }
+        return offsetBase + code - Settled.offsetCodeLimit / 2
     }
 
     private func home(_ key: Key) -> Int { Int(truncatingIfNeeded: key.low) & (index.count - 1) }
@@ -294,12 +385,24 @@ struct RequestMemory: Sendable {
         return bucket
     }
 
-    private mutating func insertIntoIndex(_ position: Int32) {
-        if settled.count * 2 > index.count {
+    /// Puts `entry` in a free slot, or a new one, and indexes it: its position.
+    private mutating func insert(_ entry: Settled) -> Int32 {
+        let position: Int32
+        if let free = freeSlots.popLast() {
+            position = free
+            settled[Int(free)] = entry
+        } else {
+            position = Int32(settled.count)
+            settled.append(entry)
+        }
+        if settledCount * 2 > index.count {
             index = Array(repeating: -1, count: index.count * 2)
-            for existing in settled.indices where existing != Int(position) { place(Int32(existing)) }
+            for existing in settled.indices where existing != Int(position) && !settled[existing].isFree {
+                place(Int32(existing))
+            }
         }
         place(position)
+        return position
     }
 
     private mutating func place(_ position: Int32) {
@@ -309,16 +412,11 @@ struct RequestMemory: Sendable {
         index[bucket] = position
     }
 
-    /// Removes the settled entry at `position` (and its whole copy): the last entry moves into its
-    /// place, and the index closes the gap by shifting back (no tombstones).
+    /// Removes the settled entry at `position` (and its whole copy): the index closes its gap by
+    /// shifting back (no tombstones), and its slot is free. A ring pointing at it is the caller's.
     private mutating func remove(at position: Int) {
         let removed = settled[position]
         setDetail(removed.key, nil)
-        if removed.user >= 0, Int(removed.ringSlot) < users[Int(removed.user)].ring.count,
-            users[Int(removed.user)].ring[Int(removed.ringSlot)] == Int32(position)
-        {
-            users[Int(removed.user)].ring[Int(removed.ringSlot)] = -1
-        }
         let mask = index.count - 1
         var gap = bucket(of: position)
         var next = gap
@@ -334,18 +432,31 @@ struct RequestMemory: Sendable {
             gap = next
         }
         index[gap] = -1
-        let last = settled.count - 1
-        if position != last {
-            let moved = settled[last]
-            index[bucket(of: last)] = Int32(position)
-            settled[position] = moved
-            if moved.user >= 0, Int(moved.ringSlot) < users[Int(moved.user)].ring.count,
-                users[Int(moved.user)].ring[Int(moved.ringSlot)] == Int32(last)
-            {
-                users[Int(moved.user)].ring[Int(moved.ringSlot)] = Int32(position)
+        settled[position].free()
+        freeSlots.append(Int32(position))
+    }
+
+    /// After a prune that freed more than a quarter of the table (and a chunk), the entries past
+    /// the live count move into the free slots below it and the table's tail is let go: a
+    /// partition that shrank gives its memory back.
+    private mutating func compactIfSparse() {
+        guard freeSlots.count > settled.chunkCapacity, freeSlots.count * 4 > settled.count else { return }
+        let live = settledCount
+        var holes = freeSlots.filter { $0 < live }
+        var moved: [Int32: Int32] = [:]
+        for position in live..<settled.count where !settled[position].isFree {
+            let hole = holes.removeLast()
+            index[bucket(of: position)] = hole
+            settled[Int(hole)] = settled[position]
+            moved[Int32(position)] = hole
+        }
+        for user in users.indices {
+            for slot in users[user].ring.indices where users[user].ring[slot] >= Int32(live) {
+                users[user].ring[slot] = moved[users[user].ring[slot]]!
             }
         }
-        settled.removeLast()
+        while settled.count > live { settled.removeLast() }
+        freeSlots = []
     }
 
     /// Each result's index in the bits a settled entry keeps of it.
