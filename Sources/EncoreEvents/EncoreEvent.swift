@@ -6,8 +6,20 @@ public protocol EncoreEvent: Sendable, Equatable {
     /// Decodes and validates a record value; the error names the field at fault.
     init(jsonBytes: some Collection<UInt8>) throws(EventValidationError)
 
+    /// The same, for a record value as a consumer hands it over. A type decoded per request
+    /// implements it concretely: its decoding is then specialized in its own module, where a
+    /// generic caller in another module runs it through generic metadata.
+    init(jsonBytes: [UInt8]) throws(EventValidationError)
+
     /// Encodes the record value: compact JSON, fields in schema order, absent optionals omitted.
     func jsonBytes() -> [UInt8]
+}
+
+extension EncoreEvent {
+    public init(jsonBytes: [UInt8]) throws(EventValidationError) {
+        // (A slice: the generic requirement, not this one.)
+        try self.init(jsonBytes: jsonBytes[...])
+    }
 }
 
 /// The `ce_type` of each event of the contract.

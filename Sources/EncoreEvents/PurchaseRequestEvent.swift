@@ -54,6 +54,11 @@ public struct PurchaseRequestEvent: EncoreEvent, Hashable {
         self = try Self.table.decode(jsonBytes)
     }
 
+    /// One per request: specialized here (``EncoreEvent/init(jsonBytes:)-([UInt8])``).
+    public init(jsonBytes: [UInt8]) throws(EventValidationError) {
+        self = try Self.table.decode(jsonBytes)
+    }
+
     public func jsonBytes() -> [UInt8] { Self.table.encode(self) }
 
     /// A digest of everything the request says (16 hex digits, FNV-1a over its fields, attributes

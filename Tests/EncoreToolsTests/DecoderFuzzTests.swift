@@ -34,6 +34,15 @@ struct DecoderFuzzTests {
             let record = fuzzer.next()
             let context = "seed \(seed) record \(index) (\(record.mutation))"
             let fast = record.value.withUnsafeBufferPointer(PurchaseRequestEvent.table.decodeFast)
+            // The decoder for a consumer's bytes (specialized) and the generic one give one answer.
+            let viaArray = Result { () throws(EventValidationError) in try PurchaseRequestEvent(jsonBytes: record.value)
+            }
+            let viaSlice = Result { () throws(EventValidationError) in
+                try PurchaseRequestEvent(jsonBytes: record.value[...])
+            }
+            if "\(viaArray)" != "\(viaSlice)" {
+                problems.append("\(context): the array and slice decoders disagree: \(viaArray) against \(viaSlice)")
+            }
             do throws(EventValidationError) {
                 let request = try PurchaseRequestEvent(jsonBytes: record.value)
                 verdicts[record.mutation, default: Verdicts()].valid += 1
