@@ -8,7 +8,8 @@ public protocol EncoreEvent: Sendable, Equatable {
 
     /// The same, for a record value as a consumer hands it over. A type decoded per request
     /// implements it concretely: its decoding is then specialized in its own module, where a
-    /// generic caller in another module runs it through generic metadata.
+    /// generic caller in another module runs it through generic metadata. (The generic one must
+    /// not forward to this one with an array: the default here forwards to it with a slice.)
     init(jsonBytes: [UInt8]) throws(EventValidationError)
 
     /// Encodes the record value: compact JSON, fields in schema order, absent optionals omitted.

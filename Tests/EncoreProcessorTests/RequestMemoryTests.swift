@@ -64,14 +64,17 @@ struct RequestMemoryTests {
         // chunks, more than a quarter of the table is then free: the last entries move into the
         // free slots and the tail is let go.
         let slotsBefore = memory.settledSlots
+        let bucketsBefore = memory.indexBuckets
         let horizon = Self.t0 + 19_600
         memory.prune(untouchedBefore: horizon)
         for user in model.keys { model[user]!.removeAll { $0.completedAtMs! < horizon } }
         check("after the prune")
         if chunkCapacity == 7 {
             #expect(memory.settledSlots == memory.settledCount && memory.settledSlots < slotsBefore)
+            #expect(memory.indexBuckets < bucketsBefore && memory.indexBuckets >= 2 * memory.settledCount)
         } else {
             #expect(memory.settledSlots == slotsBefore, "a prune freeing less than a chunk keeps its slots")
+            #expect(memory.indexBuckets == bucketsBefore)
         }
         // Every user goes on (those with all pruned from a new counter): three new requests each,
         // so each slot of each ring replaces what it held, moved or not.
@@ -126,6 +129,7 @@ struct RequestMemoryTests {
             error: failure, controller: "store", offset: 4, digest: "00000000000000aa")
         memory.record(userKey: "app:u", seq: memory.allocate(user: UserLane(key: "app:u")), failed)
         #expect(memory.entry(userKey: "app:u", requestID: "r0") == failed)
+        #expect(memory.count == 1, "a decided failure is one request, kept whole and settled")
         let inDoubt = Entry(requestID: "r1", attempts: 4, startedAtMs: Self.t0, offset: 5, inDoubtSinceMs: Self.t0 + 9)
         let seq = memory.allocate(user: UserLane(key: "app:u"))
         memory.record(userKey: "app:u", seq: seq, inDoubt)
@@ -166,31 +170,50 @@ struct RequestMemoryTests {
         #expect(memory.settledCount == 3)
     }
 
-    @Test("a time or offset out of a settled entry's range is kept whole, exactly; a slot freed is taken again")
+    @Test(
+        "a time or offset out of a settled entry's range is kept whole, exactly, at each bound; a slot freed is taken again"
+    )
     func outOfRange() {
-        var memory = RequestMemory(cap: 2)
+        var memory = RequestMemory(cap: 8)
         let user = UserLane(key: "app:u")
-        let first = Entry(
-            requestID: "r0", attempts: 1, startedAtMs: Self.t0, result: .purchased, completedAtMs: Self.t0, offset: 10)
-        let far = Entry(
-            requestID: "r1", attempts: 2, startedAtMs: Self.t0 - 5, result: .cancelled, completedAtMs: Self.t0,
-            offset: 10 + (1 << 37))
-        let late = Entry(
-            requestID: "r2", attempts: 3, startedAtMs: 1 << 42, result: .pending, completedAtMs: 1 << 42, offset: 11)
-        let near = Entry(
-            requestID: "r3", attempts: 4, startedAtMs: Self.t0, result: .purchased, completedAtMs: Self.t0,
-            offset: 10 - (1 << 37) + 1)
-        for entry in [first, far] { memory.record(userKey: user.key, seq: memory.allocate(user: user), entry) }
-        #expect(memory.entry(userKey: user.key, requestID: "r0") == Self.readBack(first))
-        #expect(memory.entry(userKey: user.key, requestID: "r1") == far)
-        // r2 takes r0's slot in the user's ring, and the table's freed slot.
-        memory.record(userKey: user.key, seq: memory.allocate(user: user), late)
-        #expect(memory.entry(userKey: user.key, requestID: "r0") == nil)
-        #expect(memory.entry(userKey: user.key, requestID: "r2") == late)
-        #expect(memory.settledSlots == 2)
-        memory.record(userKey: user.key, seq: memory.allocate(user: user), near)
-        #expect(memory.entry(userKey: user.key, requestID: "r3") == Self.readBack(near), "the nearest offset below")
-        #expect(memory.entry(userKey: user.key, requestID: "r1") == nil && memory.count == 2)
+        let half: Int64 = 1 << 37
+        // (Started before completed: a settled entry reads back with one time, a whole one exactly.)
+        func entry(_ id: String, completedAtMs: Int64 = Self.t0, offset: Int64?) -> Entry {
+            Entry(
+                requestID: id, attempts: 2, startedAtMs: completedAtMs - 5, result: .cancelled,
+                completedAtMs: completedAtMs, offset: offset)
+        }
+        let base: Int64 = 1_000
+        let cases: [(entry: Entry, settled: Bool)] = [
+            (entry("first", offset: base), true),  // the table's offsets are relative to this one
+            (entry("top", offset: base + half - 1), true),  // the code's highest bit set
+            (entry("past-top", offset: base + half), false),
+            (entry("bottom", offset: base - half + 1), true),
+            (entry("past-bottom", offset: base - half), false),
+            (entry("late", completedAtMs: (1 << 42) - 1, offset: 7), true),
+            (entry("too-late", completedAtMs: 1 << 42, offset: 7), false),
+            (entry("before-1970", completedAtMs: -1, offset: 7), false),
+        ]
+        for (entry, _) in cases { memory.record(userKey: user.key, seq: memory.allocate(user: user), entry) }
+        for (entry, settled) in cases {
+            #expect(
+                memory.entry(userKey: user.key, requestID: entry.requestID) == (settled ? Self.readBack(entry) : entry),
+                "\(entry.requestID)")
+        }
+        #expect(memory.count == cases.count && memory.settledCount == cases.count)
+        // Kept whole for its range only, it is settled: no open counter, not an earlier version's open entry.
+        let far = RequestMemory.Key(userKey: user.key, requestID: "past-top")
+        #expect(memory.seq(of: far) == nil && !memory.isLegacyOpen(far))
+        let legacy = entry("legacy", offset: base - half)
+        memory.recordLegacy(userKey: user.key, legacy)
+        #expect(!memory.isLegacyOpen(RequestMemory.Key(userKey: user.key, requestID: "legacy")))
+        #expect(memory.entry(userKey: user.key, requestID: "legacy") == legacy)
+        // A new request takes the first one's slot in the ring, and the slot it freed in the table.
+        let next = entry("next", offset: base + 1)
+        memory.record(userKey: user.key, seq: memory.allocate(user: user), next)
+        #expect(memory.entry(userKey: user.key, requestID: "first") == nil)
+        #expect(memory.entry(userKey: user.key, requestID: "next") == Self.readBack(next))
+        #expect(memory.settledSlots == cases.count + 1 && memory.count == cases.count + 1)
     }
 
     @Test("an open intent is never forgotten for the retention, on restore or prune, and its user's counter goes on")

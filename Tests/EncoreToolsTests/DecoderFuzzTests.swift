@@ -34,14 +34,25 @@ struct DecoderFuzzTests {
             let record = fuzzer.next()
             let context = "seed \(seed) record \(index) (\(record.mutation))"
             let fast = record.value.withUnsafeBufferPointer(PurchaseRequestEvent.table.decodeFast)
-            // The decoder for a consumer's bytes (specialized) and the generic one give one answer.
-            let viaArray = Result { () throws(EventValidationError) in try PurchaseRequestEvent(jsonBytes: record.value)
+            // The decoder for a consumer's bytes and the generic one give one answer: the request's
+            // own (specialized), and the protocol's default (another type's).
+            let requestViaArray = Result { () throws(EventValidationError) in
+                try PurchaseRequestEvent(jsonBytes: record.value)
             }
-            let viaSlice = Result { () throws(EventValidationError) in
+            let requestViaSlice = Result { () throws(EventValidationError) in
                 try PurchaseRequestEvent(jsonBytes: record.value[...])
             }
-            if "\(viaArray)" != "\(viaSlice)" {
-                problems.append("\(context): the array and slice decoders disagree: \(viaArray) against \(viaSlice)")
+            if requestViaArray != requestViaSlice {
+                problems.append("\(context): the request's array and slice decoders disagree")
+            }
+            let sourceViaArray = Result { () throws(EventValidationError) in
+                try EntitlementSourceEvent(jsonBytes: record.value)
+            }
+            let sourceViaSlice = Result { () throws(EventValidationError) in
+                try EntitlementSourceEvent(jsonBytes: record.value[...])
+            }
+            if sourceViaArray != sourceViaSlice {
+                problems.append("\(context): the source event's array and slice decoders disagree")
             }
             do throws(EventValidationError) {
                 let request = try PurchaseRequestEvent(jsonBytes: record.value)

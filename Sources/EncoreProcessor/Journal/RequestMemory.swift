@@ -117,6 +117,9 @@ struct RequestMemory: Sendable {
         var entry: EntitlementStateRecord.RequestEntry
         /// The user's index in `users` (kept while the user has an entry); -1 with no slot.
         var user: Int32
+        /// Kept whole only because its offset or time is out of a settled entry's range: for
+        /// ``seq(of:)`` and ``isLegacyOpen(_:)`` it is a settled entry like the others.
+        var onlyForRange = false
     }
 
     private struct User: Sendable {
@@ -156,14 +159,15 @@ struct RequestMemory: Sendable {
     /// has a settled one too).
     var count: Int { settledCount + openDetails }
     var settledCount: Int { settled.count - freeSlots.count }
-    /// Slots of the table, in use or free (tests).
+    /// Slots of the table, in use or free, and buckets of its index.
     var settledSlots: Int { settled.count }
+    var indexBuckets: Int { index.count }
 
     /// About how many bytes the table takes per remembered request (entries, index, users).
     var bytesPerRequest: Double {
         guard count > 0 else { return 0 }
         let bytes =
-            settled.capacity * MemoryLayout<Settled>.stride + freeSlots.capacity * 4 + index.count * 4
+            settled.capacity * MemoryLayout<Settled>.stride + freeSlots.capacity * 4 + indexBuckets * 4
             + details.count * 256 + users.reduce(0) { $0 + 64 + $1.key.utf8.count + $1.ring.capacity * 4 }
         return Double(bytes) / Double(count)
     }
@@ -186,7 +190,7 @@ struct RequestMemory: Sendable {
     }
 
     /// The journal counter of the request's open entry, if it has one.
-    func seq(of key: Key) -> Int64? { details[key]?.seq }
+    func seq(of key: Key) -> Int64? { details[key].flatMap { $0.onlyForRange ? nil : $0.seq } }
 
     // MARK: Writing
 
@@ -223,16 +227,17 @@ struct RequestMemory: Sendable {
         let completedAtMs = entry.completedAtMs ?? entry.startedAtMs
         var offsetCode: Int64? = 0
         if let offset = entry.offset { offsetCode = code(offset: offset) }
-        let needsDetail =
-            entry.result == nil || entry.error != nil || entry.attempts > 0xfff || offsetCode == nil
-            || !(0..<Settled.timeLimit).contains(completedAtMs)
+        let isWhole = entry.result == nil || entry.error != nil || entry.attempts > 0xfff
+        let isOutOfRange = offsetCode == nil || !(0..<Settled.timeLimit).contains(completedAtMs)
         var user: Int32 = -1
         if let seq {
             // (A restored intent moves the counter on too: the next request takes a later slot.)
             user = intern(lane)
             users[Int(user)].nextSeq = max(users[Int(user)].nextSeq, seq + 1)
         }
-        setDetail(key, needsDetail ? Detail(seq: seq, entry: entry, user: user) : nil)
+        setDetail(
+            key,
+            isWhole || isOutOfRange ? Detail(seq: seq, entry: entry, user: user, onlyForRange: !isWhole) : nil)
         guard let result = entry.result else { return }
         var slot = 0
         if let seq {
@@ -268,7 +273,7 @@ struct RequestMemory: Sendable {
 
     /// Whether the request's entry is an earlier version's open one or decided failure (it has no
     /// slot yet).
-    func isLegacyOpen(_ key: Key) -> Bool { details[key].map { $0.seq == nil } ?? false }
+    func isLegacyOpen(_ key: Key) -> Bool { details[key].map { $0.seq == nil && !$0.onlyForRange } ?? false }
 
     /// Forgets the results last touched before `horizonMs` (the dedupe retention), and users with
     /// nothing left; an open intent stays however old (only a recovery call may ask billing about
@@ -415,6 +420,8 @@ struct RequestMemory: Sendable {
     /// Removes the settled entry at `position` (and its whole copy): the index closes its gap by
     /// shifting back (no tombstones), and its slot is free. A ring pointing at it is the caller's.
     private mutating func remove(at position: Int) {
+        // (A ring or index left on a free slot is a bug that would forget requests: stop, never guess.)
+        precondition(!settled[position].isFree, "RequestMemory: slot \(position) removed twice")
         let removed = settled[position]
         setDetail(removed.key, nil)
         let mask = index.count - 1
@@ -437,8 +444,8 @@ struct RequestMemory: Sendable {
     }
 
     /// After a prune that freed more than a quarter of the table (and a chunk), the entries past
-    /// the live count move into the free slots below it and the table's tail is let go: a
-    /// partition that shrank gives its memory back.
+    /// the live count move into the free slots below it and the table's tail is let go, and the
+    /// index shrinks with it: a partition that shrank gives its memory back.
     private mutating func compactIfSparse() {
         guard freeSlots.count > settled.chunkCapacity, freeSlots.count * 4 > settled.count else { return }
         let live = settledCount
@@ -457,6 +464,13 @@ struct RequestMemory: Sendable {
         }
         while settled.count > live { settled.removeLast() }
         freeSlots = []
+        // The index shrinks with the table: at most half full, at least a quarter.
+        var buckets = 16
+        while buckets < live * 2 { buckets *= 2 }
+        if buckets < index.count {
+            index = Array(repeating: -1, count: buckets)
+            for position in settled.indices { place(Int32(position)) }
+        }
     }
 
     /// Each result's index in the bits a settled entry keeps of it.
