@@ -86,7 +86,32 @@ public struct PurchaseOutcomeEvent: EncoreEvent, Hashable {
         self = try Self.table.decode(jsonBytes)
     }
 
-    public func jsonBytes() -> [UInt8] { Self.table.encode(self) }
+    public func jsonBytes() -> [UInt8] {
+        // Field by field, not through the table's closures: one per request (the same bytes, tested).
+        var writer = JSONWriter(capacity: 384 + (error?.message.utf8.count ?? 0))
+        writer.beginObject()
+        writer.field("request_id", requestID)
+        writer.field("app_id", appID)
+        writer.field("app_user_id", appUserID)
+        writer.field("product_id", productID)
+        writer.field("result", result)
+        writer.field("attempts", attempts)
+        writer.field("store", store)
+        writer.field("environment", environment)
+        writer.field("requested_at_ms", requestedAtMs)
+        writer.field("completed_at_ms", completedAtMs)
+        writer.field("placement_id", placementID)
+        writer.field("promo_offer_id", promoOfferID)
+        writer.field("controller", controller)
+        writer.field("transaction_id", transactionID)
+        if let error {
+            writer.key("error")
+            Failure.table.write(error, to: &writer)
+        }
+        writer.field("pending_reason", pendingReason)
+        writer.endObject()
+        return writer.bytes
+    }
 }
 
 extension PurchaseOutcomeEvent: FieldTabled {
