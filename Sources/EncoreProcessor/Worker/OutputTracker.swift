@@ -189,11 +189,12 @@ struct OutputTracker<Item> {
         var events: [Event] = []
         for delivery in deliveries {
             let token = Int(delivery.token)
-            guard token < slots.count, let slot = slots[token] else { continue }
+            guard token < slots.count, slots[token] != nil else { continue }
             awaitingAnswer -= 1
             if let error = delivery.error {
-                let topic = delivery.record?.topic ?? slot.redelivery?.topic ?? "?"
-                if error.isRetriableDelivery, let record = delivery.record ?? slot.redelivery {
+                let redelivery = slots[token]!.redelivery
+                let topic = delivery.record?.topic ?? redelivery?.topic ?? "?"
+                if error.isRetriableDelivery, let record = delivery.record ?? redelivery {
                     slots[token]!.redelivery = record
                     redeliveries.append((now.advanced(by: redeliveryDelay), token))
                     events.append(.redelivering(topic: topic, error))
@@ -203,7 +204,9 @@ struct OutputTracker<Item> {
                 }
                 continue
             }
-            free(token)
+            // (Moved out, not copied: a copy would retain and release what the slot holds.)
+            let slot = slots[token].take()!
+            freeSlots.append(token)
             acknowledged(slot, into: &events)
         }
         return events
