@@ -36,22 +36,10 @@ struct DecoderFuzzTests {
             let fast = record.value.withUnsafeBufferPointer(PurchaseRequestEvent.table.decodeFast)
             // The decoder for a consumer's bytes and the generic one give one answer: the request's
             // own (specialized), and the protocol's default (another type's).
-            let requestViaArray = Result { () throws(EventValidationError) in
-                try PurchaseRequestEvent(jsonBytes: record.value)
-            }
-            let requestViaSlice = Result { () throws(EventValidationError) in
-                try PurchaseRequestEvent(jsonBytes: record.value[...])
-            }
-            if requestViaArray != requestViaSlice {
+            if !Self.bothPathsAgree(PurchaseRequestEvent.self, record.value) {
                 problems.append("\(context): the request's array and slice decoders disagree")
             }
-            let sourceViaArray = Result { () throws(EventValidationError) in
-                try EntitlementSourceEvent(jsonBytes: record.value)
-            }
-            let sourceViaSlice = Result { () throws(EventValidationError) in
-                try EntitlementSourceEvent(jsonBytes: record.value[...])
-            }
-            if sourceViaArray != sourceViaSlice {
+            if !Self.bothPathsAgree(EntitlementSourceEvent.self, record.value) {
                 problems.append("\(context): the source event's array and slice decoders disagree")
             }
             do throws(EventValidationError) {
@@ -76,6 +64,14 @@ struct DecoderFuzzTests {
             _ = try? EntitlementStateRecord(jsonBytes: record.value)
         }
         return (problems, verdicts)
+    }
+
+    /// Whether decoding `bytes` as an array (``EncoreEvent/init(jsonBytes:)-([UInt8])``) and as a
+    /// slice (the generic requirement) gives the same event or the same error.
+    static func bothPathsAgree<Event: EncoreEvent>(_ type: Event.Type, _ bytes: [UInt8]) -> Bool {
+        let viaArray = Result { () throws(EventValidationError) in try Event(jsonBytes: bytes) }
+        let viaSlice = Result { () throws(EventValidationError) in try Event(jsonBytes: bytes[...]) }
+        return viaArray == viaSlice
     }
 
     struct Verdicts: Sendable, CustomStringConvertible {
