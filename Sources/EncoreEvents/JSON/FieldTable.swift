@@ -6,7 +6,8 @@
 
 /// A type whose JSON form is described once, by its ``FieldTable``: the general decoder, the fast
 /// path, the encoder and the agreement test against `schemas/` all read the same table. (The
-/// journal record, written twice per request, has an encoder of its own, tested against it.)
+/// journal record and the outcome, written per request, have encoders of their own, tested to
+/// write the table's bytes.)
 protocol FieldTabled: FieldValue where Rule == Void {
     static var table: FieldTable<Self> { get }
 }
