@@ -23,10 +23,13 @@ struct RequestMemoryTests {
     }
 
     @Test(
-        "20,000 requests of 300 users, cap 3: exactly each user's last 3 are remembered, as journaled (the table in one chunk, and in chunks of 7 entries, which moves entries across chunks)",
-        arguments: [ChunkedArray<RequestMemory.Settled>.defaultChunkCapacity, 7])
-    func matchesModel(chunkCapacity: Int) {
-        var memory = RequestMemory(cap: 3, chunkCapacity: chunkCapacity)
+        "20,000 requests of 300 users, cap 3: exactly each user's last 3 are remembered, as journaled (the table in one chunk; in chunks of 7 entries, which moves entries across chunks; with index buckets that keep distances up to 3 only)",
+        arguments: [
+            (ChunkedArray<RequestMemory.Settled>.defaultChunkCapacity, 4), (7, 4),
+            (ChunkedArray<RequestMemory.Settled>.defaultChunkCapacity, 30),
+        ])
+    func matchesModel(chunkCapacity: Int, leastPositionBits: Int) {
+        var memory = RequestMemory(cap: 3, chunkCapacity: chunkCapacity, leastPositionBits: leastPositionBits)
         var random = SplitMix64(seed: 29)
         // Per user, the settled entries in journal order; every request id ever issued.
         var model: [String: [Entry]] = [:]
@@ -60,6 +63,8 @@ struct RequestMemoryTests {
             #expect(memory.count == remembered, "\(label)")
         }
         check("after the writes")
+        #expect(memory.indexBuckets * 4 >= memory.settledCount * 5, "the index is at most 80% full")
+        #expect(memory.indexBuckets * 2 < memory.settledCount * 5, "and at least 40% (60% after it grows)")
         // Retention: everything completed before the horizon goes, the rest stays. With small
         // chunks, more than a quarter of the table is then free: the last entries move into the
         // free slots and the tail is let go.
@@ -71,7 +76,8 @@ struct RequestMemoryTests {
         check("after the prune")
         if chunkCapacity == 7 {
             #expect(memory.settledSlots == memory.settledCount && memory.settledSlots < slotsBefore)
-            #expect(memory.indexBuckets < bucketsBefore && memory.indexBuckets >= 2 * memory.settledCount)
+            // (Shrunk to 60% full.)
+            #expect(memory.indexBuckets < bucketsBefore && memory.indexBuckets == memory.settledCount * 5 / 3)
         } else {
             #expect(memory.settledSlots == slotsBefore, "a prune freeing less than a chunk keeps its slots")
             #expect(memory.indexBuckets == bucketsBefore)

@@ -21,7 +21,7 @@ struct JournalIdentity: Sendable {
 ///
 /// Settled requests live in a flat table (kept in chunks, ``ChunkedArray``) of fixed 36-byte
 /// entries (a 128-bit key, the content digest, the record's offset, the time, the attempts and
-/// result), found through an index of 32-bit positions: no string or JSON per entry. An entry
+/// result), found through an index of 32-bit buckets: no string or JSON per entry. An entry
 /// keeps its slot while it lives; a freed slot is taken again, and a prune that frees much of the
 /// table moves the last entries down and lets the tail go. The few requests that need more (an
 /// open intent, a request in doubt, a decided failure with its error, an offset or time out of
@@ -136,8 +136,15 @@ struct RequestMemory: Sendable {
     /// again before the table grows.
     private var settled: ChunkedArray<Settled>
     private var freeSlots: [Int32] = []
-    /// Open addressing, linear probing: positions in `settled`, -1 empty; at most half full.
-    private var index: [Int32] = Array(repeating: -1, count: 16)
+    /// Open addressing with linear probing over any number of buckets (a key's home is a
+    /// multiply-shift of its hash), 60 to 80% full. A bucket is 0 (empty) or a settled entry's
+    /// position + 1 in its low `positionBits` bits and its distance from its home above them
+    /// (saturating at ``farthest``): a probe passes an entry of another home without reading the
+    /// table, and a removal closes its gap without reading it.
+    private var index: [UInt32] = Array(repeating: 0, count: 16)
+    private var positionBits = 8
+    /// Tests raise it to leave few bits for distances, so that they saturate.
+    private let leastPositionBits: Int
     private var details: [Key: Detail] = [:]
     /// Details with no result (open intents, requests in doubt).
     private var openDetails = 0
@@ -148,11 +155,15 @@ struct RequestMemory: Sendable {
     /// side of it); one further away is kept in a whole entry.
     private var offsetBase: Int64?
 
-    /// `chunkCapacity`: settled entries per chunk of the table (tests make it small).
-    init(cap: Int, chunkCapacity: Int = ChunkedArray<Settled>.defaultChunkCapacity) {
+    /// `chunkCapacity`: settled entries per chunk of the table, `leastPositionBits`: of an index
+    /// bucket's 32 bits, how many at least hold a position (tests make the one small and the other
+    /// large).
+    init(cap: Int, chunkCapacity: Int = ChunkedArray<Settled>.defaultChunkCapacity, leastPositionBits: Int = 4) {
         precondition((1...4096).contains(cap), "the per-user cap is 1 to 4,096")
         self.cap = cap
         settled = ChunkedArray(chunkCapacity: chunkCapacity)
+        self.leastPositionBits = leastPositionBits
+        positionBits = max(positionBits, leastPositionBits)
     }
 
     /// Requests remembered: settled, and open ones (kept whole only; a whole entry with a result
@@ -369,24 +380,50 @@ struct RequestMemory: Sendable {
         return offsetBase + code - Settled.offsetCodeLimit / 2
     }
 
-    private func home(_ key: Key) -> Int { Int(truncatingIfNeeded: key.low) & (index.count - 1) }
+    private var positionMask: UInt32 { UInt32(truncatingIfNeeded: (1 << positionBits) - 1) }
+    /// The distance a bucket stores for any distance from this one on (then its home is read from
+    /// the table).
+    private var farthest: UInt32 { UInt32(truncatingIfNeeded: (1 << (32 - positionBits)) - 1) }
+
+    private func home(_ key: Key) -> Int {
+        Int(truncatingIfNeeded: ((key.low & 0xffff_ffff) &* UInt64(index.count)) >> 32)
+    }
+
+    private func bucketWord(position: Int, distance: Int) -> UInt32 {
+        UInt32(min(distance, Int(farthest))) << positionBits | UInt32(position + 1)
+    }
+
+    private func position(in word: UInt32) -> Int { Int(word & positionMask) - 1 }
+
+    private func following(_ bucket: Int) -> Int { bucket + 1 == index.count ? 0 : bucket + 1 }
+
+    /// The home of the entry in the (occupied) bucket.
+    private func home(ofBucket bucket: Int) -> Int {
+        let word = index[bucket]
+        let distance = word >> positionBits
+        if distance == farthest { return home(settled[position(in: word)].key) }
+        let home = bucket - Int(distance)
+        return home < 0 ? home + index.count : home
+    }
 
     private func find(_ key: Key) -> Int? {
         var bucket = home(key)
-        let mask = index.count - 1
+        var distance: UInt32 = 0
         while true {
-            let position = index[bucket]
-            if position < 0 { return nil }
-            if settled[Int(position)].key == key { return Int(position) }
-            bucket = (bucket + 1) & mask
+            let word = index[bucket]
+            if word == 0 { return nil }
+            // (Only an entry with the same home can be the key's.)
+            if word >> positionBits == distance, settled[position(in: word)].key == key { return position(in: word) }
+            bucket = following(bucket)
+            if distance < farthest { distance += 1 }
         }
     }
 
     /// The bucket holding `position`.
     private func bucket(of position: Int) -> Int {
         var bucket = home(settled[position].key)
-        let mask = index.count - 1
-        while index[bucket] != Int32(position) { bucket = (bucket + 1) & mask }
+        let word = UInt32(position + 1)
+        while index[bucket] & positionMask != word { bucket = following(bucket) }
         return bucket
     }
 
@@ -400,21 +437,33 @@ struct RequestMemory: Sendable {
             position = Int32(settled.count)
             settled.append(entry)
         }
-        if settledCount * 2 > index.count {
-            index = Array(repeating: -1, count: index.count * 2)
-            for existing in settled.indices where existing != Int(position) && !settled[existing].isFree {
-                place(Int32(existing))
-            }
+        if settledCount * 5 > index.count * 4 {
+            rebuildIndex(buckets: settledCount * 5 / 3)
+        } else if settled.count > Int(positionMask) {
+            rebuildIndex(buckets: index.count)
+        } else {
+            place(position)
         }
-        place(position)
         return position
     }
 
     private mutating func place(_ position: Int32) {
         var bucket = home(settled[Int(position)].key)
-        let mask = index.count - 1
-        while index[bucket] >= 0 { bucket = (bucket + 1) & mask }
-        index[bucket] = position
+        var distance = 0
+        while index[bucket] != 0 {
+            bucket = following(bucket)
+            distance += 1
+        }
+        index[bucket] = bucketWord(position: Int(position), distance: distance)
+    }
+
+    /// Indexes every settled entry anew in `buckets` buckets (at least 16), with room for
+    /// positions up to twice the table's slots.
+    private mutating func rebuildIndex(buckets: Int) {
+        let positions = settled.count * 2 + 1
+        positionBits = min(32, max(leastPositionBits, positions.bitWidth - positions.leadingZeroBitCount))
+        index = Array(repeating: 0, count: max(16, buckets))
+        for position in settled.indices where !settled[position].isFree { place(Int32(position)) }
     }
 
     /// Removes the settled entry at `position` (and its whole copy): the index closes its gap by
@@ -424,21 +473,22 @@ struct RequestMemory: Sendable {
         precondition(!settled[position].isFree, "RequestMemory: slot \(position) removed twice")
         let removed = settled[position]
         setDetail(removed.key, nil)
-        let mask = index.count - 1
         var gap = bucket(of: position)
         var next = gap
         while true {
-            next = (next + 1) & mask
+            next = following(next)
             let occupant = index[next]
-            if occupant < 0 { break }
-            let wanted = home(settled[Int(occupant)].key)
+            if occupant == 0 { break }
+            let wanted = home(ofBucket: next)
             // An entry stays when its home lies cyclically in (gap, next].
             let stays = gap <= next ? (gap < wanted && wanted <= next) : (gap < wanted || wanted <= next)
             if stays { continue }
-            index[gap] = occupant
+            let distance = gap - wanted
+            index[gap] = bucketWord(
+                position: self.position(in: occupant), distance: distance < 0 ? distance + index.count : distance)
             gap = next
         }
-        index[gap] = -1
+        index[gap] = 0
         settled[position].free()
         freeSlots.append(Int32(position))
     }
@@ -453,7 +503,8 @@ struct RequestMemory: Sendable {
         var moved: [Int32: Int32] = [:]
         for position in live..<settled.count where !settled[position].isFree {
             let hole = holes.removeLast()
-            index[bucket(of: position)] = hole
+            let bucket = bucket(of: position)
+            index[bucket] = index[bucket] & ~positionMask | UInt32(hole + 1)
             settled[Int(hole)] = settled[position]
             moved[Int32(position)] = hole
         }
@@ -464,13 +515,9 @@ struct RequestMemory: Sendable {
         }
         while settled.count > live { settled.removeLast() }
         freeSlots = []
-        // The index shrinks with the table: at most half full, at least a quarter.
-        var buckets = 16
-        while buckets < live * 2 { buckets *= 2 }
-        if buckets < index.count {
-            index = Array(repeating: -1, count: buckets)
-            for position in settled.indices { place(Int32(position)) }
-        }
+        // The index shrinks with the table, to 60% full.
+        let buckets = max(16, live * 5 / 3)
+        if buckets < index.count { rebuildIndex(buckets: buckets) }
     }
 
     /// Each result's index in the bits a settled entry keeps of it.
