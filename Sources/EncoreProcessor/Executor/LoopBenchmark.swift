@@ -138,10 +138,7 @@ private final class AcknowledgingProducer: OutputProducer {
         Thread { [self] in
             while !stopped.load(ordering: .relaxed) {
                 usleep(500)
-                let tokens = pending.withLock { tokens in
-                    defer { tokens.removeAll(keepingCapacity: true) }
-                    return tokens
-                }
+                let tokens = pending.withLock { $0.takeAll() }
                 guard !tokens.isEmpty else { continue }
                 inbox.post(.delivered(tokens.map { KafkaDelivery(token: $0, error: nil, record: nil) }))
             }

@@ -106,9 +106,7 @@ final class WorkerExecutor {
     private func feedAnswered() -> Bool {
         guard !answered.isEmpty else { return false }
         while !answered.isEmpty {
-            let answers = answered
-            answered.removeAll(keepingCapacity: true)
-            for answer in answers {
+            for answer in answered.takeAll() {
                 worker.handle(answer, now: clock.now, nowMs: currentTimeMs())
                 execute()
             }

@@ -177,8 +177,7 @@ struct OutputTracker<Item> {
     mutating func takeUnsent() -> [(token: UInt, output: UnsentOutput)] {
         for key in usersToWrite { writeStateIfReady(ofUser: key) }
         usersToWrite.removeAll(keepingCapacity: true)
-        defer { unsent.removeAll(keepingCapacity: true) }
-        return unsent
+        return unsent.takeAll()
     }
 
     /// Whether outputs are waiting to be handed out.

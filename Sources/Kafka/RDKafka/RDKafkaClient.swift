@@ -74,9 +74,7 @@ final class RDKafkaDeliveryBatch: Sendable {
     func flush() {
         pending.withLock { pending in
             guard !pending.isEmpty else { return }
-            let batch = pending
-            pending.removeAll(keepingCapacity: true)
-            handler(batch)
+            handler(pending.takeAll())
         }
     }
 }
