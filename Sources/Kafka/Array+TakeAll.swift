@@ -3,7 +3,7 @@ extension Array {
     /// over in rounds. (`let all = buffer; buffer.removeAll(keepingCapacity: true)` allocates a
     /// buffer of the whole high-water capacity each round, since the old one is shared with the copy
     /// handed over.)
-    public mutating func takeAll() -> [Element] {
+    package mutating func takeAll() -> [Element] {
         var taken: [Element] = []
         swap(&taken, &self)
         reserveCapacity(taken.count)

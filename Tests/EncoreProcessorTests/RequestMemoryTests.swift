@@ -23,10 +23,10 @@ struct RequestMemoryTests {
     }
 
     @Test(
-        "20,000 requests of 300 users, cap 3: exactly each user's last 3 are remembered, as journaled (the table in one chunk; in chunks of 7 entries, which moves entries across chunks; with index buckets that keep distances up to 3 only)",
+        "20,000 requests of 300 users, cap 3: exactly each user's last 3 are remembered, as journaled (the table in one chunk; in chunks of 7 entries, which moves entries across chunks; with index buckets that keep distances up to 3 only, in one chunk and in chunks of 7)",
         arguments: [
             (ChunkedArray<RequestMemory.Settled>.defaultChunkCapacity, 4), (7, 4),
-            (ChunkedArray<RequestMemory.Settled>.defaultChunkCapacity, 30),
+            (ChunkedArray<RequestMemory.Settled>.defaultChunkCapacity, 30), (7, 30),
         ])
     func matchesModel(chunkCapacity: Int, leastPositionBits: Int) {
         var memory = RequestMemory(cap: 3, chunkCapacity: chunkCapacity, leastPositionBits: leastPositionBits)

@@ -140,7 +140,7 @@ struct RequestMemory: Sendable {
     /// multiply-shift of its hash), 60 to 80% full. A bucket is 0 (empty) or a settled entry's
     /// position + 1 in its low `positionBits` bits and its distance from its home above them
     /// (saturating at ``farthest``): a probe passes an entry of another home without reading the
-    /// table, and a removal closes its gap without reading it.
+    /// table, and a removal closes its gap without reading it (but for a saturated distance).
     private var index: [UInt32] = Array(repeating: 0, count: 16)
     private var positionBits = 8
     /// Tests raise it to leave few bits for distances, so that they saturate.
@@ -160,6 +160,7 @@ struct RequestMemory: Sendable {
     /// large).
     init(cap: Int, chunkCapacity: Int = ChunkedArray<Settled>.defaultChunkCapacity, leastPositionBits: Int = 4) {
         precondition((1...4096).contains(cap), "the per-user cap is 1 to 4,096")
+        precondition((1...32).contains(leastPositionBits), "a bucket's position bits are 1 to 32")
         self.cap = cap
         settled = ChunkedArray(chunkCapacity: chunkCapacity)
         self.leastPositionBits = leastPositionBits

@@ -304,12 +304,13 @@ public final class PurchaseProcessor: Sendable {
 }
 
 extension ProcessorConfiguration {
-    /// librdkafka's prefetch queue per partition (`queued.max.messages.kbytes`) unless set: refilled
-    /// within 10 ms (`refillsQuickly`, librdkafka 2.1 on), 2 MiB keep the loops fed (measured on
-    /// Tansu, 1,000,000 backlog, 8 partitions: 142 MB peak instead of 157 to 160 with 4 MiB, same
-    /// throughput), but never less than two of a partition's fetches (`max.partition.fetch.bytes`,
-    /// 1 MiB by default): a queue of one fetch ran at a fiftieth of the rate. Older versions were
-    /// measured slower with a small queue, so they keep a deeper one.
+    /// librdkafka's prefetch queue (`queued.max.messages.kbytes`: the consumer's one queue, all
+    /// partitions; `fetch.max.bytes` is capped at it unless set) unless set: refilled within 10 ms
+    /// (`refillsQuickly`, librdkafka 2.1 on), 2 MiB keep the loops fed (measured on Tansu, 1,000,000
+    /// backlog, 8 partitions: 144.6 MB peak against 160.6 with 4 MiB, same throughput), but never
+    /// less than two of a partition's fetches (`max.partition.fetch.bytes`, 1 MiB by default): a
+    /// queue of one fetch ran at a fiftieth of the rate. Older versions were measured slower with a
+    /// small queue, so they keep a deeper one.
     static func prefetchKilobytes(partitionFetch: String?, refillsQuickly: Bool) -> Int {
         guard refillsQuickly else { return 16384 }
         let fetchBytes = partitionFetch.flatMap { Int($0) } ?? 1_048_576
@@ -340,15 +341,16 @@ extension ProcessorConfiguration {
             // Co-partitioned topics stay together only under the range assignor (checked in validate()).
             consumerConfiguration.setDefault("partition.assignment.strategy", "range")
         }
-        // librdkafka's own prefetch (64 MiB by default, per partition) adds to the processor's
-        // buffer; from 2.1 on, a full prefetch queue is refilled after `fetch.queue.backoff.ms` (1 s
-        // by default, an idle second each time), within 10 ms here.
+        // librdkafka's own prefetch (64 MiB by default) adds to the processor's buffer; from 2.1 on,
+        // a full prefetch queue is refilled after `fetch.queue.backoff.ms` (1 s by default, an idle
+        // second each time), within 10 ms here.
         let refillsQuickly = LibrdkafkaVersion.isAtLeast(2, 1)
         if refillsQuickly { consumerConfiguration.setDefault("fetch.queue.backoff.ms", "10") }
-        consumerConfiguration.setDefault(
-            "queued.max.messages.kbytes",
-            "\(Self.prefetchKilobytes(partitionFetch: consumerConfiguration["max.partition.fetch.bytes"], refillsQuickly: refillsQuickly))"
-        )
+        // (`fetch.message.max.bytes` is librdkafka's own name for `max.partition.fetch.bytes`.)
+        let partitionFetch =
+            consumerConfiguration["max.partition.fetch.bytes"] ?? consumerConfiguration["fetch.message.max.bytes"]
+        let prefetch = Self.prefetchKilobytes(partitionFetch: partitionFetch, refillsQuickly: refillsQuickly)
+        consumerConfiguration.setDefault("queued.max.messages.kbytes", "\(prefetch)")
         // At-least-once: one producer for every worker (its batches are shared). Exactly-once: one
         // transactional producer per worker; a zombie is fenced through the group metadata sent
         // with the offsets. A stable id (from --instance-id, or -X transactional.id; each worker
