@@ -304,13 +304,13 @@ public final class PurchaseProcessor: Sendable {
 }
 
 extension ProcessorConfiguration {
-    /// librdkafka's prefetch queue (`queued.max.messages.kbytes`: the consumer's one queue, all
-    /// partitions; `fetch.max.bytes` is capped at it unless set) unless set: refilled within 10 ms
-    /// (`refillsQuickly`, librdkafka 2.1 on), 2 MiB keep the loops fed (measured on Tansu, 1,000,000
-    /// backlog, 8 partitions: 144.6 MB peak against 160.6 with 4 MiB, same throughput), but never
-    /// less than two of a partition's fetches (`max.partition.fetch.bytes`, 1 MiB by default): a
-    /// queue of one fetch ran at a fiftieth of the rate. Older versions were measured slower with a
-    /// small queue, so they keep a deeper one.
+    /// librdkafka's prefetch queue when `-X` does not set it (`queued.max.messages.kbytes`: the
+    /// consumer's one queue, all partitions; it also caps `fetch.max.bytes` unless that is set).
+    /// Refilled within 10 ms (`refillsQuickly`, librdkafka 2.1 on), 2 MiB keep the loops fed
+    /// (measured on Tansu, 1,000,000 backlog, 8 partitions: 144.6 MB peak against 160.6 with 4 MiB,
+    /// same throughput), but never less than two of a partition's fetches
+    /// (`max.partition.fetch.bytes`, 1 MiB by default): a queue of one fetch ran at a fiftieth of
+    /// the rate. Older versions were measured slower with a small queue, so they keep a deeper one.
     static func prefetchKilobytes(partitionFetch: String?, refillsQuickly: Bool) -> Int {
         guard refillsQuickly else { return 16384 }
         let fetchBytes = partitionFetch.flatMap { Int($0) } ?? 1_048_576
