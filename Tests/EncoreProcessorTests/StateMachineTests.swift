@@ -135,9 +135,14 @@ struct PolicyTests {
         var model: [Int] = []
         var random = SystemRandomNumberGenerator()
         var next = 0
-        // Random pushes and pops: the head wraps around many times and the buffer grows while wrapped.
-        for _ in 0..<20_000 {
-            if Int.random(in: 0..<5, using: &random) < 3 {
+        // Random pushes and pops: the head wraps around many times and the buffer grows while wrapped;
+        // then the queue drains, and pops are as likely as pushes, so it empties and refills often
+        // (its first element is held apart from the ring).
+        var emptied = 0
+        for step in 0..<40_000 {
+            let pushes = step < 20_000 ? 3 : step < 30_000 ? 1 : 2
+            if queue.isEmpty { emptied += 1 }
+            if Int.random(in: 0..<(step < 30_000 ? 5 : 4), using: &random) < pushes {
                 queue.append(next)
                 model.append(next)
                 next += 1
@@ -146,7 +151,12 @@ struct PolicyTests {
                 if !model.isEmpty { model.removeFirst() }
             }
             #expect(queue.count == model.count && queue.first == model.first)
+            if !model.isEmpty {
+                let offset = Int.random(in: 0..<model.count, using: &random)
+                #expect(queue[offset] == model[offset])
+            }
         }
+        #expect(emptied > 100, "the queue emptied \(emptied) times")
         let removed = queue.removeAll { $0 % 3 == 0 }
         #expect(removed == model.filter { $0 % 3 == 0 })
         model.removeAll { $0 % 3 == 0 }

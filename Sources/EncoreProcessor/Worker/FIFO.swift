@@ -1,31 +1,43 @@
-/// A first-in first-out queue: a ring buffer, so push and pop never move the other elements.
+/// A first-in first-out queue: a ring buffer, so push and pop never move the other elements. The
+/// first element is held apart from the ring, so a queue that never holds more than one (a user's
+/// updates, a lane's waiting requests: usually one at a time) allocates nothing.
 struct FIFO<Element> {
-    /// A power-of-two number of slots (or none); the elements are `count` slots from `head`, wrapping.
+    /// The first element; `nil` only when the queue is empty.
+    private var front: Element? = nil
+    /// The elements after the first: a power-of-two number of slots (or none), the `count - 1`
+    /// elements from `head` on, wrapping.
     private var slots: [Element?] = []
     private var head = 0
     private(set) var count = 0
 
     var isEmpty: Bool { count == 0 }
-    var first: Element? { isEmpty ? nil : slots[head] }
+    var first: Element? { front }
 
     /// The element `offset` places from the first (`0` is the first).
     subscript(offset: Int) -> Element {
         precondition(offset >= 0 && offset < count, "FIFO offset \(offset) out of 0..<\(count)")
-        return slots[(head + offset) & (slots.count - 1)]!
+        return offset == 0 ? front! : slots[(head + offset - 1) & (slots.count - 1)]!
     }
 
     mutating func append(_ element: Element) {
-        if count == slots.count { grow() }
-        slots[(head + count) & (slots.count - 1)] = element
+        guard count > 0 else {
+            front = element
+            count = 1
+            return
+        }
+        let behind = count - 1
+        if behind == slots.count { grow() }
+        slots[(head + behind) & (slots.count - 1)] = element
         count += 1
     }
 
     mutating func popFirst() -> Element? {
-        guard count > 0 else { return nil }
-        let element = slots[head].take()
-        head = (head + 1) & (slots.count - 1)
+        guard let element = front.take() else { return nil }
         count -= 1
-        if count == 0 { head = 0 }
+        if count > 0 {
+            front = slots[head].take()
+            head = (head + 1) & (slots.count - 1)
+        }
         return element
     }
 
@@ -40,9 +52,10 @@ struct FIFO<Element> {
         return removed
     }
 
+    /// Doubles the ring (at least four slots), its elements moved to its start.
     private mutating func grow() {
         var larger = [Element?](repeating: nil, count: max(4, slots.count * 2))
-        for index in 0..<count { larger[index] = slots[(head + index) & (slots.count - 1)].take() }
+        for index in 0..<(count - 1) { larger[index] = slots[(head + index) & (slots.count - 1)].take() }
         slots = larger
         head = 0
     }

@@ -295,14 +295,18 @@ struct OutputTracker<Item> {
                 return
             }
             let key = record.key
-            // The record's updates are the user's oldest, in order.
-            for _ in 0..<record.covering {
-                guard let covered = updateOrder[key]?.popFirst(), let update = updates.removeValue(forKey: covered)
-                else { break }
-                if let intent = update.intent { events.append(.intentWritten(intent)) }
-                if let ref = update.ref { outputAcknowledged(of: ref, into: &events) }
+            // The record's updates are the user's oldest, in order. (Taken out and put back: popping
+            // in place, through the dictionary's accessor, allocates its coroutine frame each time.)
+            if var order = updateOrder.removeValue(forKey: key) {
+                for _ in 0..<record.covering {
+                    guard let covered = order.popFirst(), let update = updates.removeValue(forKey: covered) else {
+                        break
+                    }
+                    if let intent = update.intent { events.append(.intentWritten(intent)) }
+                    if let ref = update.ref { outputAcknowledged(of: ref, into: &events) }
+                }
+                if !order.isEmpty { updateOrder[key] = order }
             }
-            if updateOrder[key]?.isEmpty ?? false { updateOrder[key] = nil }
             mayWrite(ofUser: key)
         }
         if let ref = slot.ref { outputAcknowledged(of: ref, into: &events) }
@@ -336,7 +340,9 @@ struct OutputTracker<Item> {
         var covering = 1
         var written = update
         var writesState = update.writesState
-        var journal: [JournalRecord] = update.journal.map { [$0] } ?? []
+        // The first update's journal record; the later ones' (an array only when there are any).
+        let firstJournal = update.journal
+        var laterJournal: [JournalRecord] = []
         while sharesRecords, covering < order.count, let later = updates[order[covering]],
             later.unacknowledgedOutputs == 0
         {
@@ -345,26 +351,34 @@ struct OutputTracker<Item> {
             written = later
             writesState = writesState || later.writesState
             if let record = later.journal {
+                if laterJournal.isEmpty, let firstJournal { laterJournal.append(firstJournal) }
                 // A later record of the same slot replaces the earlier one: only the last is written.
                 // (Updates of one user: the same seq is the same slot.)
-                if let same = journal.lastIndex(where: { $0.seq == record.seq }) { journal.remove(at: same) }
-                journal.append(record)
+                if let same = laterJournal.lastIndex(where: { $0.seq == record.seq }) {
+                    laterJournal.remove(at: same)
+                }
+                laterJournal.append(record)
             }
             covering += 1
         }
         written.isWritten = true
         written.covering = covering
+        let journalCount = laterJournal.isEmpty ? (firstJournal == nil ? 0 : 1) : laterJournal.count
         // Every update writes a record (a journal update journals; a state update changes it).
-        if journal.isEmpty { writesState = true }
-        written.unwrittenRecords = (writesState ? 1 : 0) + journal.count
+        if journalCount == 0 { writesState = true }
+        written.unwrittenRecords = (writesState ? 1 : 0) + journalCount
         // Counted with their updates already (each acknowledged with the last record).
         if writesState {
-            written.deferredJournal = journal
+            written.deferredJournal = laterJournal.isEmpty ? firstJournal.map { [$0] } ?? [] : laterJournal
             enqueue(
                 .entitlementState(update: last), .state(written.state, partition: written.partition), for: nil,
                 update: nil)
+        } else if laterJournal.isEmpty, let firstJournal {
+            enqueue(
+                .entitlementState(update: last), .journal(firstJournal, partition: written.partition), for: nil,
+                update: nil)
         } else {
-            for record in journal {
+            for record in laterJournal {
                 enqueue(
                     .entitlementState(update: last), .journal(record, partition: written.partition), for: nil,
                     update: nil)
