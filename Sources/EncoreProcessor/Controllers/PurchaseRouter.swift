@@ -39,12 +39,16 @@ public struct PurchaseRouter: Sendable {
 
     public private(set) var rules: [Rule] = []
     private var controllers: [String: any PurchaseController] = [:]
+    /// Whether a registered controller replays recorded answers (``ReplayingController``): only
+    /// then is a settled call's controller asked for its recorded completion time.
+    public private(set) var hasReplayingController = false
 
     public init() {}
 
     /// Registers `controller` under `name`; rules refer to it by that name.
     public mutating func register(_ name: String, _ controller: any PurchaseController) {
         controllers[name] = controller
+        if controller is any ReplayingController { hasReplayingController = true }
     }
 
     /// Appends a rule; earlier rules win.

@@ -98,7 +98,7 @@ struct RequestMemory: Sendable {
         /// The request record's offset, coded by ``RequestMemory`` (0: not journaled).
         var offsetCode: Int64 { Int64(low >> 58 | UInt64(packed2) << 6) }
 
-        var result: OutcomeResult { OutcomeResult.allCases[Int(tally >> 12)] }
+        var result: OutcomeResult { RequestMemory.results[Int(tally >> 12)] }
         var attempts: Int { Int(tally & 0xfff) }
 
         var isFree: Bool { tally == Self.freeTally }
@@ -264,7 +264,7 @@ struct RequestMemory: Sendable {
             let occupant = users[Int(user)].ring[slot]
             if occupant >= 0 { remove(at: Int(occupant)) }
         }
-        let resultIndex = UInt16(Self.resultIndex[result] ?? 0)
+        let resultIndex = UInt16(Self.index(of: result))
         let position = insert(
             Settled(
                 key: key, digest: entry.digest.flatMap { UInt64($0, radix: 16) } ?? 0, completedAtMs: completedAtMs,
@@ -521,9 +521,13 @@ struct RequestMemory: Sendable {
         if buckets < index.count { rebuildIndex(buckets: buckets) }
     }
 
-    /// Each result's index in the bits a settled entry keeps of it.
-    private static let resultIndex = Dictionary(
-        uniqueKeysWithValues: OutcomeResult.allCases.enumerated().map { ($0.element, $0.offset) })
+    /// The results in the order of the index a settled entry keeps of its own (built once:
+    /// `allCases` builds an array on each use).
+    fileprivate static let results = OutcomeResult.allCases
+
+    /// A result's index in the bits a settled entry keeps of it (found by comparing cases, not by
+    /// hashing the raw value as a dictionary of results would).
+    private static func index(of result: OutcomeResult) -> Int { results.firstIndex(of: result) ?? 0 }
 
     private static func hex(_ value: UInt64) -> String {
         let digits = String(value, radix: 16)

@@ -378,8 +378,10 @@ struct Worker {
     mutating func settle(_ item: WorkItem, _ settlement: CallTable<WorkItem>.Settlement, attempts: Int) {
         let next = scheduler.endCall(lane: item.lane)
         if ownership.owns(item.ref) {
-            // (A replay's controller only: the request is built for it alone.)
-            let replayed = (item.controller as? any ReplayingController).flatMap {
+            // (A replay's controller only: the request is built for it alone, and the cast is
+            // tried only when one is registered.)
+            let replaying = router.hasReplayingController ? item.controller as? any ReplayingController : nil
+            let replayed = replaying.flatMap {
                 $0.recordedCompletion(of: PurchaseRequest(event: item.request, attempt: attempts))
             }
             switch settlement {
