@@ -271,6 +271,38 @@ struct OutputTrackerTests {
         #expect(!tracker.isIdle)
     }
 
+    @Test("a token reused after a redelivery does not carry the record produced again to its next output")
+    func reusedTokenForgetsRedelivery() {
+        var tracker = OutputTracker<String>(redeliveryDelay: .milliseconds(500))
+        tracker.send(.outcome(.purchased, requestedAtMs: 0), outcome(0, user: "u"), for: ref(0), item: "req-0")
+        let first = tracker.takeUnsent()
+        _ = tracker.delivered(
+            [KafkaDelivery(token: first[0].token, error: failure(.messageTimedOut), record: record(0, user: "u"))],
+            now: at(0))
+        tracker.tick(now: at(500))
+        let again = tracker.takeUnsent()
+        guard case .record(let redelivered)? = again.first?.output else {
+            Issue.record("the timed-out outcome was not produced again: \(again)")
+            return
+        }
+        #expect(again[0].token == first[0].token && redelivered.value == record(0, user: "u").value)
+        #expect(done(acknowledge(again, in: &tracker)) == ["req-0"])
+        // The freed token goes to the next output; its failure comes back without the record (a
+        // producer that cannot give it back): nothing of the earlier output's record is produced.
+        tracker.send(.outcome(.purchased, requestedAtMs: 0), outcome(1, user: "v"), for: ref(1), item: "req-1")
+        let next = tracker.takeUnsent()
+        #expect(next.count == 1 && next[0].token == first[0].token)
+        let events = tracker.delivered(
+            [KafkaDelivery(token: next[0].token, error: failure(.messageTimedOut), record: nil)], now: at(600))
+        tracker.tick(now: at(2_000))
+        let producedAgain = tracker.takeUnsent().count
+        #expect(producedAgain == 0, "the earlier output's record was produced again as the next one's")
+        guard case .fatal? = events.first, events.count == 1 else {
+            Issue.record("a failure with no record to produce again was not fatal: \(events)")
+            return
+        }
+    }
+
     @Test(
         "a missing topic, a refused authorization or a record too large is fatal: no redelivery, the record never finishes",
         arguments: [
