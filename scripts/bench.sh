@@ -124,8 +124,8 @@ backlog_row mock "processor, 0 ms controller, exactly-once" "$eos"
 stop_mock
 half=$(python3 -c "print(int($noop_rate/2))")
 # Half load is half of each mode's own 0 ms rate: at half of at-least-once's, exactly-once runs at
-# about 85% of what it can do, and its latency is queueing (p50 124-463 ms and p99 414-918 ms over
-# four runs at 21,000/s, against 92-101 and 221-252 ms at 12,000/s).
+# about 85% of what it can do, and its latency is queueing (p50 124 and 463 ms, p99 414 and 918 ms
+# in two runs at 21,000/s, against 92-101 and 221-252 ms in two at 12,000/s).
 eos_rate=$(echo "$eos" | field 'd.get("throughput", 0)' 2>/dev/null || echo 0)
 eos_half=$(python3 -c "r = float('${eos_rate:-0}' or 0); print(int(r / 2) if r > 0 else $half)")
 for guarantee in at-least-once exactly-once; do
