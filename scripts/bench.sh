@@ -126,15 +126,14 @@ half=$(python3 -c "print(int($noop_rate/2))")
 # Half load is half of each mode's own 0 ms rate: at half of at-least-once's, exactly-once runs at
 # about 85% of what it can do, and its latency is queueing (p50 124 and 463 ms, p99 414 and 918 ms
 # in two runs at 21,000/s, against 92-101 and 221-252 ms in two at 12,000/s).
-eos_rate=$(echo "$eos" | field 'd.get("throughput", 0)' 2>/dev/null || echo 0)
-eos_half=$(python3 -c "r = float('${eos_rate:-0}' or 0); print(int(r / 2) if r > 0 else $half)")
+eos_half=$(python3 -c "print(max(1, int($(echo "$eos" | field 'd["throughput"]') / 2)))")
 for guarantee in at-least-once exactly-once; do
   rate=$half
   [ "$guarantee" = exactly-once ] && rate=$eos_half
   fresh_mock "steady-$guarantee" 1
   steady=$($B bench --bootstrap-servers "$bs" --count $((rate * 10)) --partitions "$PARTS_MOCK" --rate "$rate" \
     --guarantee "$guarantee" $W --json || true)
-  steady_row mock "processor at $rate/s (half its 0 ms rate), $guarantee" "$steady"
+  steady_row mock "processor at $rate/s, half its rate, $guarantee" "$steady"
   stop_mock
 done
 # What the broker itself adds at that rate: the Python peer under the same steady load, its

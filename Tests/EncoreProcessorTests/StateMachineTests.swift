@@ -135,34 +135,64 @@ struct PolicyTests {
         var model: [Int] = []
         var random = SystemRandomNumberGenerator()
         var next = 0
-        // Random pushes and pops: the head wraps around many times and the buffer grows while wrapped;
-        // then the queue drains, and pops are as likely as pushes, so it empties and refills often
-        // (its first element is held apart from the ring).
-        var emptied = 0
-        for step in 0..<40_000 {
-            let pushes = step < 20_000 ? 3 : step < 30_000 ? 1 : 2
-            if queue.isEmpty { emptied += 1 }
-            if Int.random(in: 0..<(step < 30_000 ? 5 : 4), using: &random) < pushes {
-                queue.append(next)
-                model.append(next)
-                next += 1
-            } else {
-                #expect(queue.popFirst() == model.first)
-                if !model.isEmpty { model.removeFirst() }
-            }
+        func check() {
             #expect(queue.count == model.count && queue.first == model.first)
             if !model.isEmpty {
                 let offset = Int.random(in: 0..<model.count, using: &random)
                 #expect(queue[offset] == model[offset])
             }
         }
-        #expect(emptied > 100, "the queue emptied \(emptied) times")
+        func push() {
+            queue.append(next)
+            model.append(next)
+            next += 1
+        }
+        func pop() {
+            #expect(queue.popFirst() == model.first)
+            if !model.isEmpty { model.removeFirst() }
+        }
+        // Random pushes and pops: the head wraps around many times and the buffer grows while wrapped.
+        for _ in 0..<20_000 {
+            if Int.random(in: 0..<5, using: &random) < 3 { push() } else { pop() }
+            check()
+        }
+        // Emptied and refilled, 1 to 6 elements at a time: the first element is held apart from the ring.
+        for round in 0..<2_000 {
+            while !model.isEmpty {
+                pop()
+                check()
+            }
+            #expect(queue.isEmpty && queue.popFirst() == nil)
+            for _ in 0...(round % 6) {
+                push()
+                check()
+            }
+        }
         let removed = queue.removeAll { $0 % 3 == 0 }
         #expect(removed == model.filter { $0 % 3 == 0 })
         model.removeAll { $0 % 3 == 0 }
         var rest: [Int] = []
         while let element = queue.popFirst() { rest.append(element) }
         #expect(rest == model && queue.isEmpty && queue.popFirst() == nil)
+    }
+
+    @Test("the queue keeps no element it handed out or removed, across growth and wrap-around")
+    func fifoReleases() {
+        final class Box {}
+        var queue = FIFO<Box>()
+        var handedOut: [() -> Box?] = []
+        var random = SystemRandomNumberGenerator()
+        for round in 0..<200 {
+            for _ in 0..<Int.random(in: 1...9, using: &random) {
+                let box = Box()
+                handedOut.append { [weak box] in box }
+                queue.append(box)
+            }
+            for _ in 0..<Int.random(in: 0...queue.count, using: &random) { _ = queue.popFirst() }
+            if round % 50 == 49 { _ = queue.removeAll { _ in Bool.random(using: &random) } }
+        }
+        while queue.popFirst() != nil {}
+        #expect(handedOut.allSatisfy { $0() == nil }, "an element outlived its queue's hold on it")
     }
 
     @Test("the histogram's percentiles are within 2% of the true values")

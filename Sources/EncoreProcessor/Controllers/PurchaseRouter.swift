@@ -39,9 +39,8 @@ public struct PurchaseRouter: Sendable {
 
     public private(set) var rules: [Rule] = []
     private var controllers: [String: any PurchaseController] = [:]
-    /// Whether a registered controller replays recorded answers (``ReplayingController``): only
-    /// then is a settled call's controller asked for its recorded completion time.
-    public private(set) var hasReplayingController = false
+    /// Whether a registered controller replays recorded answers (``ReplayingController``).
+    private(set) var hasReplayingController = false
 
     public init() {}
 
