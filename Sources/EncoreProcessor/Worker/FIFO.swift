@@ -1,6 +1,7 @@
-/// A first-in first-out queue: a ring buffer, so push and pop never move the other elements. The
-/// first element is held apart from the ring, so a queue that never holds more than one (a user's
-/// updates, a lane's waiting requests: usually one at a time) allocates nothing.
+/// A first-in first-out queue: a ring buffer, so a push moves no other element and a pop moves one
+/// (the next, out of the ring). The first element is held apart from the ring, so a queue that
+/// never holds more than one (a user's updates, a lane's waiting requests: usually one at a time)
+/// allocates nothing.
 struct FIFO<Element> {
     /// The first element; `nil` only when the queue is empty.
     private var front: Element? = nil
