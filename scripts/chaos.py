@@ -25,6 +25,11 @@ it stops the members and checks, for every request id:
   - exactly-once only, read with isolation.level=read_committed: repeated_finals (a second final
     outcome, or a second pending in doubt) and
     repeated_changes (one outcome per request, one change per user and sequence)       (must be 0)
+  - exactly-once on Tansu only: held_by_open_transactions: outcomes a read_committed reader
+    could not reach once every member stopped, released by aborting what the members' own
+    transactional.ids left open (a transaction of ours left open)                       (must be 0)
+    (held_by_broker, apart: outcomes Tansu itself holds back for good, which the run is then
+    checked with; see settle_held)
 
 With --outage-s, billing has an outage from --outage-at of the production time: it accepts each
 call, charges the request on its first call, and answers nothing; every call held so ends (for
@@ -497,8 +502,16 @@ class Members:
         self.stopping_at = {}  # instance -> monotonic time of its SIGTERM
         self.next_instance = 0
         self.exit_codes = []
+        self.slots = set()
+
+    def transactional_ids(self):
+        """Every transactional.id the members may have used (exactly-once: `<group>-<instance id>`,
+        with each worker's number when there are several)."""
+        return [f"chaos-member-{slot}{suffix}" for slot in sorted(self.slots)
+                for suffix in [""] + [f"-{worker}" for worker in range(max(16, self.args.workers or 0))]]
 
     def start(self, slot):
+        self.slots.add(slot)
         instance = f"i{self.next_instance}"
         self.next_instance += 1
         command = [
@@ -730,6 +743,96 @@ def lost_examples(lost, records, everything, calls_by_id, started):
     return examples
 
 
+def request_ids(messages):
+    return {json.loads(m.value())["request_id"] for m in messages}
+
+
+def fence(bootstrap, transactional_ids):
+    """Starts a transactional producer under each id, as a restarted member does: the broker
+    aborts the transaction a predecessor under that id left open (InitProducerId)."""
+    for transactional_id in transactional_ids:
+        producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id})
+        producer.init_transactions(30)
+        producer.flush(30)
+
+
+def settle_held(bootstrap, records, changes, everything, transactional_ids):
+    """Tansu, exactly-once, every member stopped: outcomes written but beyond a read_committed
+    reader's reach, told apart by what holds them. Returns the outcome and change records to check
+    the run with and the counts.
+
+    - A transaction the members left open (a bug of ours: Kafka would hold readers for
+      transaction.timeout.ms). Starting a producer under each of the members' transactional.ids
+      aborts it, and what it held becomes readable: `held_by_open_transactions`, must be 0.
+    - Tansu's own: it marks a transaction committed only when every transaction still undecided
+      on its partitions that started before it ended is prepared; otherwise it stays undecided
+      until a later one ends so. Racing commits leave some undecided for good (behind them the
+      partition's last stable offset stays put), with Python producers alone that commit every
+      transaction and nothing left open: scripts/tansu_txn_race.py shows it, and that aborting
+      every producer's open transaction releases none of it. Such outcomes are `held_by_broker`,
+      and the run is checked with what was written (read without isolation: Tansu filters no
+      aborted transaction for read_committed readers either, so that differs only by them)."""
+    held = request_ids(everything) - request_ids(records)
+    if not held:
+        return records, changes, {"held_by_open_transactions": 0, "held_by_broker": 0}
+    fence(bootstrap, transactional_ids)
+    after = read_topic(bootstrap, OUTCOMES, True)
+    released = held & request_ids(after)
+    if released:
+        return after, read_topic(bootstrap, CHANGES, True), {
+            "held_by_open_transactions": len(released), "held_by_open_transactions_examples": sorted(released)[:10],
+            "held_by_broker": len(held - released)}
+    return everything, read_topic(bootstrap, CHANGES, False), {
+        "held_by_open_transactions": 0, "held_by_broker": len(held),
+        "held_by_broker_examples": sorted(held)[:10]}
+
+
+def held_self_test(args):
+    """settle_held against Tansu: a transaction left open by a process SIGKILLed mid-transaction
+    under a member's transactional.id. Fenced under other ids only, it reads as the broker's;
+    fenced under the member's, as ours. Exits 1 on a wrong verdict."""
+    work = tempfile.mkdtemp(prefix="encore-held-")
+    cluster = Cluster(args, work)
+    try:
+        def outcome(request_id):
+            return json.dumps({"request_id": request_id, "result": "success"}).encode()
+        producer = Producer({"bootstrap.servers": cluster.bootstrap, "transactional.id": "chaos-probe-committed"})
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        for n in range(5):
+            producer.produce(OUTCOMES, outcome(f"committed-{n}"), partition=0)
+        producer.commit_transaction(30)
+        # (A process of its own, killed with its transaction open, as a SIGKILLed member.)
+        subprocess.run([sys.executable, "-c", f"""
+import os
+from confluent_kafka import Producer
+producer = Producer({{"bootstrap.servers": "{cluster.bootstrap}", "transactional.id": "chaos-member-0-0"}})
+producer.init_transactions(30)
+producer.begin_transaction()
+for n in range(5):
+    producer.produce("{OUTCOMES}", ('{{"request_id": "open-%d"}}' % n).encode(), partition=0)
+producer.flush(30)
+os.kill(os.getpid(), 9)
+"""], env=cluster.env)
+        records = read_topic(cluster.bootstrap, OUTCOMES, True)
+        everything = read_topic(cluster.bootstrap, OUTCOMES, False)
+        verdicts = [
+            settle_held(cluster.bootstrap, records, [], everything, ["chaos-member-1-0"])[2],
+            settle_held(cluster.bootstrap, records, [], everything, ["chaos-member-0", "chaos-member-0-0"])[2],
+        ]
+    finally:
+        cluster.stop()
+    expected = [{"held_by_open_transactions": 0, "held_by_broker": 5},
+                {"held_by_open_transactions": 5, "held_by_broker": 0}]
+    found = [{k: v[k] for k in expected[0]} for v in verdicts]
+    visible = sorted(request_ids(records))
+    print(json.dumps({"read_committed_saw": visible, "verdicts": found}))
+    if visible != [f"committed-{n}" for n in range(5)] or found != expected:
+        print(f"held_self_test: expected {expected}", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(0)
+
+
 def filters_aborted(bootstrap):
     """Whether a read_committed reader of this broker skips aborted transactions (librdkafka's mock
     cluster 2.0.2 and Tansu do not: there, only a run without crashes can show exactly-once)."""
@@ -778,9 +881,15 @@ def main():
                              "(default: on Tansu, whose coordinator has no timers: a member killed mid-rebalance "
                              "left the others waiting to join for good)")
     parser.add_argument("--self-test", action="store_true", help="check the call classification only, then exit")
+    parser.add_argument("--held-self-test", action="store_true",
+                        help="check, on Tansu, how outcomes a read_committed reader cannot reach are told apart (settle_held), then exit")
     args = parser.parse_args()
     if args.self_test:
         self_test()
+    if args.held_self_test:
+        if args.broker != "tansu" or not args.binary:
+            parser.error("--held-self-test needs --broker tansu and --binary")
+        held_self_test(args)
     if not args.binary:
         parser.error("--binary is required")
     work = tempfile.mkdtemp(prefix="encore-chaos-")
@@ -894,6 +1003,10 @@ def main():
         # What a read_committed reader missed is told apart: never written, or written and not
         # (yet) visible as committed.
         everything = read_topic(cluster.bootstrap, OUTCOMES, False) if committed_only else records
+        held = None
+        if committed_only and args.broker == "tansu":
+            records, changes, held = settle_held(
+                cluster.bootstrap, records, changes, everything, members.transactional_ids())
     except BaseException:
         # Named first: a broker that died takes every later read down with it.
         died = cluster.died()
@@ -1009,12 +1122,15 @@ def main():
         "actions": actions,
         "stall_causes": causes,
         "seconds": round(time.monotonic() - started, 1),
+        **(held or {}),
     }
     must_be_zero = ["lost", "undeclared_repeats", "overlaps", "conflicting", "undeclared_outcome_repeats",
                     "resent_called", "resent_answered", "in_doubt_unresolved", "charged_but_failed"]
     # Exactly-once: one outcome per request and one change per sequence, where a read_committed
     # reader can show it (a broker that filters aborted transactions, or a run without SIGKILLs).
     report["exactly_once_checked"] = exact
+    if held is not None:
+        must_be_zero.append("held_by_open_transactions")
     if exact:
         # One final outcome per request (and at most one pending before it, in doubt).
         must_be_zero += ["repeated_finals", "repeated_changes"]
