@@ -25,11 +25,11 @@ it stops the members and checks, for every request id:
   - exactly-once only, read with isolation.level=read_committed: repeated_finals (a second final
     outcome, or a second pending in doubt) and
     repeated_changes (one outcome per request, one change per user and sequence)       (must be 0)
-  - exactly-once on Tansu only: held_by_open_transactions: outcomes a read_committed reader
-    could not reach once every member stopped, released by aborting what the members' own
-    transactional.ids left open (a transaction of ours left open)                       (must be 0)
-    (held_by_broker, apart: outcomes Tansu itself holds back for good, which the run is then
-    checked with; see settle_held)
+  - exactly-once on Tansu only: open_transactions_left: partitions a member's transaction was
+    left open on once every member stopped (aborting what their transactional.ids left open
+    wrote an abort marker there)                                                       (must be 0)
+    (held_by_broker, apart: outcomes Tansu itself holds back for good with none left open,
+    which the run is then checked with; see settle_held)
 
 With --outage-s, billing has an outage from --outage-at of the production time: it accepts each
 call, charges the request on its first call, and answers nothing; every call held so ends (for
@@ -51,6 +51,7 @@ import http.server
 import json
 import os
 import random
+import re
 import select
 import signal
 import socket
@@ -68,6 +69,7 @@ OUTCOMES = "encore.purchase-outcomes"
 CHANGES = "encore.entitlement-changes"
 STATE = "encore.entitlement-state"
 PARTITIONS = 8
+PROBE = "encore.chaos-probe"
 
 
 def unit(text, salt):
@@ -505,10 +507,11 @@ class Members:
         self.slots = set()
 
     def transactional_ids(self):
-        """Every transactional.id the members may have used (exactly-once: `<group>-<instance id>`,
-        with each worker's number when there are several)."""
-        return [f"chaos-member-{slot}{suffix}" for slot in sorted(self.slots)
-                for suffix in [""] + [f"-{worker}" for worker in range(max(16, self.args.workers or 0))]]
+        """Every transactional.id the members may have used: their workers as their logs say
+        (`processing ... (N workers, ...)`, at info level), else as many as a member may run (64)."""
+        workers = [int(found) for path in glob.glob(f"{self.work}/i*.log")
+                   for found in re.findall(r"\((\d+) workers?, max in flight", open(path, errors="replace").read())]
+        return member_transactional_ids(self.slots, max(workers, default=64))
 
     def start(self, slot):
         self.slots.add(slot)
@@ -747,87 +750,108 @@ def request_ids(messages):
     return {json.loads(m.value())["request_id"] for m in messages}
 
 
+def member_transactional_ids(slots, workers):
+    """The transactional.ids members in these slots may use: `<group>-<instance id>` with one
+    worker, with each worker's number (`-0`, `-1`, ...) with several."""
+    return [f"chaos-member-{slot}{suffix}" for slot in sorted(slots)
+            for suffix in [""] + [f"-{worker}" for worker in range(workers)]]
+
+
 def fence(bootstrap, transactional_ids):
     """Starts a transactional producer under each id, as a restarted member does: the broker
     aborts the transaction a predecessor under that id left open (InitProducerId)."""
     for transactional_id in transactional_ids:
-        producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id})
-        producer.init_transactions(30)
-        producer.flush(30)
+        Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id}).init_transactions(30)
+
+
+def partition_ends(bootstrap):
+    """Every partition's end (high watermark, read_uncommitted) of every topic but the probe's."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"chaos-ends-{random.random()}",
+                         "isolation.level": "read_uncommitted"})
+    ends = {}
+    for topic, metadata in consumer.list_topics(timeout=10).topics.items():
+        if topic.startswith("__") or topic == PROBE:
+            continue
+        for partition in metadata.partitions:
+            ends[f"{topic}[{partition}]"] = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=10)[1]
+    consumer.close()
+    return ends
 
 
 def settle_held(bootstrap, records, changes, everything, transactional_ids):
-    """Tansu, exactly-once, every member stopped: outcomes written but beyond a read_committed
-    reader's reach, told apart by what holds them. Returns the outcome and change records to check
-    the run with and the counts.
+    """Tansu, exactly-once, every member stopped: whether a member left a transaction open, and
+    outcomes written but beyond a read_committed reader's reach. Returns the outcome and change
+    records to check the run with and the counts.
 
-    - A transaction the members left open (a bug of ours: Kafka would hold readers for
-      transaction.timeout.ms). Starting a producer under each of the members' transactional.ids
-      aborts it, and what it held becomes readable: `held_by_open_transactions`, must be 0.
-    - Tansu's own: it marks a transaction committed only when every transaction still undecided
-      on its partitions that started before it ended is prepared; otherwise it stays undecided
-      until a later one ends so. Racing commits leave some undecided for good (behind them the
-      partition's last stable offset stays put), with Python producers alone that commit every
-      transaction and nothing left open: scripts/tansu_txn_race.py shows it, and that aborting
-      every producer's open transaction releases none of it. Such outcomes are `held_by_broker`,
-      and the run is checked with what was written (read without isolation: Tansu filters no
-      aborted transaction for read_committed readers either, so that differs only by them)."""
-    held = request_ids(everything) - request_ids(records)
-    if not held:
-        return records, changes, {"held_by_open_transactions": 0, "held_by_broker": 0}
+    - Open transactions: starting a producer under each of the members' transactional.ids makes
+      Tansu abort a transaction that id left open, and it writes an abort marker to each partition
+      the transaction wrote to. A partition's end that moves then is `open_transactions_left`
+      (must be 0: a bug of ours; Kafka would hold readers for transaction.timeout.ms). That does not
+      depend on what Tansu then lets readers see.
+    - Held outcomes without one: Tansu marks a transaction committed only when every transaction
+      still undecided on its partitions that started before it ended is prepared; otherwise it stays
+      undecided until a later one ends so. Racing commits leave some undecided for good (behind
+      them the partition's last stable offset stays put), with Python producers alone that commit
+      every transaction and leave none open: scripts/tansu_txn_race.py shows it. With no
+      transaction of the members left open, such outcomes are `held_by_broker`, and the run is
+      checked with what was written (read without isolation: Tansu filters no aborted transaction
+      for read_committed readers either, so that differs only by them)."""
+    before = partition_ends(bootstrap)
     fence(bootstrap, transactional_ids)
-    after = read_topic(bootstrap, OUTCOMES, True)
-    released = held & request_ids(after)
-    if released:
-        return after, read_topic(bootstrap, CHANGES, True), {
-            "held_by_open_transactions": len(released), "held_by_open_transactions_examples": sorted(released)[:10],
-            "held_by_broker": len(held - released)}
-    return everything, read_topic(bootstrap, CHANGES, False), {
-        "held_by_open_transactions": 0, "held_by_broker": len(held),
-        "held_by_broker_examples": sorted(held)[:10]}
+    after = partition_ends(bootstrap)
+    moved = sorted(partition for partition, end in after.items() if end != before.get(partition))
+    held = sorted(request_ids(everything) - request_ids(records))
+    counts = {"open_transactions_left": len(moved), "open_transactions_examples": moved[:10],
+              "held_by_broker": 0}
+    if moved or not held:
+        # (With one left open, the committed read from before its abort: what the abort released
+        # is no committed outcome.)
+        return records, changes, counts
+    counts["held_by_broker"], counts["held_by_broker_examples"] = len(held), held[:10]
+    return everything, read_topic(bootstrap, CHANGES, False), counts
 
 
 def held_self_test(args):
     """settle_held against Tansu: a transaction left open by a process SIGKILLed mid-transaction
-    under a member's transactional.id. Fenced under other ids only, it reads as the broker's;
-    fenced under the member's, as ours. Exits 1 on a wrong verdict."""
+    under a member's transactional.id, after one committed. Fenced under another member's ids it
+    stays open and holds its records: taken for the broker's hold, the run checked with all ten.
+    Fenced under its own member's ids, it is found left open, the run checked with the five
+    committed. Exits 1 on a wrong verdict."""
     work = tempfile.mkdtemp(prefix="encore-held-")
     cluster = Cluster(args, work)
+    ours, others = member_transactional_ids([0], 2), member_transactional_ids([1], 2)
     try:
-        def outcome(request_id):
-            return json.dumps({"request_id": request_id, "result": "success"}).encode()
         producer = Producer({"bootstrap.servers": cluster.bootstrap, "transactional.id": "chaos-probe-committed"})
         producer.init_transactions(30)
         producer.begin_transaction()
         for n in range(5):
-            producer.produce(OUTCOMES, outcome(f"committed-{n}"), partition=0)
+            producer.produce(OUTCOMES, json.dumps({"request_id": f"committed-{n}"}).encode(), partition=0)
         producer.commit_transaction(30)
         # (A process of its own, killed with its transaction open, as a SIGKILLed member.)
-        subprocess.run([sys.executable, "-c", f"""
-import os
+        killed = subprocess.run([sys.executable, "-c", f"""
+import json, os
 from confluent_kafka import Producer
-producer = Producer({{"bootstrap.servers": "{cluster.bootstrap}", "transactional.id": "chaos-member-0-0"}})
+producer = Producer({{"bootstrap.servers": "{cluster.bootstrap}", "transactional.id": "{ours[-1]}"}})
 producer.init_transactions(30)
 producer.begin_transaction()
 for n in range(5):
-    producer.produce("{OUTCOMES}", ('{{"request_id": "open-%d"}}' % n).encode(), partition=0)
+    producer.produce("{OUTCOMES}", json.dumps({{"request_id": f"open-{{n}}"}}).encode(), partition=0)
 producer.flush(30)
 os.kill(os.getpid(), 9)
 """], env=cluster.env)
         records = read_topic(cluster.bootstrap, OUTCOMES, True)
         everything = read_topic(cluster.bootstrap, OUTCOMES, False)
-        verdicts = [
-            settle_held(cluster.bootstrap, records, [], everything, ["chaos-member-1-0"])[2],
-            settle_held(cluster.bootstrap, records, [], everything, ["chaos-member-0", "chaos-member-0-0"])[2],
-        ]
+        verdicts = [settle_held(cluster.bootstrap, records, [], everything, ids) for ids in (others, ours)]
     finally:
         cluster.stop()
-    expected = [{"held_by_open_transactions": 0, "held_by_broker": 5},
-                {"held_by_open_transactions": 5, "held_by_broker": 0}]
-    found = [{k: v[k] for k in expected[0]} for v in verdicts]
-    visible = sorted(request_ids(records))
-    print(json.dumps({"read_committed_saw": visible, "verdicts": found}))
-    if visible != [f"committed-{n}" for n in range(5)] or found != expected:
+    committed, written = [f"committed-{n}" for n in range(5)], [f"committed-{n}" for n in range(5)] + [f"open-{n}" for n in range(5)]
+    expected = [({"open_transactions_left": 0, "held_by_broker": 5}, sorted(written)),
+                ({"open_transactions_left": 1, "held_by_broker": 0}, committed)]
+    found = [({k: counts[k] for k in expected[0][0]}, sorted(request_ids(checked))) for checked, _, counts in verdicts]
+    print(json.dumps({"killed_with": killed.returncode, "read_committed_saw": sorted(request_ids(records)),
+                      "verdicts": found}))
+    if killed.returncode != -signal.SIGKILL or sorted(request_ids(records)) != committed or found != expected:
         print(f"held_self_test: expected {expected}", file=sys.stderr)
         sys.exit(1)
     sys.exit(0)
@@ -836,7 +860,7 @@ os.kill(os.getpid(), 9)
 def filters_aborted(bootstrap):
     """Whether a read_committed reader of this broker skips aborted transactions (librdkafka's mock
     cluster 2.0.2 and Tansu do not: there, only a run without crashes can show exactly-once)."""
-    topic = "encore.chaos-probe"
+    topic = PROBE
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"chaos-probe-{random.random()}"})
     producer.init_transactions(30)
     producer.begin_transaction()
@@ -1130,7 +1154,7 @@ def main():
     # reader can show it (a broker that filters aborted transactions, or a run without SIGKILLs).
     report["exactly_once_checked"] = exact
     if held is not None:
-        must_be_zero.append("held_by_open_transactions")
+        must_be_zero.append("open_transactions_left")
     if exact:
         # One final outcome per request (and at most one pending before it, in doubt).
         must_be_zero += ["repeated_finals", "repeated_changes"]
