@@ -211,6 +211,7 @@ if [ "${SCALE:-1}" != 0 ]; then
     n=$(echo "$line" | field 'd["instances"]')
     if echo "$line" | grep -q '"error"'; then
       row tansu "scale-out: $n instances, 12 partitions" "?" "$(echo "$line" | field 'd["error"]')" "-" "-" "-" "-" "-"
+      echo "scale-out, $n instances, ended short: the members' logs are in $(echo "$line" | field 'd["logs"]')" >&2
       continue
     fi
     rate=$(echo "$line" | field 'd["throughput"]')

@@ -73,13 +73,16 @@ def main():
         reopened = 0
         command = [args.binary, "run", "--bootstrap-servers", bootstrap, *flags, "--controller", "simulated",
                    "--simulated-latency-ms", "0", "--simulated-outcomes", "purchased=1", "--allow-simulated-production", "--group-id", prefix,
-                   "--workers", str(args.workers), "--log-level", "error"]
+                   "--workers", str(args.workers), "--log-level", "info"]
         members = []
 
         def start(index):
+            # Each member's log (its assignments, restores and warnings; nothing per request) stays
+            # in the work directory: a run that ends short says where to look.
             members.append(subprocess.Popen(command + ["--instance-id", f"{prefix}-{index}",
                                                        "--state-dir", f"{work}/state-{index}"],
-                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                                            stdout=open(f"{work}/member-{index}.log", "w"),
+                                            stderr=subprocess.STDOUT))
 
         stamps = []
         joined_ms = None
@@ -120,7 +123,7 @@ def main():
         stamps.sort()
         if len(stamps) < args.count:
             print(json.dumps({"instances": n, "error": f"{len(stamps)} of {args.count} outcomes",
-                              "readers_reopened": reopened}), flush=True)
+                              "readers_reopened": reopened, "logs": work}), flush=True)
             continue
         pause, resumed = 0, stamps[0]
         if joined_ms is not None:
