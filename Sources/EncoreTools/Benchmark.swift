@@ -133,6 +133,13 @@ public enum Benchmark {
                 generator: &generator, count: options.count, duration: nil)
             await producer.close()
         }
+        if options.rate == 0 {
+            // A backlog the broker's retention cut (the embedded broker's 5 MB a partition) would
+            // leave the run waiting out its timeout for outcomes that cannot come. (Offered load
+            // is not checked: there the broker also deletes records the processor already read.)
+            let deleted = try await deletedRequests(kafka: kafka, topic: requests, partitions: options.partitions)
+            if deleted > 0 { throw DeletedRequests(topic: requests, deleted: deleted, options: options) }
+        }
 
         var configuration = ProcessorConfiguration(kafka: kafka)
         configuration.groupID = "bench-\(suffix)"
@@ -231,6 +238,45 @@ public enum Benchmark {
             allCommitted: committed == Int64(options.count),
             joinSeconds: Double(first) / 1000 - started.timeIntervalSince1970, ledger: options.ledger,
             entitlementChanges: statistics.entitlementChanges)
+    }
+
+    /// Records of `topic` the broker deleted (its retention), read or not: the sum of the
+    /// partitions' first offsets (the benchmark's requests topics start empty).
+    private static func deletedRequests(kafka: KafkaConfiguration, topic: String, partitions: Int) async throws -> Int64
+    {
+        let admin = try KafkaAdmin(configuration: kafka)
+        var deleted: Int64 = 0
+        for partition in 0..<Int32(partitions) {
+            deleted += try await admin.watermarks(of: KafkaTopicPartition(topic: topic, partition: partition)).low
+        }
+        return deleted
+    }
+
+    /// The broker deleted requests of the backlog before the processor read them.
+    public struct DeletedRequests: Error, CustomStringConvertible {
+        public var topic: String
+        public var deleted: Int64
+        public var count: Int
+        public var partitions: Int
+        public var embedded: Bool
+
+        init(topic: String, deleted: Int64, options: Options) {
+            self.topic = topic
+            self.deleted = deleted
+            count = options.count
+            partitions = options.partitions
+            embedded = options.bootstrapServers == nil
+        }
+
+        public var description: String {
+            let retention =
+                embedded
+                ? "the embedded broker keeps about 5 MB of records per partition and deletes the oldest beyond it"
+                : "its retention"
+            return "the broker deleted \(deleted) of the \(count) requests of \(topic) before they were read "
+                + "(\(retention)), so their outcomes can never come; spread them over more --partitions "
+                + "(\(partitions) now), send fewer (--count), or use a broker that keeps them"
+        }
     }
 
     private static func committedTotal(
