@@ -137,8 +137,13 @@ public enum Benchmark {
             // A backlog the broker's retention cut (the embedded broker's 5 MB a partition) would
             // leave the run waiting out its timeout for outcomes that cannot come. (Offered load
             // is not checked: there the broker also deletes records the processor already read.)
-            let deleted = try await deletedRequests(kafka: kafka, topic: requests, partitions: options.partitions)
-            if deleted > 0 { throw DeletedRequests(topic: requests, deleted: deleted, options: options) }
+            let deleted = try await KafkaAdmin(configuration: kafka).deletedRecords(
+                of: requests, partitions: options.partitions)
+            if deleted > 0 {
+                throw DeletedRequests(
+                    topic: requests, deleted: deleted, count: options.count, partitions: options.partitions,
+                    embedded: options.bootstrapServers == nil, otherBroker: "--bootstrap-servers")
+            }
         }
 
         var configuration = ProcessorConfiguration(kafka: kafka)
@@ -240,45 +245,6 @@ public enum Benchmark {
             entitlementChanges: statistics.entitlementChanges)
     }
 
-    /// Records of `topic` the broker deleted (its retention), read or not: the sum of the
-    /// partitions' first offsets (the benchmark's requests topics start empty).
-    private static func deletedRequests(kafka: KafkaConfiguration, topic: String, partitions: Int) async throws -> Int64
-    {
-        let admin = try KafkaAdmin(configuration: kafka)
-        var deleted: Int64 = 0
-        for partition in 0..<Int32(partitions) {
-            deleted += try await admin.watermarks(of: KafkaTopicPartition(topic: topic, partition: partition)).low
-        }
-        return deleted
-    }
-
-    /// The broker deleted requests of the backlog before the processor read them.
-    public struct DeletedRequests: Error, CustomStringConvertible {
-        public var topic: String
-        public var deleted: Int64
-        public var count: Int
-        public var partitions: Int
-        public var embedded: Bool
-
-        init(topic: String, deleted: Int64, options: Options) {
-            self.topic = topic
-            self.deleted = deleted
-            count = options.count
-            partitions = options.partitions
-            embedded = options.bootstrapServers == nil
-        }
-
-        public var description: String {
-            let retention =
-                embedded
-                ? "the embedded broker keeps about 5 MB of records per partition and deletes the oldest beyond it"
-                : "its retention"
-            return "the broker deleted \(deleted) of the \(count) requests of \(topic) before they were read "
-                + "(\(retention)), so their outcomes can never come; spread them over more --partitions "
-                + "(\(partitions) now), send fewer (--count), or use a broker that keeps them"
-        }
-    }
-
     private static func committedTotal(
         kafka: KafkaConfiguration, group: String, topic: String, partitions: Int
     ) async throws -> Int64 {
@@ -289,6 +255,38 @@ public enum Benchmark {
             (0..<Int32(partitions)).map { KafkaTopicPartition(topic: topic, partition: $0) })
         await consumer.close()
         return committed.map { max($0.offset, 0) }.reduce(0, +)
+    }
+}
+
+/// The broker deleted requests of a backlog before the processor read them: their outcomes can
+/// never come, and a run waiting for them would wait out its timeout.
+public struct DeletedRequests: Error, CustomStringConvertible {
+    public var topic: String
+    public var deleted: Int64
+    public var count: Int
+    public var partitions: Int
+    /// The embedded broker's limit, not a retention setting, deleted them.
+    public var embedded: Bool
+    /// The option that runs against another broker, if the command has one.
+    public var otherBroker: String?
+
+    public init(topic: String, deleted: Int64, count: Int, partitions: Int, embedded: Bool, otherBroker: String?) {
+        self.topic = topic
+        self.deleted = deleted
+        self.count = count
+        self.partitions = partitions
+        self.embedded = embedded
+        self.otherBroker = otherBroker
+    }
+
+    public var description: String {
+        let cause =
+            embedded
+            ? "the embedded broker keeps about 5 MB of records per partition and deletes the oldest beyond it"
+            : "its retention"
+        return "the broker deleted \(deleted) of the \(count) requests of \(topic) before they were read (\(cause)), "
+            + "so their outcomes can never come; spread them over more --partitions (\(partitions) now), send "
+            + "fewer (--count)" + (otherBroker.map { ", or use a broker that keeps them (\($0))" } ?? "")
     }
 }
 

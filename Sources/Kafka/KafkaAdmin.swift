@@ -116,6 +116,16 @@ public final class KafkaAdmin: Sendable {
         }
     }
 
+    /// Records deleted from `topic`, which started empty, by the broker's retention (or the
+    /// embedded broker's limit of about 5 MB a partition): the sum of its partitions' first offsets.
+    public func deletedRecords(of topic: String, partitions: Int) async throws(KafkaError) -> Int64 {
+        var deleted: Int64 = 0
+        for partition in 0..<Int32(partitions) {
+            deleted += try await watermarks(of: KafkaTopicPartition(topic: topic, partition: partition)).low
+        }
+        return deleted
+    }
+
     /// Low and high watermarks (first offset, next offset to be written) of one partition.
     public func watermarks(
         of partition: KafkaTopicPartition, timeout: Duration = .seconds(10)

@@ -55,6 +55,13 @@ enum DemoCommand {
         let generated = try await LoadGenerator(producer: producer, topic: configuration.requestsTopic).run(
             generator: &generator, count: count, duration: nil)
         await producer.close()
+        let deleted = try await KafkaAdmin(configuration: configuration.kafka).deletedRecords(
+            of: configuration.requestsTopic, partitions: partitions)
+        if deleted > 0 {
+            throw DeletedRequests(
+                topic: configuration.requestsTopic, deleted: deleted, count: count, partitions: partitions,
+                embedded: true, otherBroker: nil)
+        }
 
         var router = PurchaseRouter()
         router.register(

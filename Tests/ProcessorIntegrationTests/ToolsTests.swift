@@ -53,17 +53,16 @@ struct ToolsTests {
         #expect((object["throughput"] as? Double ?? 0) > 0)
     }
 
-    @Test("bench stops at once, naming the cause, when the broker dropped requests it filled before they were read")
-    func benchDroppedRequests() async throws {
+    @Test(
+        "bench and demo stop at once, naming the cause, when the broker deleted requests they filled before they were read",
+        arguments: [["bench", "--users", "300", "--timeout-s", "120"], ["demo"]])
+    func droppedRequests(command: [String]) async throws {
         // The embedded broker keeps about 5 MB of records per partition and deletes the oldest
-        // beyond it: 30,000 requests in one partition are about 9 MB. The benchmark can never
-        // see the dropped requests' outcomes: it waited out its whole --timeout-s (600 s by
-        // default) and then reported fewer, giving no reason.
+        // beyond it: 30,000 requests in one partition are about 9 MB. The dropped requests'
+        // outcomes can never come: bench waited out its whole --timeout-s (600 s by default) and
+        // demo its 300 s, and then reported fewer, giving no reason.
         let (status, _, error) = try await runBinary(
-            [
-                "bench", "--count", "30000", "--partitions", "1", "--users", "300", "--timeout-s", "120",
-                "--log-level", "error",
-            ], timeout: .seconds(300))
+            command + ["--count", "30000", "--partitions", "1", "--log-level", "error"], timeout: .seconds(400))
         #expect(status == 1, "\(error)")
         #expect(error.contains("deleted"), "\(error)")
         #expect(error.contains("--partitions"), "\(error)")
