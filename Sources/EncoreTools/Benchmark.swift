@@ -285,8 +285,9 @@ public struct DeletedRequests: Error, CustomStringConvertible {
             ? "the embedded broker keeps about 5 MB of records per partition and deletes the oldest beyond it"
             : "its retention"
         return "the broker deleted \(deleted) of the \(count) requests of \(topic) before they were read (\(cause)), "
-            + "so their outcomes can never come; spread them over more --partitions (\(partitions) now), send "
-            + "fewer (--count)" + (otherBroker.map { ", or use a broker that keeps them (\($0))" } ?? "")
+            + "so their outcomes can never come; spread them over more --partitions (\(partitions) now)"
+            + (otherBroker.map { ", send fewer (--count), or use a broker that keeps them (\($0))" }
+                ?? " or send fewer (--count)")
     }
 }
 
