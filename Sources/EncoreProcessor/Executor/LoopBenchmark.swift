@@ -75,10 +75,7 @@ public enum LoopBenchmark {
         // Encoded before the clock starts, as a broker would hold them; a user's on one partition.
         var nextOffsets = [Int64](repeating: 0, count: Int(partitions))
         let messages = (0..<options.count).map { index in
-            let user = index % options.users
-            let event = PurchaseRequestEvent(
-                requestID: "bench-\(index)", appID: "app_bench", appUserID: "user-\(user)", productID: "com.app.pro",
-                store: .appStore, environment: .sandbox, requestedAtMs: 1_764_475_643_000 + Int64(index))
+            let (event, user) = limitRequest(index, users: options.users)
             let partition = user % Int(partitions)
             defer { nextOffsets[partition] += 1 }
             return KafkaMessage(
@@ -118,6 +115,37 @@ public enum LoopBenchmark {
             rememberedRequests: journal.requests, journalBytesPerRequest: journal.bytesPerRequest,
             residentMegabytes: residentBefore, residentMegabytesAfterReturn: residentAfter,
             allocator: returned.description)
+    }
+
+    /// Request `index` as `../shared/bench/limit.c fill` writes it for `make bench`'s rows: a
+    /// UUID-shaped request id and a product id too long to be stored inline in a `String` (as in
+    /// production), users drawn by the same hash, an empty `pad` attribute (limit.c pads to 250
+    /// bytes, which these 273 already exceed).
+    static func limitRequest(_ index: Int, users: Int) -> (event: PurchaseRequestEvent, user: Int) {
+        let user = Int(mix64(UInt64(index)) % UInt64(users))
+        let hash = mix64(UInt64(index) ^ 0x5eed)
+        func hex(_ value: UInt64, _ digits: Int) -> String {
+            let text = String(value, radix: 16)
+            return String(repeating: "0", count: max(0, digits - text.count)) + text
+        }
+        let requestID =
+            "\(hex(hash >> 32, 8))-\(hex((hash >> 16) & 0xffff, 4))-4\(hex((hash >> 4) & 0xfff, 3))-8\(hex(hash & 0xfff, 3))-"
+            + hex(UInt64(index) & 0xffff_ffff_ffff, 12)
+        let userText = String(user)
+        let event = PurchaseRequestEvent(
+            requestID: requestID, appID: "app_bench",
+            appUserID: "user-" + String(repeating: "0", count: max(0, 6 - userText.count)) + userText,
+            productID: "com.app.monthly_premium", store: .appStore, environment: .production,
+            requestedAtMs: 1_796_000_000_000 + Int64(index), placementID: "cancel_flow", attributes: ["pad": ""])
+        return (event, user)
+    }
+
+    /// limit.c's `mix64` (SplitMix64's finalizer).
+    private static func mix64(_ value: UInt64) -> UInt64 {
+        var x = value &+ 0x9e37_79b9_7f4a_7c15
+        x = (x ^ (x >> 30)) &* 0xbf58_476d_1ce4_e5b9
+        x = (x ^ (x >> 27)) &* 0x94d0_49bb_1331_11eb
+        return x ^ (x >> 31)
     }
 
     static func processCPUSeconds() -> Double {
