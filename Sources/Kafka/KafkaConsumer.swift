@@ -133,7 +133,7 @@ public final class KafkaConsumer: Sendable {
         poller.withLock { poller in
             guard poller == nil else { return }
             let (client, sink, admission, logger) = (self.client, self.sink, self.admission, self.logger)
-            poller = RDKafkaPollThread(name: "encore.kafka.consumer") {
+            poller = RDKafkaPollThread(name: "encore.consumer") {
                 // Wait for one record, then take what else is ready (as much as the admission has room
                 // for), and hand them over together.
                 var limit = KafkaConsumer.maximumBatchSize

@@ -34,7 +34,7 @@ public final class KafkaProducer: Sendable {
             callbacks: RDKafkaCallbacks(logger: logger, deliveries: batch, keepingAcknowledged: topic),
             deliveryReports: true)
         let client = self.client
-        self.poller = RDKafkaPollThread(name: "encore.kafka.producer") {
+        self.poller = RDKafkaPollThread(name: "encore.producer") {
             rd_kafka_poll(client.handle, 100)
             batch?.flush()
         }
@@ -250,7 +250,7 @@ final class RDKafkaPollThread: Sendable {
     private let finished = Mutex<(done: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
 
     init(name: String, body: @escaping @Sendable () -> Void) {
-        let thread = Thread { [self] in
+        Thread.startNamed(name) { [self] in
             while running.load(ordering: .acquiring) { body() }
             let waiters = finished.withLock { state in
                 state.done = true
@@ -259,8 +259,6 @@ final class RDKafkaPollThread: Sendable {
             }
             for waiter in waiters { waiter.resume() }
         }
-        thread.name = name
-        thread.start()
     }
 
     var isRunning: Bool { running.load(ordering: .acquiring) }

@@ -71,9 +71,7 @@ final class OperationsServer: Sendable {
 
     /// Accepts on a thread of its own until ``stop()``.
     func start() {
-        let thread = Thread { [self] in acceptLoop() }
-        thread.name = "encore.operations"
-        thread.start()
+        Thread.startNamed("encore.ops") { [self] in acceptLoop() }
     }
 
     /// Stops accepting (within 200 ms); connections being served finish.

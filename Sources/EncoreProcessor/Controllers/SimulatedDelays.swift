@@ -68,11 +68,9 @@ final class SimulatedDelays: Sendable {
     }
 
     private func startThread() {
-        let thread = Thread { [self] in
+        Thread.startNamed("encore.delays") { [self] in
             while true { wakeDueSleepers() }
         }
-        thread.name = "encore.simulated-delays"
-        thread.start()
     }
 
     private func wakeDueSleepers() {

@@ -31,7 +31,7 @@ extension StateStore {
             let db = store.db
             let lagMicroseconds = UInt32(
                 lag.components.seconds * 1_000_000 + lag.components.attoseconds / 1_000_000_000_000)
-            Thread { [self] in
+            Thread.startNamed("encore.batches") { [self] in
                 while true {
                     queued.wait()
                     guard let next = queue.withLock({ $0.batches.isEmpty ? nil : $0.batches.removeFirst() }) else {
@@ -46,7 +46,7 @@ extension StateStore {
                     room.signal()
                     unwritten.leave()
                 }
-            }.start()
+            }
         }
 
         /// Queues `batch`, waiting while two are queued; throws an earlier write's failure.

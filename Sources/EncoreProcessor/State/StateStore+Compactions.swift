@@ -104,7 +104,7 @@ extension StateStore {
         private func compactInBackground(from start: [UInt8], to end: [UInt8], what: String) {
             running.enter()
             logger.info("compacting \(what) in the background")
-            let thread = Thread { [self] in
+            Thread.startNamed("encore.compact") { [self] in
                 defer { running.leave() }
                 let clock = ContinuousClock()
                 let began = clock.now
@@ -134,8 +134,6 @@ extension StateStore {
                     logger.info("compacted \(what) in \(clock.now - began)")
                 }
             }
-            thread.name = "store compaction"
-            thread.start()
         }
 
         /// Tells RocksDB what `state` asks for: compactions paused while a load runs; the first

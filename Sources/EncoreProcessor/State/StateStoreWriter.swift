@@ -76,7 +76,7 @@ final class StateStoreWriter: UserStateSource {
         self.transactional = transactional
         self.grace = grace
         self.logger = logger
-        let thread = Thread { [weak self] in
+        Thread.startNamed("encore.store") { [weak self] in
             // (The writer is held only while it works, not while the thread sleeps.)
             func work() -> Bool {
                 guard let writer = self, !writer.state.withLock(\.stopped) else { return false }
@@ -87,8 +87,6 @@ final class StateStoreWriter: UserStateSource {
             }
             while work() { Thread.sleep(forTimeInterval: Double(interval.milliseconds) / 1000) }
         }
-        thread.name = "encore.state-store"
-        thread.start()
     }
 
     /// Acknowledged deliveries from a worker's producer (on the producer's thread): the changelog

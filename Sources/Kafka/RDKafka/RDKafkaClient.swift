@@ -267,15 +267,13 @@ enum RDKafkaTopicPartitionList {
 enum RDKafkaBlocking {
     static func run<T: Sendable>(_ body: @escaping @Sendable () throws(KafkaError) -> T) async throws(KafkaError) -> T {
         let result: Result<T, KafkaError> = await withCheckedContinuation { continuation in
-            let thread = Thread {
+            Thread.startNamed("encore.blocking") {
                 do throws(KafkaError) {
                     continuation.resume(returning: .success(try body()))
                 } catch {
                     continuation.resume(returning: .failure(error))
                 }
             }
-            thread.name = "encore.kafka.blocking"
-            thread.start()
         }
         return try result.get()
     }
