@@ -137,11 +137,11 @@ public enum Benchmark {
             // A backlog the broker's retention cut (the embedded broker's 5 MB a partition) would
             // leave the run waiting out its timeout for outcomes that cannot come. (Offered load
             // is not checked: there the broker also deletes records the processor already read.)
-            let deleted = try await KafkaAdmin(configuration: kafka).deletedRecords(
+            let held = try await KafkaAdmin(configuration: kafka).heldRecords(
                 of: requests, partitions: options.partitions)
-            if deleted > 0 {
-                throw DeletedRequests(
-                    topic: requests, deleted: deleted, count: options.count, partitions: options.partitions,
+            if held < options.count {
+                throw MissingRequests(
+                    topic: requests, held: held, count: options.count, partitions: options.partitions,
                     embedded: options.bootstrapServers == nil, otherBroker: "--bootstrap-servers")
             }
         }
@@ -258,11 +258,11 @@ public enum Benchmark {
     }
 }
 
-/// The broker deleted requests of a backlog before the processor read them: their outcomes can
-/// never come, and a run waiting for them would wait out its timeout.
-public struct DeletedRequests: Error, CustomStringConvertible {
+/// The requests topic holds fewer requests than the run is to process: the broker deleted some
+/// before they were read, and a run waiting for their outcomes would wait out its timeout.
+public struct MissingRequests: Error, CustomStringConvertible {
     public var topic: String
-    public var deleted: Int64
+    public var held: Int64
     public var count: Int
     public var partitions: Int
     /// The embedded broker's limit, not a retention setting, deleted them.
@@ -270,9 +270,9 @@ public struct DeletedRequests: Error, CustomStringConvertible {
     /// The option that runs against another broker, if the command has one.
     public var otherBroker: String?
 
-    public init(topic: String, deleted: Int64, count: Int, partitions: Int, embedded: Bool, otherBroker: String?) {
+    public init(topic: String, held: Int64, count: Int, partitions: Int, embedded: Bool, otherBroker: String?) {
         self.topic = topic
-        self.deleted = deleted
+        self.held = held
         self.count = count
         self.partitions = partitions
         self.embedded = embedded
@@ -283,9 +283,9 @@ public struct DeletedRequests: Error, CustomStringConvertible {
         let cause =
             embedded
             ? "the embedded broker keeps about 5 MB of records per partition and deletes the oldest beyond it"
-            : "its retention"
-        return "the broker deleted \(deleted) of the \(count) requests of \(topic) before they were read (\(cause)), "
-            + "so their outcomes can never come; spread them over more --partitions (\(partitions) now)"
+            : "deleted by its retention, or never written"
+        return "the broker holds \(held) of the \(count) requests in \(topic), \(Int64(count) - held) are missing "
+            + "(\(cause)), so their outcomes can never come; spread them over more --partitions (\(partitions) now)"
             + (otherBroker.map { ", send fewer (--count), or use a broker that keeps them (\($0))" }
                 ?? " or send fewer (--count)")
     }

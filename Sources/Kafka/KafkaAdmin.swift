@@ -116,14 +116,15 @@ public final class KafkaAdmin: Sendable {
         }
     }
 
-    /// Records deleted from `topic`, which started empty, by the broker's retention (or the
-    /// embedded broker's limit of about 5 MB a partition): the sum of its partitions' first offsets.
-    public func deletedRecords(of topic: String, partitions: Int) async throws(KafkaError) -> Int64 {
-        var deleted: Int64 = 0
+    /// Records `topic` holds now: what was written to its partitions less what the broker's
+    /// retention (or the embedded broker's limit of about 5 MB a partition) deleted.
+    public func heldRecords(of topic: String, partitions: Int) async throws(KafkaError) -> Int64 {
+        var held: Int64 = 0
         for partition in 0..<Int32(partitions) {
-            deleted += try await watermarks(of: KafkaTopicPartition(topic: topic, partition: partition)).low
+            let (low, high) = try await watermarks(of: KafkaTopicPartition(topic: topic, partition: partition))
+            held += high - low
         }
-        return deleted
+        return held
     }
 
     /// Low and high watermarks (first offset, next offset to be written) of one partition.

@@ -55,11 +55,11 @@ enum DemoCommand {
         let generated = try await LoadGenerator(producer: producer, topic: configuration.requestsTopic).run(
             generator: &generator, count: count, duration: nil)
         await producer.close()
-        let deleted = try await KafkaAdmin(configuration: configuration.kafka).deletedRecords(
+        let held = try await KafkaAdmin(configuration: configuration.kafka).heldRecords(
             of: configuration.requestsTopic, partitions: partitions)
-        if deleted > 0 {
-            throw DeletedRequests(
-                topic: configuration.requestsTopic, deleted: deleted, count: count, partitions: partitions,
+        if held < generated.acknowledged {
+            throw MissingRequests(
+                topic: configuration.requestsTopic, held: held, count: generated.acknowledged, partitions: partitions,
                 embedded: true, otherBroker: nil)
         }
 

@@ -64,7 +64,7 @@ struct ToolsTests {
         let (status, _, error) = try await runBinary(
             command + ["--count", "30000", "--partitions", "1", "--log-level", "error"], timeout: .seconds(400))
         #expect(status == 1, "\(error)")
-        #expect(error.contains("deleted"), "\(error)")
+        #expect(error.contains("missing") && error.contains("deletes the oldest"), "\(error)")
         #expect(error.contains("--partitions"), "\(error)")
     }
 
