@@ -129,21 +129,15 @@ public enum Benchmark {
             logger.info("pre-filling \(options.count) requests")
             let producer = try KafkaProducer(configuration: kafka)
             var generator = RequestGenerator(options: generatorOptions)
-            _ = try await LoadGenerator(producer: producer, topic: requests).run(
+            let filled = try await LoadGenerator(producer: producer, topic: requests).run(
                 generator: &generator, count: options.count, duration: nil)
             await producer.close()
-        }
-        if options.rate == 0 {
-            // A backlog the broker's retention cut (the embedded broker's 5 MB a partition) would
-            // leave the run waiting out its timeout for outcomes that cannot come. (Offered load
-            // is not checked: there the broker also deletes records the processor already read.)
-            let held = try await KafkaAdmin(configuration: kafka).heldRecords(
-                of: requests, partitions: options.partitions)
-            if held < options.count {
-                throw MissingRequests(
-                    topic: requests, held: held, count: options.count, partitions: options.partitions,
-                    embedded: options.bootstrapServers == nil, otherBroker: "--bootstrap-servers")
-            }
+            // A backlog not all there would leave the run waiting out its timeout for outcomes
+            // that cannot come. (Offered load is not checked: there the broker also deletes
+            // records the processor already read.)
+            try await MissingRequests.check(
+                requests, partitions: options.partitions, written: filled, kafka: kafka,
+                embedded: options.bootstrapServers == nil, otherBroker: "--bootstrap-servers")
         }
 
         var configuration = ProcessorConfiguration(kafka: kafka)
@@ -255,39 +249,6 @@ public enum Benchmark {
             (0..<Int32(partitions)).map { KafkaTopicPartition(topic: topic, partition: $0) })
         await consumer.close()
         return committed.map { max($0.offset, 0) }.reduce(0, +)
-    }
-}
-
-/// The requests topic holds fewer requests than the run is to process: the broker deleted some
-/// before they were read, and a run waiting for their outcomes would wait out its timeout.
-public struct MissingRequests: Error, CustomStringConvertible {
-    public var topic: String
-    public var held: Int64
-    public var count: Int
-    public var partitions: Int
-    /// The embedded broker's limit, not a retention setting, deleted them.
-    public var embedded: Bool
-    /// The option that runs against another broker, if the command has one.
-    public var otherBroker: String?
-
-    public init(topic: String, held: Int64, count: Int, partitions: Int, embedded: Bool, otherBroker: String?) {
-        self.topic = topic
-        self.held = held
-        self.count = count
-        self.partitions = partitions
-        self.embedded = embedded
-        self.otherBroker = otherBroker
-    }
-
-    public var description: String {
-        let cause =
-            embedded
-            ? "the embedded broker keeps about 5 MB of records per partition and deletes the oldest beyond it"
-            : "deleted by its retention, or never written"
-        return "the broker holds \(held) of the \(count) requests in \(topic), \(Int64(count) - held) are missing "
-            + "(\(cause)), so their outcomes can never come; spread them over more --partitions (\(partitions) now)"
-            + (otherBroker.map { ", send fewer (--count), or use a broker that keeps them (\($0))" }
-                ?? " or send fewer (--count)")
     }
 }
 

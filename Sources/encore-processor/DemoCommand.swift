@@ -55,13 +55,9 @@ enum DemoCommand {
         let generated = try await LoadGenerator(producer: producer, topic: configuration.requestsTopic).run(
             generator: &generator, count: count, duration: nil)
         await producer.close()
-        let held = try await KafkaAdmin(configuration: configuration.kafka).heldRecords(
-            of: configuration.requestsTopic, partitions: partitions)
-        if held < generated.acknowledged {
-            throw MissingRequests(
-                topic: configuration.requestsTopic, held: held, count: generated.acknowledged, partitions: partitions,
-                embedded: true, otherBroker: nil)
-        }
+        try await MissingRequests.check(
+            configuration.requestsTopic, partitions: partitions, written: generated, kafka: configuration.kafka,
+            embedded: true, otherBroker: nil)
 
         var router = PurchaseRouter()
         router.register(
