@@ -136,7 +136,7 @@ public enum Benchmark {
             // that cannot come. (Offered load is not checked: there the broker also deletes
             // records the processor already read.)
             try await MissingRequests.check(
-                requests, partitions: options.partitions, written: filled, kafka: kafka,
+                requests, partitions: options.partitions, written: filled.sent, kafka: kafka,
                 embedded: options.bootstrapServers == nil, otherBroker: "--bootstrap-servers")
         }
 

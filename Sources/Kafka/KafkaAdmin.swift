@@ -116,15 +116,16 @@ public final class KafkaAdmin: Sendable {
         }
     }
 
-    /// Records `topic` holds now: what was written to its partitions less what the broker's
-    /// retention (or the embedded broker's limit of about 5 MB a partition) deleted.
-    public func heldRecords(of topic: String, partitions: Int) async throws(KafkaError) -> Int64 {
-        var held: Int64 = 0
+    /// Records deleted from `topic`, which started empty, by the broker's retention (or the
+    /// embedded broker's limit of about 5 MB a partition): the sum of its partitions' first
+    /// offsets. (Not the end less the start: Tansu's end can trail the acknowledgements for a
+    /// moment.)
+    public func deletedRecords(of topic: String, partitions: Int) async throws(KafkaError) -> Int64 {
+        var deleted: Int64 = 0
         for partition in 0..<Int32(partitions) {
-            let (low, high) = try await watermarks(of: KafkaTopicPartition(topic: topic, partition: partition))
-            held += high - low
+            deleted += try await watermarks(of: KafkaTopicPartition(topic: topic, partition: partition)).low
         }
-        return held
+        return deleted
     }
 
     /// Low and high watermarks (first offset, next offset to be written) of one partition.

@@ -56,7 +56,7 @@ enum DemoCommand {
             generator: &generator, count: count, duration: nil)
         await producer.close()
         try await MissingRequests.check(
-            configuration.requestsTopic, partitions: partitions, written: generated, kafka: configuration.kafka,
+            configuration.requestsTopic, partitions: partitions, written: generated.sent, kafka: configuration.kafka,
             embedded: true, otherBroker: nil)
 
         var router = PurchaseRouter()

@@ -65,7 +65,7 @@ struct ToolsTests {
             command + ["--count", "30000", "--partitions", "1", "--log-level", "error"], timeout: .seconds(400))
         #expect(status == 1, "\(error)")
         #expect(
-            error.contains("were deleted before they were read") && error.contains("deletes the oldest"), "\(error)")
+            error.contains("before they were read") && error.contains("deletes the oldest"), "\(error)")
         #expect(error.contains("--partitions"), "\(error)")
     }
 
