@@ -58,11 +58,11 @@ struct ToolsTests {
         arguments: [["bench", "--users", "300", "--timeout-s", "120"], ["demo"]])
     func droppedRequests(command: [String]) async throws {
         // The embedded broker keeps about 5 MB of records per partition and deletes the oldest
-        // beyond it (some 10,000 requests): 30,000 in one partition do not fit. The dropped requests'
+        // beyond it (some 10,000 requests): 15,000 in one partition do not fit. The dropped requests'
         // outcomes can never come: bench waited out its whole --timeout-s (600 s by default) and
         // demo its 300 s, and then reported fewer, giving no reason.
         let (status, _, error) = try await runBinary(
-            command + ["--count", "30000", "--partitions", "1", "--log-level", "error"], timeout: .seconds(400))
+            command + ["--count", "15000", "--partitions", "1", "--log-level", "error"], timeout: .seconds(400))
         #expect(status == 1, "\(error)")
         #expect(
             error.contains("before they were read") && error.contains("deletes the oldest"), "\(error)")
