@@ -19,6 +19,7 @@ usage: scale_bench.py --binary B --limit .build/limit --bootstrap-servers H:P [-
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -79,10 +80,10 @@ def main():
         def start(index):
             # Each member's log (its assignments, restores and warnings; nothing per request) stays
             # in the work directory: a run that ends short says where to look.
-            members.append(subprocess.Popen(command + ["--instance-id", f"{prefix}-{index}",
-                                                       "--state-dir", f"{work}/state-{index}"],
-                                            stdout=open(f"{work}/member-{index}.log", "w"),
-                                            stderr=subprocess.STDOUT))
+            with open(f"{work}/member-{index}.log", "w") as log:
+                members.append(subprocess.Popen(command + ["--instance-id", f"{prefix}-{index}",
+                                                           "--state-dir", f"{work}/state-{index}"],
+                                                stdout=log, stderr=subprocess.STDOUT))
 
         stamps = []
         joined_ms = None
@@ -125,6 +126,8 @@ def main():
             print(json.dumps({"instances": n, "error": f"{len(stamps)} of {args.count} outcomes",
                               "readers_reopened": reopened, "logs": work}), flush=True)
             continue
+        # A complete run's stores and logs are not needed (about 40 MB a run).
+        shutil.rmtree(work, ignore_errors=True)
         pause, resumed = 0, stamps[0]
         if joined_ms is not None:
             after = [s for s in stamps if s >= joined_ms - 1]
