@@ -22,6 +22,13 @@ it stops the members and checks, for every request id:
     in_doubt_unresolved: requests whose only outcomes are such pendings at the end     (must be 0)
     charged_but_failed: an outcome `failed` for a request billing charged              (must be 0))
   - resent_called / resent_answered: re-sent answered requests called or answered again (must be 0)
+  - undeclared_outcome_repeats: a later outcome of a request that is neither one of its earlier
+    records again, byte for byte, nor declares more attempts than they did             (must be 0)
+    (repeats_after_broker_hold, apart, exactly-once on Tansu with none of the members'
+    transactions left open: the later outcome's attempt was called by a member after its restore
+    read the request's changelog partition only to its committed end, a transaction having held
+    that end past the restore's wait: Tansu holding the earlier owner's committed transaction,
+    with its records of that attempt, undecided; see after_broker_hold)
   - exactly-once only, read with isolation.level=read_committed: repeated_finals (a second final
     outcome, or a second pending in doubt) and
     repeated_changes (one outcome per request, one change per user and sequence)       (must be 0)
@@ -45,6 +52,7 @@ request only when it no longer works on an earlier call of it; until then it ans
 Prints one JSON object with those counts and the run's figures; exits 1 when one is not 0.
 """
 import argparse
+import datetime
 import glob
 import hashlib
 import http.server
@@ -67,6 +75,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 REQUESTS = "encore.purchase-requests"
 OUTCOMES = "encore.purchase-outcomes"
 CHANGES = "encore.entitlement-changes"
+# The changelog (--state-topic's default): the ledger's states and the request journal.
+STATE_TOPIC = "encore.entitlement-state"
 STATE = "encore.entitlement-state"
 PARTITIONS = 8
 PROBE = "encore.chaos-probe"
@@ -779,6 +789,43 @@ def partition_ends(bootstrap):
     return ends
 
 
+HOLD_READ = re.compile(r"^(\S+) warning \[kafka\.reader\] reading '" + re.escape(STATE_TOPIC)
+                       + r"' partition (\d+): a transaction open for .* read to the committed end")
+
+
+def settled_past_holds(work, started_wall, started):
+    """Per member instance, the restores that read a changelog partition only to its committed end
+    (a transaction held it past the restore's wait; its records were left out): (time since the
+    run's start, partition), from the instances' logs (the reader's warning, at every log level)."""
+    reads = {}
+    for path in glob.glob(f"{work}/i*.log"):
+        instance = os.path.basename(path)[:-len(".log")]
+        for line in open(path):
+            found = HOLD_READ.match(line)
+            if found:
+                at = datetime.datetime.strptime(found[1], "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+                    tzinfo=datetime.timezone.utc).timestamp()
+                reads.setdefault(instance, []).append((at - started_wall, int(found[2])))
+    return reads
+
+
+def after_broker_hold(calls, attempts, partition, hold_reads, started):
+    """Whether an outcome repeated with no more attempts than an earlier one came from a call of
+    that attempt made by an instance after its restore left out a held changelog tail of the
+    request's partition: the earlier owner's records of the attempt (its intent, outcome, result)
+    were in that tail, committed and held by Tansu, so the request was recovered again under the
+    same attempt number. (None of the members' transactions was left open: hold_reads is empty
+    otherwise.) Times are seconds since the run's start (`started`, monotonic, as the calls').
+    Returns what shows it, or None."""
+    for call in calls:
+        instance, attempt, call_at = call[2], call[3], call[5] - started
+        for at, held_partition in hold_reads.get(instance, []):
+            if attempt == attempts and held_partition == partition and at <= call_at:
+                return {"instance": instance, "partition": held_partition, "read_at_s": round(at, 3),
+                        "call_at_s": round(call_at, 3)}
+    return None
+
+
 def settle_held(bootstrap, records, changes, everything, transactional_ids):
     """Tansu, exactly-once, every member stopped: whether a member left a transaction open, and
     outcomes written but beyond a read_committed reader's reach. Returns the outcome and change
@@ -927,7 +974,13 @@ def main():
     if settle and args.member_log_level not in ("info", "debug"):
         args.member_log_level = "info"  # settled() finds each member's /metrics in its log
     exact = committed_only and (args.no_kill or filters_aborted(cluster.bootstrap))
-    started = time.monotonic()
+    started, started_wall = time.monotonic(), time.time()
+    # The partition of each request (its changelog partition too: co-partitioned).
+    request_partitions = {}
+
+    def note_partition(error, message):
+        if error is None:
+            request_partitions[json.loads(message.value())["request_id"]] = message.partition()
     watching = threading.Event()
     if args.outage_s > 0:
         billing.outage = (started + args.outage_at * args.seconds, args.outage_s, 150.0)
@@ -965,7 +1018,7 @@ def main():
             ids.append(json.loads(value)["request_id"])
             keys.append(key)
             values.append(value)
-            producer.produce(REQUESTS, value, key)
+            producer.produce(REQUESTS, value, key, on_delivery=note_partition)
             producer.poll(0)
             time.sleep(max(0.0, started + args.seconds * (index + 1) / args.requests - time.monotonic()))
         producer.flush(30)
@@ -1050,6 +1103,11 @@ def main():
     for message in records:
         outcome = json.loads(message.value())
         outcomes.setdefault(outcome["request_id"], []).append(outcome)
+    # Exactly-once on Tansu with none of the members' transactions left open: the restores that
+    # read a changelog partition only to its committed end, a transaction having held it past their
+    # wait (Tansu holds committed transactions undecided, for good: see settle_held).
+    hold_reads = (settled_past_holds(members.work, started_wall, started)
+                  if held is not None and held["open_transactions_left"] == 0 else {})
     resent_ids = {ids[i] for i in resent}
     calls_by_id = {}
     for call in billing.calls:
@@ -1064,6 +1122,9 @@ def main():
     conflicting_examples = []
     repeated_outcomes = 0
     undeclared_outcome_repeats = 0
+    undeclared_outcome_examples = []
+    repeats_after_broker_hold = 0
+    repeats_after_broker_hold_examples = []
     identical_outcome_repeats = 0
     in_doubt_opened = 0
     in_doubt_unresolved = []
@@ -1099,7 +1160,22 @@ def main():
                 if identical:
                     identical_outcome_repeats += 1
                 elif later["attempts"] <= max(a["attempts"] for a in answers[:index]):
-                    undeclared_outcome_repeats += 1
+                    example = {
+                        "request_id": request_id,
+                        "outcomes": [{k: a.get(k) for k in ("result", "attempts", "completed_at_ms", "pending_reason",
+                                                             "error")} for a in answers],
+                        "calls": [[c[2], c[3], c[4], round(c[5] - started, 3), round(c[6] - started, 3), c[7]]
+                                  for c in calls_by_id.get(request_id, [])]}
+                    hold = after_broker_hold(calls_by_id.get(request_id, []), later["attempts"],
+                                             request_partitions.get(request_id), hold_reads, started)
+                    if hold:
+                        repeats_after_broker_hold += 1
+                        if len(repeats_after_broker_hold_examples) < 10:
+                            repeats_after_broker_hold_examples.append({**example, "restore_read_to_committed_end": hold})
+                    else:
+                        undeclared_outcome_repeats += 1
+                        if len(undeclared_outcome_examples) < 10:
+                            undeclared_outcome_examples.append(example)
     change_keys = [(m.key(), json.loads(m.value())["sequence"]) for m in changes]
     report = {
         "broker": args.broker, "guarantee": args.guarantee, "requests": args.requests,
@@ -1134,6 +1210,9 @@ def main():
         "repeated_outcomes": repeated_outcomes,
         "repeated_finals": repeated_finals,
         "undeclared_outcome_repeats": undeclared_outcome_repeats,
+        "undeclared_outcome_examples": undeclared_outcome_examples,
+        "repeats_after_broker_hold": repeats_after_broker_hold,
+        "repeats_after_broker_hold_examples": repeats_after_broker_hold_examples,
         "identical_outcome_repeats": identical_outcome_repeats,
         "repeated_changes": len(change_keys) - len(set(change_keys)),
         "resent": len(resent),
