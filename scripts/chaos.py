@@ -75,8 +75,6 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 REQUESTS = "encore.purchase-requests"
 OUTCOMES = "encore.purchase-outcomes"
 CHANGES = "encore.entitlement-changes"
-# The changelog (--state-topic's default): the ledger's states and the request journal.
-STATE_TOPIC = "encore.entitlement-state"
 STATE = "encore.entitlement-state"
 PARTITIONS = 8
 PROBE = "encore.chaos-probe"
@@ -789,14 +787,15 @@ def partition_ends(bootstrap):
     return ends
 
 
-HOLD_READ = re.compile(r"^(\S+) warning \[kafka\.reader\] reading '" + re.escape(STATE_TOPIC)
+HOLD_READ = re.compile(r"^(\S+) warning \[kafka\.reader\] reading '" + re.escape(STATE)
                        + r"' partition (\d+): a transaction open for .* read to the committed end")
 
 
 def settled_past_holds(work, started_wall, started):
     """Per member instance, the restores that read a changelog partition only to its committed end
     (a transaction held it past the restore's wait; its records were left out): (time since the
-    run's start, partition), from the instances' logs (the reader's warning, at every log level)."""
+    run's start, partition), from the instances' logs (the reader's warning: CI's members log at
+    info)."""
     reads = {}
     for path in glob.glob(f"{work}/i*.log"):
         instance = os.path.basename(path)[:-len(".log")]
@@ -810,19 +809,22 @@ def settled_past_holds(work, started_wall, started):
 
 
 def after_broker_hold(calls, attempts, partition, hold_reads, started):
-    """Whether an outcome repeated with no more attempts than an earlier one came from a call of
-    that attempt made by an instance after its restore left out a held changelog tail of the
-    request's partition: the earlier owner's records of the attempt (its intent, outcome, result)
-    were in that tail, committed and held by Tansu, so the request was recovered again under the
-    same attempt number. (None of the members' transactions was left open: hold_reads is empty
-    otherwise.) Times are seconds since the run's start (`started`, monotonic, as the calls').
-    Returns what shows it, or None."""
-    for call in calls:
-        instance, attempt, call_at = call[2], call[3], call[5] - started
+    """Whether an outcome repeated with no more attempts than an earlier one came from the
+    request being called twice under that attempt number, the later time by another instance
+    after its restore left out a held changelog tail of the request's partition: the earlier
+    owner's records of the attempt (its intent, outcome, result) were in that tail, committed and
+    held by Tansu, so the request was recovered again under the same number. (None of the
+    members' transactions was left open: hold_reads is empty otherwise.) Times are seconds since
+    the run's start (`started`, monotonic, as the calls'). Returns what shows it, or None."""
+    same = sorted((c for c in calls if c[3] == attempts), key=lambda c: c[5])
+    for earlier, later in zip(same, same[1:]):
+        instance, call_at = later[2], later[5] - started
+        if instance == earlier[2]:
+            continue
         for at, held_partition in hold_reads.get(instance, []):
-            if attempt == attempts and held_partition == partition and at <= call_at:
+            if held_partition == partition and earlier[5] - started <= at <= call_at:
                 return {"instance": instance, "partition": held_partition, "read_at_s": round(at, 3),
-                        "call_at_s": round(call_at, 3)}
+                        "call_at_s": round(call_at, 3), "earlier_call": [earlier[2], round(earlier[5] - started, 3)]}
     return None
 
 
