@@ -25,10 +25,11 @@ it stops the members and checks, for every request id:
   - undeclared_outcome_repeats: a later outcome of a request that is neither one of its earlier
     records again, byte for byte, nor declares more attempts than they did             (must be 0)
     (repeats_after_broker_hold, apart, exactly-once on Tansu with none of the members'
-    transactions left open: the later outcome's attempt was called by a member after its restore
-    read the request's changelog partition only to its committed end, a transaction having held
-    that end past the restore's wait: Tansu holding the earlier owner's committed transaction,
-    with its records of that attempt, undecided; see after_broker_hold)
+    transactions left open: the request was recovered twice under that attempt number, the later
+    time by another member whose restore, between the two calls, read the request's changelog
+    partition only to a committed end below every journal record of that attempt, a transaction
+    having held that end past the restore's wait: Tansu holding the earlier owner's committed
+    transaction, with its intent of that attempt, undecided; see after_broker_hold)
   - exactly-once only, read with isolation.level=read_committed: repeated_finals (a second final
     outcome, or a second pending in doubt) and
     repeated_changes (one outcome per request, one change per user and sequence)       (must be 0)
@@ -414,8 +415,30 @@ def self_test():
         overlapping, _, _, _ = classify_overlaps(calls, killed_at, late_first)
         if len(overlapping) != expected:
             failures.append(f"{name}: {len(overlapping)} overlaps; expected {expected}")
+    # A repeat after a broker hold: i7 recovered attempt 2 at 10 s (its intent journaled at offset
+    # 960), i5's restore read partition 2 only to offset 949 at 20 s, i5 recovered attempt 2 at 21 s.
+    reads = {"i5": [(20.0, 2, 949)]}
+    earlier, again = call(10, 2, True, instance="i7"), call(21, 2, True, instance="i5")
+    hold_cases = [
+        ("the previous owner's intent held back", [earlier, again], 2, [(960, 2)], reads, True),
+        ("its intent below the committed end: the restore read it", [earlier, again], 2, [(940, 2)], reads, False),
+        ("a record of a later attempt", [earlier, again], 2, [(960, 2), (970, 3)], reads, False),
+        ("no journal record of the attempt", [earlier, again], 2, [(960, 1)], reads, False),
+        ("another partition", [earlier, again], 3, [(960, 2)], reads, False),
+        ("the read before the earlier call", [call(25, 2, True, instance="i7"), call(26, 2, True, instance="i5")],
+         2, [(960, 2)], reads, False),
+        ("the later call before the read", [earlier, call(19, 2, True, instance="i5")], 2, [(960, 2)], reads, False),
+        ("the later call not a recovery", [earlier, call(21, 2, False, instance="i5")], 2, [(960, 2)], reads, False),
+        ("both calls by the same instance", [call(10, 2, True, instance="i5"), again], 2, [(960, 2)], reads, False),
+        ("no settled read", [earlier, again], 2, [(960, 2)], {}, False),
+        ("another call between them", [earlier, call(15, 2, True, instance="i4"), again], 2, [(960, 2)], reads, True),
+    ]
+    for name, calls, partition, journal, hold_reads, expected in hold_cases:
+        if (after_broker_hold(calls, 2, partition, journal, hold_reads, 0) is not None) != expected:
+            failures.append(f"after a broker hold, {name}: expected {expected}")
     failures += billing_self_test()
-    print("\n".join(failures) or f"self-test: {len(calls_cases) + len(overlap_cases) + 1} cases pass")
+    cases = len(calls_cases) + len(overlap_cases) + len(hold_cases) + 1
+    print("\n".join(failures) or f"self-test: {cases} cases pass")
     sys.exit(1 if failures else 0)
 
 
@@ -788,43 +811,57 @@ def partition_ends(bootstrap):
 
 
 HOLD_READ = re.compile(r"^(\S+) warning \[kafka\.reader\] reading '" + re.escape(STATE)
-                       + r"' partition (\d+): a transaction open for .* read to the committed end")
+                       + r"' partition (\d+): a transaction open for .* holds what is committed at offset (\d+), "
+                       + r"short of the end \d+; read to the committed end")
 
 
-def settled_past_holds(work, started_wall, started):
+def settled_past_holds(work, started_wall):
     """Per member instance, the restores that read a changelog partition only to its committed end
-    (a transaction held it past the restore's wait; its records were left out): (time since the
-    run's start, partition), from the instances' logs (the reader's warning: CI's members log at
-    info)."""
+    (a transaction held it past the restore's wait; the records from there on were left out): (time
+    since the run's start, partition, committed end), from the instances' logs (the reader's
+    warning: CI's members log at info). A line that does not parse is skipped (and so explains
+    nothing)."""
     reads = {}
     for path in glob.glob(f"{work}/i*.log"):
         instance = os.path.basename(path)[:-len(".log")]
-        for line in open(path):
+        for line in open(path, errors="replace"):
             found = HOLD_READ.match(line)
-            if found:
+            if not found:
+                continue
+            try:
                 at = datetime.datetime.strptime(found[1], "%Y-%m-%dT%H:%M:%S.%fZ").replace(
                     tzinfo=datetime.timezone.utc).timestamp()
-                reads.setdefault(instance, []).append((at - started_wall, int(found[2])))
+            except ValueError:
+                continue
+            reads.setdefault(instance, []).append((at - started_wall, int(found[2]), int(found[3])))
     return reads
 
 
-def after_broker_hold(calls, attempts, partition, hold_reads, started):
+def after_broker_hold(calls, attempts, partition, journal, hold_reads, started):
     """Whether an outcome repeated with no more attempts than an earlier one came from the
-    request being called twice under that attempt number, the later time by another instance
-    after its restore left out a held changelog tail of the request's partition: the earlier
-    owner's records of the attempt (its intent, outcome, result) were in that tail, committed and
-    held by Tansu, so the request was recovered again under the same number. (None of the
-    members' transactions was left open: hold_reads is empty otherwise.) Times are seconds since
-    the run's start (`started`, monotonic, as the calls'). Returns what shows it, or None."""
-    same = sorted((c for c in calls if c[3] == attempts), key=lambda c: c[5])
-    for earlier, later in zip(same, same[1:]):
+    request being recovered twice under that attempt number, the later time by another instance
+    whose restore, between the two calls, read the request's changelog partition only to a
+    committed end below every journal record of that attempt (`journal`: the request's journal
+    records in that partition, as (offset, attempts), read without isolation): the earlier
+    owner's intent of the attempt was in the tail the restore left out, committed and held by
+    Tansu, so the request was recovered again under the same number. (None of the members'
+    transactions was left open: hold_reads is empty otherwise.) Times are seconds since the run's
+    start (`started`, monotonic, as the calls'). Returns what shows it, or None."""
+    offsets = [offset for offset, journaled in journal if journaled == attempts]
+    if not offsets or any(offset for offset, journaled in journal if journaled > attempts):
+        return None
+    same = sorted((c for c in calls if c[3] == attempts and c[4]), key=lambda c: c[5])
+    for later in same:
         instance, call_at = later[2], later[5] - started
-        if instance == earlier[2]:
-            continue
-        for at, held_partition in hold_reads.get(instance, []):
-            if held_partition == partition and earlier[5] - started <= at <= call_at:
-                return {"instance": instance, "partition": held_partition, "read_at_s": round(at, 3),
-                        "call_at_s": round(call_at, 3), "earlier_call": [earlier[2], round(earlier[5] - started, 3)]}
+        for earlier in same:
+            if earlier[2] == instance or earlier[5] >= later[5]:
+                continue
+            for at, held_partition, committed_end in hold_reads.get(instance, []):
+                if (held_partition == partition and earlier[5] - started <= at <= call_at
+                        and min(offsets) >= committed_end):
+                    return {"instance": instance, "partition": held_partition, "committed_end": committed_end,
+                            "attempt_records_at": sorted(offsets), "read_at_s": round(at, 3),
+                            "call_at_s": round(call_at, 3), "earlier_call": [earlier[2], round(earlier[5] - started, 3)]}
     return None
 
 
@@ -983,6 +1020,7 @@ def main():
     def note_partition(error, message):
         if error is None:
             request_partitions[json.loads(message.value())["request_id"]] = message.partition()
+
     watching = threading.Event()
     if args.outage_s > 0:
         billing.outage = (started + args.outage_at * args.seconds, args.outage_s, 150.0)
@@ -1083,9 +1121,16 @@ def main():
         # (yet) visible as committed.
         everything = read_topic(cluster.bootstrap, OUTCOMES, False) if committed_only else records
         held = None
+        journal = {}
         if committed_only and args.broker == "tansu":
             records, changes, held = settle_held(
                 cluster.bootstrap, records, changes, everything, members.transactional_ids())
+            # Each request's journal records, as written (where a repeat after a broker hold is told apart).
+            for message in read_topic(cluster.bootstrap, STATE, False):
+                if (message.key() or b"").startswith(b":"):
+                    entry = json.loads(message.value())
+                    journal.setdefault(entry["request_id"], []).append(
+                        (message.partition(), message.offset(), entry["attempts"]))
     except BaseException:
         # Named first: a broker that died takes every later read down with it.
         died = cluster.died()
@@ -1108,7 +1153,7 @@ def main():
     # Exactly-once on Tansu with none of the members' transactions left open: the restores that
     # read a changelog partition only to its committed end, a transaction having held it past their
     # wait (Tansu holds committed transactions undecided, for good: see settle_held).
-    hold_reads = (settled_past_holds(members.work, started_wall, started)
+    hold_reads = (settled_past_holds(members.work, started_wall)
                   if held is not None and held["open_transactions_left"] == 0 else {})
     resent_ids = {ids[i] for i in resent}
     calls_by_id = {}
@@ -1168,8 +1213,11 @@ def main():
                                                              "error")} for a in answers],
                         "calls": [[c[2], c[3], c[4], round(c[5] - started, 3), round(c[6] - started, 3), c[7]]
                                   for c in calls_by_id.get(request_id, [])]}
-                    hold = after_broker_hold(calls_by_id.get(request_id, []), later["attempts"],
-                                             request_partitions.get(request_id), hold_reads, started)
+                    partition = request_partitions.get(request_id)
+                    hold = after_broker_hold(
+                        calls_by_id.get(request_id, []), later["attempts"], partition,
+                        [(offset, attempts) for at, offset, attempts in journal.get(request_id, []) if at == partition],
+                        hold_reads, started)
                     if hold:
                         repeats_after_broker_hold += 1
                         if len(repeats_after_broker_hold_examples) < 10:

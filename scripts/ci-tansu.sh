@@ -59,7 +59,7 @@ for guarantee in at-least-once exactly-once; do
   python3 scripts/chaos.py --binary "$BINARY" --broker tansu --tansu-port $((PORT + 1)) --member-log-level info \
     --guarantee "$guarantee" --outage-s 8 >"$work/chaos.json" \
     2>"$work/chaos.log" || { cat "$work/chaos.json"; tail -400 "$work/chaos.log"; exit 1; }
-  python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print("tansu chaos:", {k: r.get(k) for k in ["guarantee", "requests", "sigkills", "billing_calls", "recovery_calls", "held_calls", "busy_answers", "in_doubt_opened", "in_doubt_unresolved", "charged_but_failed", "lost", "open_transactions_left", "held_by_broker", "undeclared_repeats", "late_first_calls", "overlaps", "overlaps_after_given_up", "conflicting", "resent", "resent_called", "seconds"]})' "$work/chaos.json"
+  python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print("tansu chaos:", {k: r.get(k) for k in ["guarantee", "requests", "sigkills", "billing_calls", "recovery_calls", "held_calls", "busy_answers", "in_doubt_opened", "in_doubt_unresolved", "charged_but_failed", "lost", "open_transactions_left", "held_by_broker", "undeclared_repeats", "undeclared_outcome_repeats", "repeats_after_broker_hold", "late_first_calls", "overlaps", "overlaps_after_given_up", "conflicting", "resent", "resent_called", "seconds"]})' "$work/chaos.json"
 done
 
 # Exactly-once across a SIGKILL: the restart, under the same --instance-id (so the same
