@@ -1082,7 +1082,7 @@ def main():
             recorded = set()
             for message in read_topic(cluster.bootstrap, STATE, committed_only):
                 record = json.loads(message.value())
-                if (message.key() or b"").startswith(b":"):
+                if (message.key() or b"").startswith(b":") and message.value():
                     # A request journal record of its own (docs/ENGINE.md).
                     if record.get("result"):
                         recorded.add(record["request_id"])
@@ -1127,7 +1127,7 @@ def main():
                 cluster.bootstrap, records, changes, everything, members.transactional_ids())
             # Each request's journal records, as written (where a repeat after a broker hold is told apart).
             for message in read_topic(cluster.bootstrap, STATE, False):
-                if (message.key() or b"").startswith(b":"):
+                if (message.key() or b"").startswith(b":") and message.value():
                     entry = json.loads(message.value())
                     journal.setdefault(entry["request_id"], []).append(
                         (message.partition(), message.offset(), entry["attempts"]))
