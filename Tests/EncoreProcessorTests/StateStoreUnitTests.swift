@@ -9,10 +9,6 @@ import Testing
 /// records, partitions kept apart, and a store of another changelog dropped at open.
 @Suite("State store")
 struct StateStoreUnitTests {
-    private func directory() -> String {
-        FileManager.default.temporaryDirectory.appendingPathComponent("encore-store-\(UUID())").path
-    }
-
     private func open(_ path: String, group: String = "g", topic: String = "state") throws -> StateStore {
         try StateStore(
             directory: path, group: group, stateTopic: topic, cacheBytes: 1 << 20, writeBufferBytes: 4 << 20,
@@ -82,9 +78,11 @@ struct StateStoreUnitTests {
 
     @Test("records and their checkpoint are kept per partition, the latest value of each key")
     func applyAndRead() throws {
-        let path = directory()
-        defer { try? FileManager.default.removeItem(atPath: path) }
+        let directory = StoreDirectory()
+        let path = directory.path
+        defer { directory.remove() }
         let store = try open(path)
+        defer { store.close() }
         #expect(try store.checkpoint(of: 0) == nil)
         let checkpoint = StateStore.Checkpoint(offset: 3, lastDigest: 42)
         try store.apply(
@@ -107,9 +105,11 @@ struct StateStoreUnitTests {
         "a user's records are read back together with their changelog keys; open requests and expiries are indexed as the records change"
     )
     func usersAndIndexes() throws {
-        let path = directory()
-        defer { try? FileManager.default.removeItem(atPath: path) }
+        let directory = StoreDirectory()
+        let path = directory.path
+        defer { directory.remove() }
         let store = try open(path)
+        defer { store.close() }
         let checkpoint = StateStore.Checkpoint(offset: 1, lastDigest: 0)
         // "a" and "ab": one user's key is a prefix of the other's; their records stay apart.
         try store.apply(
@@ -145,9 +145,11 @@ struct StateStoreUnitTests {
         "a rebuild (the partition reset, written without the log, deleting only the index entries it wrote) leaves the store an ordinary write leaves, also for the writes after it"
     )
     func rebuildMatchesOrdinaryWrites() throws {
-        let path = directory()
-        defer { try? FileManager.default.removeItem(atPath: path) }
+        let directory = StoreDirectory()
+        let path = directory.path
+        defer { directory.remove() }
         let store = try open(path)
+        defer { store.close() }
         var random = SplitMix64(seed: 30)
         func batch() -> [(key: [UInt8]?, value: [UInt8])] { changes(&random, users: 40) }
         func same(_ moment: String) throws { try expectSame(store, 1, as: 0, after: moment) }
@@ -185,9 +187,11 @@ struct StateStoreUnitTests {
         "batches written on the batch writer's thread, a rebuild's and a tail's, leave what direct writes leave: a batch's index reads what the batches queued before it wrote"
     )
     func batchWriterMatchesDirectWrites() throws {
-        let path = directory()
-        defer { try? FileManager.default.removeItem(atPath: path) }
+        let directory = StoreDirectory()
+        let path = directory.path
+        defer { directory.remove() }
         let store = try open(path)
+        defer { store.close() }
         var random = SplitMix64(seed: 31)
         // A few users, so that nearly every batch changes the expiry a batch before it set.
         func batch() -> [(key: [UInt8]?, value: [UInt8])] { changes(&random, users: 12) }
@@ -217,9 +221,11 @@ struct StateStoreUnitTests {
         "a write of the batch writer that fails is thrown by the next drain and the next write; nothing of it is written"
     )
     func batchWriterFailure() throws {
-        let path = directory()
-        defer { try? FileManager.default.removeItem(atPath: path) }
+        let directory = StoreDirectory()
+        let path = directory.path
+        defer { directory.remove() }
         let store = try open(path)
+        defer { store.close() }
         try store.apply([state("u1", expiresAtMs: 5)], partition: 0, checkpoint: .init(offset: 1, lastDigest: 0))
         // The same store opened read-only: RocksDB refuses every write.
         let readOnly = try StateStore.openForReading(directory: path).store
@@ -243,9 +249,11 @@ struct StateStoreUnitTests {
     @Test(
         "an abandoned rebuild leaves nothing of its partition, not even the batches still queued when it was abandoned")
     func abandonedRebuild() throws {
-        let path = directory()
-        defer { try? FileManager.default.removeItem(atPath: path) }
+        let directory = StoreDirectory()
+        let path = directory.path
+        defer { directory.remove() }
         let store = try open(path)
+        defer { store.close() }
         try store.pauseCompactions()
         // A writer far behind: both batches are still queued when the rebuild is abandoned.
         let writer = StateStore.BatchWriter(store, lag: .milliseconds(50))
@@ -277,43 +285,50 @@ struct StateStoreUnitTests {
 
     @Test("a reopened store keeps what was written; one of another group or topic is emptied")
     func identity() throws {
-        let path = directory()
-        defer { try? FileManager.default.removeItem(atPath: path) }
+        let directory = StoreDirectory()
+        let path = directory.path
+        defer { directory.remove() }
         do {
             let store = try open(path)
+            defer { store.close() }
             try store.apply(
                 [(Array("k".utf8), Array("v".utf8))], partition: 2, checkpoint: .init(offset: 5, lastDigest: 1))
         }
         do {
             let store = try open(path)
+            defer { store.close() }
             #expect(try store.checkpoint(of: 2)?.offset == 5)
         }
         do {
             let store = try open(path, topic: "another-state")
+            defer { store.close() }
             #expect(try store.checkpoint(of: 2) == nil && records(store, 2).isEmpty)
         }
     }
 
     @Test("a second opening of a directory in use (another instance) is refused with a message naming --state-dir")
     func lockedDirectory() throws {
-        let path = directory()
-        defer { try? FileManager.default.removeItem(atPath: path) }
+        let directory = StoreDirectory()
+        let path = directory.path
+        defer { directory.remove() }
         let store = try open(path)
+        defer { store.close() }
         #expect {
             _ = try open(path)
         } throws: { error in
             "\(error)".contains("--state-dir") && "\(error)".contains("in use")
         }
-        withExtendedLifetime(store) {}
     }
 
     @Test(
         "acknowledged changelog records reach the store with the checkpoint past the last one; exactly-once only once committed"
     )
     func writer() throws {
-        let path = directory()
-        defer { try? FileManager.default.removeItem(atPath: path) }
+        let directory = StoreDirectory()
+        let path = directory.path
+        defer { directory.remove() }
         let store = try open(path)
+        defer { store.close() }
         let atLeastOnce = StateStoreWriter(
             store: store, transactional: false, interval: .seconds(60), logger: Logger(label: "test"))
         atLeastOnce.restored([0])
@@ -332,6 +347,8 @@ struct StateStoreUnitTests {
         atLeastOnce.stop()
 
         let reopened = try open(path)
+
+        defer { reopened.close() }
         let exactlyOnce = StateStoreWriter(
             store: reopened, transactional: true, interval: .seconds(60), logger: Logger(label: "test"))
         exactlyOnce.restored([1])
@@ -350,9 +367,11 @@ struct StateStoreUnitTests {
         "records acknowledged before their partition is revoked reach the store (a clean stop leaves nothing to read); those acknowledged after it wait for the next restore"
     )
     func revokedAfterAcknowledged() throws {
-        let path = directory()
-        defer { try? FileManager.default.removeItem(atPath: path) }
+        let directory = StoreDirectory()
+        let path = directory.path
+        defer { directory.remove() }
         let store = try open(path)
+        defer { store.close() }
         let writer = StateStoreWriter(
             store: store, transactional: false, interval: .seconds(60), logger: Logger(label: "test"))
         writer.restored([0])
@@ -368,9 +387,11 @@ struct StateStoreUnitTests {
         "a user read back gets the records acknowledged and not yet in the store (exactly-once, its open transaction's), the newer of two"
     )
     func userReadThroughTheOverlay() throws {
-        let path = directory()
-        defer { try? FileManager.default.removeItem(atPath: path) }
+        let directory = StoreDirectory()
+        let path = directory.path
+        defer { directory.remove() }
         let store = try open(path)
+        defer { store.close() }
         func read(_ writer: StateStoreWriter) throws -> [String: String] {
             Dictionary(
                 uniqueKeysWithValues: try writer.records(ofUser: "app:u", partition: 0).map {
@@ -401,9 +422,11 @@ struct StateStoreUnitTests {
 
     @Test("a partition no longer owned is dropped after the grace; an owned one never")
     func unownedDropped() throws {
-        let path = directory()
-        defer { try? FileManager.default.removeItem(atPath: path) }
+        let directory = StoreDirectory()
+        let path = directory.path
+        defer { directory.remove() }
         let store = try open(path)
+        defer { store.close() }
         for partition: Int32 in [0, 1, 2] {
             try store.apply(
                 [(Array("k".utf8), Array("v".utf8))], partition: partition, checkpoint: .init(offset: 1, lastDigest: 0))
@@ -427,9 +450,11 @@ struct StateStoreUnitTests {
         "no checkpoint passes a record the store lacks: not before the partition is restored, not after a changelog record failed delivery"
     )
     func checkpointNeverPassesAHole() throws {
-        let path = directory()
-        defer { try? FileManager.default.removeItem(atPath: path) }
+        let directory = StoreDirectory()
+        let path = directory.path
+        defer { directory.remove() }
         let store = try open(path)
+        defer { store.close() }
         let writer = StateStoreWriter(
             store: store, transactional: false, interval: .seconds(60), logger: Logger(label: "test"))
         defer { writer.stop() }
