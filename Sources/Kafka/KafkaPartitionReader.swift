@@ -252,7 +252,8 @@ public enum KafkaPartitionReader {
         }
         return KafkaPartitionRead(
             state: state, records: records, heldShort: shortEnds.mapValues(\.offset),
-            heldBeforeStart: Set(shortEnds.filter { $0.value.start != nil }.keys))
+            heldBeforeStart: Set(shortEnds.filter { $0.value.start != nil }.keys),
+            unread: shortEnds.mapValues { ($0.start ?? $0.offset)..<max($0.start ?? $0.offset, $0.end) })
     }
 }
 
@@ -267,6 +268,9 @@ public struct KafkaPartitionRead<State: Sendable>: Sendable {
     public var heldShort: [Int32: Int64] = [:]
     /// Those of them whose read began past the committed end: nothing of them was read.
     public var heldBeforeStart: Set<Int32> = []
+    /// What of each of them was not read: from the committed end (or the read's start, past it)
+    /// to the end the reader aimed at (which a broker may report short of its last records).
+    public var unread: [Int32: Range<Int64>] = [:]
 }
 
 private enum ReadEnding<State: Sendable>: Sendable {

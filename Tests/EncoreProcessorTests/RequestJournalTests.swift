@@ -343,6 +343,99 @@ struct RequestJournalTests {
         await harness.stop()
     }
 
+    /// A journal record of request `id` of user u: an intent, or with `result` a result.
+    static func held(
+        _ id: String, seq: Int64 = 0, attempts: Int, result: OutcomeResult? = nil, startedAtMs: Int64 = 5,
+        offset: Int64? = nil, inDoubtSinceMs: Int64? = nil, digest: String? = nil
+    ) -> JournalRecord {
+        JournalRecord(
+            appID: "app", appUserID: "u", seq: seq,
+            entry: .init(
+                requestID: id, attempts: attempts, startedAtMs: startedAtMs, result: result,
+                completedAtMs: result == nil ? nil : startedAtMs + 1, offset: offset, inDoubtSinceMs: inDoubtSinceMs,
+                digest: digest))
+    }
+
+    /// A partition restored from `records` (read to the committed end) in offset order.
+    static func restoredPartition(_ records: [JournalRecord]) throws -> RestoredPartition {
+        var restored = RestoredPartition(journalCap: JournalPolicy().perUserCap)
+        for record in records {
+            try restored.fold(
+                key: record.key(slotCount: JournalPolicy().perUserCap), value: record.jsonBytes(), horizonMs: .min)
+        }
+        return restored
+    }
+
+    @Test(
+        "intents held past the committed end: a request is open under the highest attempt there unless what was read has it already; their results are not taken"
+    )
+    func heldIntentsTaken() throws {
+        typealias Case = (read: [JournalRecord], held: [JournalRecord], taken: Set<String>, expected: JournalRecord?)
+        let cases: [String: Case] = [
+            "none read: open": (
+                [], [Self.held("r", attempts: 1, digest: "d")], ["r"], Self.held("r", attempts: 1, digest: "d")
+            ),
+            "open read at a lower attempt: raised, the read entry's offset, doubt and digest kept": (
+                [Self.held("r", attempts: 1, offset: 7, inDoubtSinceMs: 9, digest: "d")], [Self.held("r", attempts: 2)],
+                ["r"],
+                Self.held("r", attempts: 2, offset: 7, inDoubtSinceMs: 9, digest: "d")
+            ),
+            "open read at that attempt: unchanged": (
+                [Self.held("r", attempts: 2, startedAtMs: 1)], [Self.held("r", attempts: 2, startedAtMs: 8)], [],
+                Self.held("r", attempts: 2, startedAtMs: 1)
+            ),
+            "a result read at a later attempt: unchanged": (
+                [Self.held("r", attempts: 3, result: .purchased)], [Self.held("r", attempts: 2)], [],
+                Self.held("r", attempts: 3, result: .purchased)
+            ),
+            "a result read at an earlier attempt: open again at the later one": (
+                [Self.held("r", attempts: 1, result: .purchased)], [Self.held("r", attempts: 2)], ["r"],
+                Self.held("r", attempts: 2)
+            ),
+            "results held are not taken, intents held are, the highest last": (
+                [Self.held("r", attempts: 1)],
+                [
+                    Self.held("r", attempts: 2), Self.held("r", attempts: 2, result: .purchased),
+                    Self.held("r", attempts: 3), Self.held("s", seq: 1, attempts: 1, result: .cancelled),
+                ], ["r"], Self.held("r", attempts: 3)
+            ),
+        ]
+        for (name, test) in cases.sorted(by: { $0.key < $1.key }) {
+            var restored = try Self.restoredPartition(test.read)
+            #expect(restored.takeHeldIntents(test.held) == test.taken, "\(name)")
+            // (A settled entry is kept compact: its start time is its completion's.)
+            func kept(_ entry: EntitlementStateRecord.RequestEntry?) -> String {
+                entry.map {
+                    "\($0.attempts) \($0.result?.rawValue ?? "open from \($0.startedAtMs)") \($0.offset ?? -1) \($0.inDoubtSinceMs ?? -1) \($0.digest ?? "")"
+                }
+                    ?? "none"
+            }
+            #expect(
+                kept(restored.journal.entry(userKey: "app:u", requestID: "r")) == kept(test.expected?.entry), "\(name)")
+            #expect(restored.journal.entry(userKey: "app:u", requestID: "s") == nil, "\(name): a result held taken")
+        }
+    }
+
+    @Test(
+        "an intent held past the committed end raises its request's attempt: the recovery call is attempt 3, never attempt 2 again"
+    )
+    func heldIntentRecoveredUnderANewAttempt() async throws {
+        // Read to the committed end: attempt 1's intent. Held past it: attempt 2's (another owner's
+        // recovery call, its transaction committed but left undecided by the broker).
+        let old = currentTimeMs() - 60_000
+        var restored = try Self.restoredPartition([Self.held("req-0", attempts: 1, startedAtMs: old)])
+        #expect(restored.takeHeldIntents([Self.held("req-0", attempts: 2, startedAtMs: old + 1)]) == ["req-0"])
+        let controller = RecordingController()
+        let harness = LoopHarness(router: router(controller))
+        harness.assign(restored: [0: restored], partitions: 1)
+        harness.feed(request(0, user: "u"))
+        #expect(await harness.waitForFinished(1))
+        #expect(controller.snapshot.calls == 1 && controller.snapshot.recoveryCalls == 1)
+        let outcome = try #require(harness.producer.outcomes().first)
+        #expect(outcome.result == .purchased && outcome.attempts == 3)
+        await harness.stop()
+    }
+
     @Test("a request waiting for a call slot does not hold its partition's hand-over")
     func waitingForSlotLeftToNextOwner() async throws {
         // User a holds the only call slot with retryable failures; b's request waits for the slot.

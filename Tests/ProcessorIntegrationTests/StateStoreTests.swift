@@ -72,6 +72,50 @@ struct StateStoreTests {
         return options
     }
 
+    @Test(
+        "what a restore held past the committed end is read without isolation for its intents, in offset order, past a short end too; results, states and deletions are left"
+    )
+    func heldIntentsRead() async throws {
+        let cluster = try embeddedClusterWithTopics(partitions: 4)
+        let bootstrap = cluster.bootstrapServers
+        func journal(_ id: String, seq: Int64, attempts: Int, result: OutcomeResult? = nil) -> (
+            key: [UInt8], value: [UInt8]
+        ) {
+            let record = JournalRecord(
+                appID: "app", appUserID: "u", seq: seq,
+                entry: .init(
+                    requestID: id, attempts: attempts, startedAtMs: 5, result: result,
+                    completedAtMs: result == nil ? nil : 6))
+            return (record.key(slotCount: 100), record.jsonBytes())
+        }
+        let state = EntitlementStateRecord(appID: "app", appUserID: "u", grants: [])
+        let records: [(key: [UInt8], value: [UInt8])] = [
+            journal("a", seq: 0, attempts: 1),  // 0: before the held range
+            (Array(state.key.utf8), state.jsonBytes()),  // 1
+            journal("a", seq: 0, attempts: 2),  // 2
+            journal("a", seq: 0, attempts: 2, result: .purchased),  // 3
+            (journal("b", seq: 1, attempts: 1).key, []),  // 4: a deletion
+            journal("c", seq: 2, attempts: 1),  // 5: past the end the broker reported
+        ]
+        let producer = try KafkaProducer(configuration: KafkaConfiguration(["bootstrap.servers": bootstrap]))
+        for record in records {
+            try producer.produce(
+                KafkaProducerRecord(topic: Topics.state, partition: 2, key: record.key, value: record.value)
+            ) { _ in }
+        }
+        try await producer.flush()
+        await producer.close()
+        var configuration = ProcessorConfiguration(kafka: KafkaConfiguration(["bootstrap.servers": bootstrap]))
+        configuration.guarantee = .exactlyOnce
+        let intents = try await PurchaseProcessor.heldIntents(
+            [2: 1..<5], configuration: configuration, logger: Logger(label: "test"))
+        #expect(intents.keys.sorted() == [2])
+        #expect(intents[2]?.map { "\($0.entry.requestID) \($0.entry.attempts)" } == ["a 2", "c 1"])
+        #expect(
+            try await PurchaseProcessor.heldIntents([:], configuration: configuration, logger: Logger(label: "test"))
+                .isEmpty)
+    }
+
     @Test("a restart reads no changelog record its store holds, and still knows every request it answered")
     func restartReadsOnlyTheTail() async throws {
         let cluster = try embeddedClusterWithTopics(partitions: 4)

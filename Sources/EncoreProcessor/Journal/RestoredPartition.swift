@@ -30,3 +30,27 @@ struct RestoredPartition: Sendable {
         }
     }
 }
+
+extension RestoredPartition {
+    /// Takes the intents among records a restore could not read: held past the committed end by a
+    /// transaction (docs/STATE.md, Restore), in offset order. Their calls may have reached billing
+    /// (a transaction the broker committed and left undecided: the intent's commit comes before
+    /// the call), so each request is open under the highest such attempt, and its recovery call
+    /// takes a new attempt number, never one already used. An entry read already at that attempt
+    /// or a later one stays. The records' results and states are not taken: they may never be
+    /// committed. Returns the requests taken, by id.
+    mutating func takeHeldIntents(_ records: [JournalRecord]) -> Set<String> {
+        var taken: Set<String> = []
+        for record in records where record.entry.result == nil {
+            let earlier = journal.entry(userKey: record.userKey, requestID: record.entry.requestID)
+            if let earlier, earlier.attempts >= record.entry.attempts { continue }
+            var entry = record.entry
+            entry.offset = entry.offset ?? earlier?.offset
+            entry.inDoubtSinceMs = entry.inDoubtSinceMs ?? earlier?.inDoubtSinceMs
+            entry.digest = entry.digest ?? earlier?.digest
+            journal.record(userKey: record.userKey, seq: record.seq, entry)
+            taken.insert(entry.requestID)
+        }
+        return taken
+    }
+}

@@ -59,6 +59,46 @@ extension PurchaseProcessor {
         }
     }
 
+    /// The journal intents among the records a restore left unread (`unread`: each partition's
+    /// range held past its committed end by an open transaction), read `read_uncommitted`, in
+    /// offset order per partition: what ``RestoredPartition/takeHeldIntents(_:)`` takes. Logs
+    /// what it found.
+    static func heldIntents(
+        _ unread: [Int32: Range<Int64>], configuration: ProcessorConfiguration, logger: Logger
+    ) async throws(KafkaError) -> [Int32: [JournalRecord]] {
+        guard !unread.isEmpty else { return [:] }
+        var kafka = configuration.kafka
+        kafka["isolation.level"] = "read_uncommitted"
+        let read = try await KafkaPartitionReader.fold(
+            configuration: kafka, topic: configuration.stateTopic, starts: unread.mapValues(\.lowerBound),
+            ends: unread.mapValues(\.upperBound), readsPastShortEnds: Set(unread.keys),
+            into: (intents: [Int32: [JournalRecord]](), invalid: [String]())
+        ) { found, message in
+            // (A record with no value is a deletion: nothing open.)
+            guard JournalRecord.isJournalKey(message.key), !message.value.isEmpty else { return }
+            do throws(EventValidationError) {
+                let record = try JournalRecord(jsonBytes: message.value)
+                if record.entry.result == nil { found.intents[message.partition, default: []].append(record) }
+            } catch {
+                found.invalid.append("\(message.topic)[\(message.partition)]@\(message.offset): \(error)")
+            }
+        }
+        let found = read.state
+        for (partition, range) in unread.sorted(by: { $0.key < $1.key }) {
+            let intents = found.intents[partition] ?? []
+            logger.warning(
+                "read '\(configuration.stateTopic)' partition \(partition) from offset \(range.lowerBound), held past the committed end, without isolation: \(intents.count) intents of \(Set(intents.map(\.entry.requestID)).count) requests, whose calls may have reached billing: each is recovered under a new attempt (its results there are not taken: they may never be committed)"
+            )
+        }
+        if let first = found.invalid.first {
+            // (Not failing: these records may never be committed, and a restore held short of the end would fail on them again.)
+            logger.warning(
+                "\(found.invalid.count) journal records held past the committed end are not valid and were skipped (first: \(first))"
+            )
+        }
+        return found.intents
+    }
+
     static func readLedger(
         of partitions: [Int32], configuration: ProcessorConfiguration, logger: Logger,
         since started: ContinuousClock.Instant, clock: ContinuousClock
@@ -89,7 +129,10 @@ extension PurchaseProcessor {
                     "\(folded.invalid.count) changelog records are not valid states or journal records (first: \(first)); remove them or fix the topic"
             )
         }
-        let latest = folded.latest
+        var latest = folded.latest
+        for (partition, intents) in try await heldIntents(read.unread, configuration: configuration, logger: logger) {
+            _ = latest[partition, default: RestoredPartition(journalCap: cap)].takeHeldIntents(intents)
+        }
         let users = latest.values.reduce(0) { $0 + $1.states.count }
         let remembered = latest.values.reduce(0) { $0 + $1.journal.count }
         logger.info(

@@ -74,6 +74,7 @@ extension PurchaseProcessor {
                 vitals: vitals, logger: logger)
             tail.records += again.records
             if tail.failure == nil { tail.failure = again.failure }
+            tail.unread = tail.unread.filter { !foreign.contains($0.key) }.merging(again.unread) { $1 }
         }
         if let failure = tail.failure {
             throw RocksDBError(description: "cannot write the state store in \(store.directory): \(failure)")
@@ -142,11 +143,33 @@ extension PurchaseProcessor {
                             description: "cannot write the state store in \(store.directory): \(failure)")
                     }
                     tail.records += again.records
+                    tail.unread[partition] = again.unread[partition]
                     rebuilt.insert(partition)
                 } catch {
                     throw RocksDBError(description: "cannot read the state store in \(store.directory): \(error)")
                 }
             }
+            restored[partition] = folded
+        }
+        for (partition, intents) in try await heldIntents(tail.unread, configuration: configuration, logger: logger) {
+            var folded = restored[partition] ?? RestoredPartition(journalCap: cap)
+            if configuration.residentUsers != nil {
+                // Their users are read now, as those with an open request in the store are.
+                for user in Set(intents.map(\.userKey)).subtracting(folded.users).sorted() {
+                    for (key, value) in try store.records(ofUser: user, partition: partition) {
+                        stored += 1
+                        do throws(EventValidationError) {
+                            try folded.fold(key: key, value: value, horizonMs: horizon)
+                        } catch {
+                            invalid.append(
+                                "\(configuration.stateTopic)[\(partition)] key \(String(decoding: key, as: UTF8.self)): \(error)"
+                            )
+                        }
+                    }
+                    folded.users.append(user)
+                }
+            }
+            _ = folded.takeHeldIntents(intents)
             restored[partition] = folded
         }
         if let first = invalid.first {
@@ -198,7 +221,9 @@ extension PurchaseProcessor {
         _ partitions: [Int32], from checkpoints: [Int32: StateStore.Checkpoint],
         marks: [Int32: (low: Int64, high: Int64)], store: StateStore, configuration: ProcessorConfiguration,
         kafka: KafkaConfiguration, vitals: ProcessorVitals?, logger: Logger
-    ) async throws(KafkaError) -> (records: Int, foreign: Set<Int32>, failure: String?) {
+    ) async throws(KafkaError) -> (
+        records: Int, foreign: Set<Int32>, failure: String?, unread: [Int32: Range<Int64>]
+    ) {
         let clock = ContinuousClock()
         let started = clock.now
         var starts: [Int32: Int64] = [:]
@@ -208,7 +233,7 @@ extension PurchaseProcessor {
                 starts[partition] = max(checkpoint.offset - 1, 0)
             } else {
                 do { try store.reset(partition: partition) } catch {
-                    return (0, [], "\(error)")
+                    return (0, [], "\(error)", [:])
                 }
                 starts[partition] = marks[partition]!.low
             }
@@ -228,7 +253,7 @@ extension PurchaseProcessor {
         let rebuilt = Array(rebuilds.keys)
         var paused = false
         if rebuilt.reduce(0, { $0 + Int(marks[$1]!.high - marks[$1]!.low) }) >= bulkRebuildRecords {
-            do { try store.pauseCompactions() } catch { return (0, [], "\(error)") }
+            do { try store.pauseCompactions() } catch { return (0, [], "\(error)", [:]) }
             paused = true
         }
         // The batches are written on a thread of their own while the next ones are read.
@@ -323,7 +348,7 @@ extension PurchaseProcessor {
         let unverified = expected.filter { partition, checkpoint in
             checkpoint.offset > 0 && !tail.verified.contains(partition) && !read.heldBeforeStart.contains(partition)
         }.keys
-        return (tail.records, tail.foreign.union(unverified), failure)
+        return (tail.records, tail.foreign.union(unverified), failure, read.unread)
     }
 
     /// The checkpoint past `records`, the last of which is just before offset `next`.
