@@ -24,12 +24,14 @@ it stops the members and checks, for every request id:
   - resent_called / resent_answered: re-sent answered requests called or answered again (must be 0)
   - undeclared_outcome_repeats: a later outcome of a request that is neither one of its earlier
     records again, byte for byte, nor declares more attempts than they did             (must be 0)
-    (repeats_after_broker_hold, apart, exactly-once on Tansu with none of the members'
-    transactions left open: the request was recovered twice under that attempt number, the later
-    time by another member whose restore, between the two calls, read the request's changelog
-    partition only to a committed end below every journal record of that attempt, a transaction
-    having held that end past the restore's wait: Tansu holding the earlier owner's committed
-    transaction, with its intent of that attempt, undecided; see after_broker_hold)
+    repeats_after_broker_hold: such repeats that fit a hold, counted apart to name their cause
+    (exactly-once on Tansu with none of the members' transactions left open: the request was
+    recovered twice under that attempt number, the later time by another member whose restore,
+    between the two calls, read the request's changelog partition only to a committed end below
+    every journal record of that attempt, a transaction having held that end past the restore's
+    wait: Tansu holding the earlier owner's committed transaction, with its intent of that
+    attempt, undecided; see after_broker_hold). Such a restore reads what is held past the
+    committed end for its intents and recovers the request under a new attempt: (must be 0)
   - exactly-once only, read with isolation.level=read_committed: repeated_finals (a second final
     outcome, or a second pending in doubt) and
     repeated_changes (one outcome per request, one change per user and sequence)       (must be 0)
@@ -1278,7 +1280,8 @@ def main():
         **(held or {}),
     }
     must_be_zero = ["lost", "undeclared_repeats", "overlaps", "conflicting", "undeclared_outcome_repeats",
-                    "resent_called", "resent_answered", "in_doubt_unresolved", "charged_but_failed"]
+                    "repeats_after_broker_hold", "resent_called", "resent_answered", "in_doubt_unresolved",
+                    "charged_but_failed"]
     # Exactly-once: one outcome per request and one change per sequence, where a read_committed
     # reader can show it (a broker that filters aborted transactions, or a run without SIGKILLs).
     report["exactly_once_checked"] = exact
