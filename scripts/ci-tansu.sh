@@ -76,10 +76,10 @@ LD_LIBRARY_PATH="$work/lib" python3 scripts/eos_restart_check.py --binary "$BINA
 LD_LIBRARY_PATH="$work/lib" python3 scripts/eos_restart_check.py --binary "$BINARY" \
   --bootstrap-servers "127.0.0.1:$PORT" --past-the-held-end --timeout-s 420
 
-# An intent held past the committed end (a foreign transaction left open over a request's intent
-# of attempt 2, its intent of attempt 1 committed): the restore settles for the committed end,
-# reads what is held without isolation, and recovers the request under attempt 3, never attempt 2
-# again; with a state store and without.
+# Intents held past the committed end (a foreign transaction left open over four users' requests'
+# journal records): the restores settle for the committed end, read what is held without
+# isolation, and recover each request under a new attempt, never one already used (also from a
+# store whose checkpoint is past the committed end); with a state store and without.
 LD_LIBRARY_PATH="$work/lib" python3 scripts/held_intent_check.py --binary "$BINARY" \
   --bootstrap-servers "127.0.0.1:$PORT"
 

@@ -2,22 +2,30 @@
 """Exactly-once: an intent held past the committed end is never recovered under its own attempt.
 
 Against a running broker that holds read_committed readers behind an open transaction (Tansu in
-CI, which never times one out). A foreign transactional producer writes to the changelog, in the
-partition of one request's user, that request's intent of attempt 1 and commits it; then its
-intent of attempt 2 in a transaction it leaves open: what a restore sees when the broker leaves an
-owner's committed transaction undecided (scripts/tansu_txn_race.py), or when an owner died in it.
-Then the request arrives and an exactly-once processor restores the partition: the open
-transaction holds its committed end short of the end, the restore settles there after its wait,
-reads what is held without isolation, and must recover the request under attempt 3, a recovery
-call. Before, it saw only attempt 1 and called attempt 2 again: a second call under one attempt
-number, which the chaos run's outcome check counts as an undeclared repeat.
+CI, which never times one out). A foreign transactional producer commits journal records to the
+changelog partition of four users' requests, then writes more in a transaction it leaves open:
+what a restore sees when the broker leaves an owner's committed transaction undecided
+(scripts/tansu_txn_race.py), or when an owner died in it. Per request:
 
-Checked twice, on fresh topics: with a state store (the restore reads the changelog from its
-checkpoints; its users read from the store as needed) and with none (--state-dir none: the
-changelog read from the beginning).
+  user-0: intent of attempt 1 committed, intent of attempt 2 held         -> answered as attempt 3
+  user-1: intent of attempt 1 held, nothing committed                      -> attempt 2
+  user-2: result of attempt 1 committed (no open request in a store's
+          index), intent of attempt 2 held                                 -> attempt 3
+  user-3: intent of attempt 1 held; its request comes only after the first
+          processor stopped cleanly, to a second on the same state store,
+          whose checkpoint is then past the committed end                  -> attempt 2
 
-Prints one JSON line per check; exits 1 when an outcome is not attempt 3, or none comes within
---timeout-s.
+The restores settle for the committed end after their wait, read what is held without isolation
+and recover each request under a new attempt, with a recovery call. Before, they saw only what was
+committed and called attempt 2 of user-0's request again (and user-1's and user-3's as new
+requests, attempt 1), a second call under one attempt number.
+
+Checked twice, on fresh topics: with a state store (the first run rebuilds it from the
+changelog, the second restores from its checkpoints, or rebuilds again where the broker reports
+an end short of them) and with none (--state-dir none: the changelog read from the beginning).
+
+Prints one JSON line per check; exits 1 when an outcome's attempts are not the expected ones, or
+an outcome does not come within --timeout-s.
 """
 import argparse
 import json
@@ -30,13 +38,16 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 PARTITIONS = 4
 PARTITION = 1
+EXPECTED = {"user-0": 3, "user-1": 2, "user-2": 3, "user-3": 2}
 
 
-def journal(user, request_id, attempts, started_at_ms):
-    """A journal record (schemas/request-journal.schema.json): the request's open intent."""
+def journal(user, request_id, attempts, started_at_ms, result=None):
+    """A journal record (schemas/request-journal.schema.json) of the user's request."""
     key = f":0:app_held:{user}".encode()
     value = {"app_id": "app_held", "app_user_id": user, "journal_seq": 0, "request_id": request_id,
              "attempts": attempts, "started_at_ms": started_at_ms}
+    if result is not None:
+        value.update(result=result, completed_at_ms=started_at_ms + 1)
     return key, json.dumps(value).encode()
 
 
@@ -49,68 +60,91 @@ def check(args, store):
              "--dead-letter-topic", topics["dead"], "--state-topic", topics["state"]]
     subprocess.run([args.binary, "topics", "create", "--partitions", str(PARTITIONS)] + flags, check=True,
                    stdout=subprocess.DEVNULL)
-    user, request_id = "user-0", f"held-{run}"
-    # Long ago: the takeover hold (the intent's time plus the call timeout and skew margin) is over.
+    ids = {user: f"held-{run}-{user}" for user in EXPECTED}
+    # Long ago: the takeover hold (an intent's time plus the call timeout and skew margin) is over.
     started = int(time.time() * 1000) - 120_000
     foreign = Producer({"bootstrap.servers": args.bootstrap_servers, "transactional.id": f"held-{run}"})
     foreign.init_transactions(30)
     foreign.begin_transaction()
-    key, value = journal(user, request_id, 1, started)
-    foreign.produce(topics["state"], value, key, partition=PARTITION)
+    for record in [journal("user-0", ids["user-0"], 1, started),
+                   journal("user-2", ids["user-2"], 1, started, result="purchased")]:
+        foreign.produce(topics["state"], record[1], record[0], partition=PARTITION)
     foreign.commit_transaction(30)
     foreign.begin_transaction()
-    key, value = journal(user, request_id, 2, started + 1)
-    foreign.produce(topics["state"], value, key, partition=PARTITION)
+    for record in [journal("user-0", ids["user-0"], 2, started + 1), journal("user-1", ids["user-1"], 1, started),
+                   journal("user-2", ids["user-2"], 2, started + 1), journal("user-3", ids["user-3"], 1, started)]:
+        foreign.produce(topics["state"], record[1], record[0], partition=PARTITION)
     foreign.flush(30)  # written, its transaction left open
 
     requests = Producer({"bootstrap.servers": args.bootstrap_servers, "enable.idempotence": True})
-    event = {"request_id": request_id, "app_id": "app_held", "app_user_id": user, "product_id": "com.app.pro",
-             "store": "APP_STORE", "environment": "SANDBOX", "requested_at_ms": int(time.time() * 1000)}
-    requests.produce(topics["requests"], json.dumps(event).encode(), f"app_held:{user}".encode(),
-                     partition=PARTITION)
-    requests.flush(30)
 
-    log_path = f"/tmp/held-intent-check-{run}.log"
-    processor = subprocess.Popen(
-        [args.binary, "run", "--group-id", f"held-{run}", "--guarantee", "exactly-once", "--instance-id",
-         "held-check", "--workers", "1", "--controller", "simulated", "--simulated-latency-ms", "1",
-         "--simulated-outcomes", "purchased=1", "--log-level", "warning",
-         # The restore settles for the committed end 5 s past this: a short check.
-         "-X", "transaction.timeout.ms=2000",
-         "--state-dir", f"/tmp/held-intent-check-{run}-state" if store else "none"] + flags,
-        stdout=subprocess.DEVNULL, stderr=open(log_path, "w"))
+    def send(users):
+        for user in users:
+            event = {"request_id": ids[user], "app_id": "app_held", "app_user_id": user,
+                     "product_id": "com.app.pro", "store": "APP_STORE", "environment": "SANDBOX",
+                     "requested_at_ms": int(time.time() * 1000)}
+            requests.produce(topics["requests"], json.dumps(event).encode(), f"app_held:{user}".encode(),
+                             partition=PARTITION)
+        requests.flush(30)
+
+    outcomes = {}
+    # Without isolation: on Tansu a read_committed reader of any topic stops behind the transaction
+    # left open on the changelog (the processor commits its own, and aborts none here).
     consumer = Consumer({"bootstrap.servers": args.bootstrap_servers, "group.id": f"held-check-{run}",
                          "enable.auto.commit": False, "isolation.level": "read_uncommitted"})
     consumer.assign([TopicPartition(topics["outcomes"], p, 0) for p in range(PARTITIONS)])
-    outcomes, deadline = [], time.monotonic() + args.timeout_s
-    while not outcomes and time.monotonic() < deadline and processor.poll() is None:
-        message = consumer.poll(0.5)
-        if message is not None and not message.error():
-            outcome = json.loads(message.value())
-            if outcome["request_id"] == request_id:
-                outcomes.append(outcome)
+    log_path = f"/tmp/held-intent-check-{run}.log"
+    deadline = time.monotonic() + args.timeout_s
+
+    def process(users, part):
+        """Sends the users' requests and runs a processor until each has an outcome, then stops it."""
+        send(users)
+        with open(f"{log_path}.{part}", "w") as log:
+            processor = subprocess.Popen(
+                [args.binary, "run", "--group-id", f"held-{run}", "--guarantee", "exactly-once", "--instance-id",
+                 "held-check", "--workers", "1", "--controller", "simulated", "--simulated-latency-ms", "1",
+                 "--simulated-outcomes", "purchased=1", "--log-level", "info",
+                 # The restore settles for the committed end 5 s past this: a short check.
+                 "-X", "transaction.timeout.ms=2000",
+                 "--state-dir", f"/tmp/held-intent-check-{run}-state" if store else "none"] + flags,
+                stdout=subprocess.DEVNULL, stderr=log)
+            while any(ids[user] not in outcomes for user in users) and time.monotonic() < deadline \
+                    and processor.poll() is None:
+                message = consumer.poll(0.5)
+                if message is not None and not message.error():
+                    outcome = json.loads(message.value())
+                    outcomes.setdefault(outcome["request_id"], outcome)
+            processor.terminate()
+            try:
+                processor.wait(60)
+            except subprocess.TimeoutExpired:
+                processor.kill()
+                processor.wait()
+
+    process(["user-0", "user-1", "user-2"], 1)
+    process(["user-3"], 2)
     consumer.close()
-    processor.terminate()
-    try:
-        processor.wait(60)
-    except subprocess.TimeoutExpired:
-        processor.kill()
-        processor.wait()
     foreign.abort_transaction(30)
-    log = open(log_path, errors="replace").read()
+    logs = []
+    for part in (1, 2):
+        with open(f"{log_path}.{part}", errors="replace") as log:
+            logs.append(log.read())
+    text = "".join(logs)
     report = {
         "store": store,
-        "outcome_attempts": outcomes[0]["attempts"] if outcomes else None,
-        "outcome_result": outcomes[0]["result"] if outcomes else None,
-        "settled_for_the_committed_end": "read to the committed end" in log,
-        "held_intents_read": "held past the committed end, without isolation: 1 intents of 1 requests" in log,
-        "log": log_path,
+        "attempts": {user: outcomes.get(ids[user], {}).get("attempts") for user in EXPECTED},
+        "results": sorted({outcome["result"] for outcome in outcomes.values()}),
+        "settled_reads": text.count("read to the committed end"),
+        "held_reads": text.count("held past the committed end, without isolation"),
+        # Whether the second run restored from its store's checkpoints (else it rebuilt the store).
+        "second_from_checkpoints": store and "rebuilding" not in logs[1],
+        "logs": f"{log_path}.1, .2",
     }
     print(json.dumps(report), flush=True)
-    report["failed"] = report["outcome_attempts"] != 3 or not report["settled_for_the_committed_end"] or \
-        not report["held_intents_read"]
+    report["failed"] = report["attempts"] != EXPECTED or report["results"] != ["purchased"] or \
+        report["held_reads"] < 2
     if report["failed"]:
-        sys.stderr.write(log[-4000:])
+        sys.stderr.write(text[-6000:])
     return report
 
 
@@ -118,7 +152,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--binary", required=True)
     parser.add_argument("--bootstrap-servers", required=True)
-    parser.add_argument("--timeout-s", type=float, default=120)
+    parser.add_argument("--timeout-s", type=float, default=180)
     args = parser.parse_args()
     reports = [check(args, store=True), check(args, store=False)]
     return 1 if any(report["failed"] for report in reports) else 0

@@ -57,4 +57,11 @@ struct HeldEndsTable {
     var shortEnds: [Int32: (offset: Int64, end: Int64, start: Int64?)] {
         settled ? short.mapValues { ($0.offset, $0.end, $0.start) } : [:]
     }
+
+    /// What a `read_committed` reader could not see of them (after ``settle(remaining:after:now:)``):
+    /// from the committed end, also where the read began past it (what lies between is not
+    /// committed for such a reader either), to the end aimed at.
+    var unread: [Int32: Range<Int64>] {
+        settled ? short.mapValues { $0.offset..<max($0.offset, $0.end) } : [:]
+    }
 }

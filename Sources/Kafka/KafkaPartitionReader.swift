@@ -238,7 +238,7 @@ public enum KafkaPartitionReader {
                 message: "reading '\(topic)' did not reach the end of its partitions: no record for \(timeout)"
             )
         }
-        let shortEnds = held?.shortEnds ?? [:]
+        let (shortEnds, unread) = held?.ends ?? ([:], [:])
         for (partition, short) in shortEnds.sorted(by: { $0.key < $1.key }) {
             if let start = short.start {
                 logger.warning(
@@ -253,7 +253,7 @@ public enum KafkaPartitionReader {
         return KafkaPartitionRead(
             state: state, records: records, heldShort: shortEnds.mapValues(\.offset),
             heldBeforeStart: Set(shortEnds.filter { $0.value.start != nil }.keys),
-            unread: shortEnds.mapValues { ($0.start ?? $0.offset)..<max($0.start ?? $0.offset, $0.end) })
+            unread: unread)
     }
 }
 
@@ -268,8 +268,9 @@ public struct KafkaPartitionRead<State: Sendable>: Sendable {
     public var heldShort: [Int32: Int64] = [:]
     /// Those of them whose read began past the committed end: nothing of them was read.
     public var heldBeforeStart: Set<Int32> = []
-    /// What of each of them was not read: from the committed end (or the read's start, past it)
-    /// to the end the reader aimed at (which a broker may report short of its last records).
+    /// What of each of them a `read_committed` reader could not see: from the committed end (also
+    /// where the read began past it) to the end the reader aimed at (which a broker may report
+    /// short of its last records).
     public var unread: [Int32: Range<Int64>] = [:]
 }
 
@@ -304,7 +305,10 @@ private final class HeldEnds: Sendable {
 
     var settled: Bool { table.withLock { $0.settled } }
 
-    var shortEnds: [Int32: (offset: Int64, end: Int64, start: Int64?)] { table.withLock { $0.shortEnds } }
+    /// The table's `shortEnds` and `unread`, read together.
+    var ends: ([Int32: (offset: Int64, end: Int64, start: Int64?)], [Int32: Range<Int64>]) {
+        table.withLock { ($0.shortEnds, $0.unread) }
+    }
 }
 
 /// How many batches a read folded, for its stall timeout.

@@ -217,7 +217,7 @@ struct EntitlementLedgerTests {
 
     /// A ledger keeping no user in memory but those that must stay, over a real store and writer.
     private struct Resident {
-        let path = FileManager.default.temporaryDirectory.appendingPathComponent("encore-ledger-\(UUID())").path
+        let directory = StoreDirectory()
         let store: StateStore
         let writer: StateStoreWriter
         var ledger: EntitlementLedger
@@ -225,7 +225,8 @@ struct EntitlementLedgerTests {
 
         init(rules: [String]) throws {
             store = try StateStore(
-                directory: path, group: "g", stateTopic: "state", cacheBytes: 1 << 20, writeBufferBytes: 4 << 20,
+                directory: directory.path, group: "g", stateTopic: "state", cacheBytes: 1 << 20,
+                writeBufferBytes: 4 << 20,
                 logger: Logger(label: "test"))
             writer = StateStoreWriter(
                 store: store, transactional: false, interval: .seconds(60), logger: Logger(label: "test"))
@@ -266,7 +267,7 @@ struct EntitlementLedgerTests {
 
         func close() {
             writer.stop()
-            try? FileManager.default.removeItem(atPath: path)
+            directory.remove()
         }
     }
 
@@ -347,10 +348,10 @@ struct EntitlementLedgerTests {
         "a user kept only in the store is read back for its expiry, from the store's index; the sequence goes on; a partition whose writes the store does not take keeps its users"
     )
     func expiryOfAUserLetGo() throws {
-        let path = FileManager.default.temporaryDirectory.appendingPathComponent("encore-ledger-\(UUID())").path
-        defer { try? FileManager.default.removeItem(atPath: path) }
+        let directory = StoreDirectory()
+        defer { directory.remove() }
         let store = try StateStore(
-            directory: path, group: "g", stateTopic: "state", cacheBytes: 1 << 20, writeBufferBytes: 4 << 20,
+            directory: directory.path, group: "g", stateTopic: "state", cacheBytes: 1 << 20, writeBufferBytes: 4 << 20,
             logger: Logger(label: "test"))
         let writer = StateStoreWriter(
             store: store, transactional: false, interval: .seconds(60), logger: Logger(label: "test"))

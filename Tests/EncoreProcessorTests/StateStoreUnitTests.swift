@@ -347,7 +347,6 @@ struct StateStoreUnitTests {
         atLeastOnce.stop()
 
         let reopened = try open(path)
-
         defer { reopened.close() }
         let exactlyOnce = StateStoreWriter(
             store: reopened, transactional: true, interval: .seconds(60), logger: Logger(label: "test"))

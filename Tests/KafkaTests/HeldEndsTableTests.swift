@@ -38,6 +38,14 @@ struct HeldEndsTableTests {
         #expect(settles(table, 3, at: 20))
         let ends = settled(table, 3, at: 20)
         #expect(ends.count == 2 && ends[1]! == (40, 100, nil) && ends[2]! == (7, 9, nil))
+        var read = table
+        _ = read.settle(remaining: 3, after: wait, now: at(20))
+        #expect(read.unread == [1: 40..<100, 2: 7..<9], "what a read_committed reader could not see")
+        // An end reported short of the committed end (Tansu: its last batch's first offset + 1).
+        var short = HeldEndsTable()
+        short.heldShort(0, at: 12, end: 10, now: at(0))
+        _ = short.settle(remaining: 1, after: wait, now: at(15))
+        #expect(short.unread == [0: 12..<12])
     }
 
     @Test("a partition neither held nor done keeps the read going, however long the others wait")
@@ -78,6 +86,11 @@ struct HeldEndsTableTests {
         table.heldPastStart(0, committedEnd: 3, start: 10, end: 12, now: at(5))
         #expect(settles(table, 1, at: 15))
         #expect(settled(table, 1, at: 15)[0]! == (3, 12, 10))
+        var read = table
+        #expect(read.unread.isEmpty, "nothing is unread before the read settles")
+        _ = read.settle(remaining: 1, after: wait, now: at(15))
+        // From the committed end, not the start: what lies between is not committed either.
+        #expect(read.unread == [0: 3..<12])
 
         var ended = HeldEndsTable()
         ended.heldPastStart(0, committedEnd: 3, start: 10, end: 12, now: at(0))

@@ -73,7 +73,7 @@ struct StateStoreTests {
     }
 
     @Test(
-        "what a restore held past the committed end is read without isolation for its intents, in offset order, past a short end too; results, states and deletions are left"
+        "what a restore held past the committed end is read for its journal records, in offset order, past a short end too; states and deletions are left"
     )
     func heldIntentsRead() async throws {
         let cluster = try embeddedClusterWithTopics(partitions: 4)
@@ -107,13 +107,19 @@ struct StateStoreTests {
         await producer.close()
         var configuration = ProcessorConfiguration(kafka: KafkaConfiguration(["bootstrap.servers": bootstrap]))
         configuration.guarantee = .exactlyOnce
-        let intents = try await PurchaseProcessor.heldIntents(
+        // (That it reads without isolation, past what a read_committed reader sees, needs a broker
+        // that holds such a reader: scripts/held_intent_check.py checks it on Tansu.)
+        let held = try await PurchaseProcessor.heldJournalRecords(
             [2: 1..<5], configuration: configuration, logger: Logger(label: "test"))
-        #expect(intents.keys.sorted() == [2])
-        #expect(intents[2]?.map { "\($0.entry.requestID) \($0.entry.attempts)" } == ["a 2", "c 1"])
+        #expect(held.keys.sorted() == [2])
         #expect(
-            try await PurchaseProcessor.heldIntents([:], configuration: configuration, logger: Logger(label: "test"))
-                .isEmpty)
+            held[2]?.map { "\($0.entry.requestID) \($0.entry.attempts) \($0.entry.result?.rawValue ?? "open")" }
+                == ["a 2 open", "a 2 purchased", "c 1 open"])
+        #expect(
+            try await PurchaseProcessor.heldJournalRecords(
+                [:], configuration: configuration, logger: Logger(label: "test")
+            )
+            .isEmpty)
     }
 
     @Test("a restart reads no changelog record its store holds, and still knows every request it answered")

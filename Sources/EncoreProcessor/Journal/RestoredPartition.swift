@@ -39,6 +39,7 @@ extension RestoredPartition {
     /// takes a new attempt number, never one already used. An entry read already at that attempt
     /// or a later one stays. The records' results and states are not taken: they may never be
     /// committed. Returns the requests taken, by id.
+    @discardableResult
     mutating func takeHeldIntents(_ records: [JournalRecord]) -> Set<String> {
         var taken: Set<String> = []
         for record in records where record.entry.result == nil {

@@ -59,11 +59,11 @@ extension PurchaseProcessor {
         }
     }
 
-    /// The journal intents among the records a restore left unread (`unread`: each partition's
-    /// range held past its committed end by an open transaction), read `read_uncommitted`, in
-    /// offset order per partition: what ``RestoredPartition/takeHeldIntents(_:)`` takes. Logs
-    /// what it found.
-    static func heldIntents(
+    /// The journal records among those a restore could not read (`unread`: each partition's
+    /// range a `read_committed` reader could not see, held past its committed end by an open
+    /// transaction), read `read_uncommitted`, in offset order per partition: what
+    /// ``RestoredPartition/takeHeldIntents(_:)`` takes its intents from.
+    static func heldJournalRecords(
         _ unread: [Int32: Range<Int64>], configuration: ProcessorConfiguration, logger: Logger
     ) async throws(KafkaError) -> [Int32: [JournalRecord]] {
         guard !unread.isEmpty else { return [:] }
@@ -72,31 +72,34 @@ extension PurchaseProcessor {
         let read = try await KafkaPartitionReader.fold(
             configuration: kafka, topic: configuration.stateTopic, starts: unread.mapValues(\.lowerBound),
             ends: unread.mapValues(\.upperBound), readsPastShortEnds: Set(unread.keys),
-            into: (intents: [Int32: [JournalRecord]](), invalid: [String]())
+            into: (records: [Int32: [JournalRecord]](), invalid: [String]())
         ) { found, message in
             // (A record with no value is a deletion: nothing open.)
             guard JournalRecord.isJournalKey(message.key), !message.value.isEmpty else { return }
             do throws(EventValidationError) {
-                let record = try JournalRecord(jsonBytes: message.value)
-                if record.entry.result == nil { found.intents[message.partition, default: []].append(record) }
+                found.records[message.partition, default: []].append(try JournalRecord(jsonBytes: message.value))
             } catch {
                 found.invalid.append("\(message.topic)[\(message.partition)]@\(message.offset): \(error)")
             }
         }
-        let found = read.state
-        for (partition, range) in unread.sorted(by: { $0.key < $1.key }) {
-            let intents = found.intents[partition] ?? []
+        if let first = read.state.invalid.first {
+            // (Not a failure: they may never be committed, and a restore held there would fail on them again.)
             logger.warning(
-                "read '\(configuration.stateTopic)' partition \(partition) from offset \(range.lowerBound), held past the committed end, without isolation: \(intents.count) intents of \(Set(intents.map(\.entry.requestID)).count) requests, whose calls may have reached billing: each is recovered under a new attempt (its results there are not taken: they may never be committed)"
+                "\(read.state.invalid.count) journal records held past the committed end are not valid and were skipped (first: \(first))"
             )
         }
-        if let first = found.invalid.first {
-            // (Not failing: these records may never be committed, and a restore held short of the end would fail on them again.)
-            logger.warning(
-                "\(found.invalid.count) journal records held past the committed end are not valid and were skipped (first: \(first))"
-            )
-        }
-        return found.intents
+        return read.state.records
+    }
+
+    /// Logs what a restore took of what a transaction held past `partition`'s committed end.
+    static func logHeld(
+        _ partition: Int32, from range: Range<Int64>, records: [JournalRecord], taken: Set<String>,
+        configuration: ProcessorConfiguration, logger: Logger
+    ) {
+        logger.log(
+            taken.isEmpty ? .info : .warning,
+            "read '\(configuration.stateTopic)' partition \(partition) from offset \(range.lowerBound), held past the committed end, without isolation: \(records.count) journal records; \(taken.count) requests recovered under a new attempt, their calls may have reached billing (results there are not taken: they may never be committed)"
+        )
     }
 
     static func readLedger(
@@ -130,8 +133,12 @@ extension PurchaseProcessor {
             )
         }
         var latest = folded.latest
-        for (partition, intents) in try await heldIntents(read.unread, configuration: configuration, logger: logger) {
-            _ = latest[partition, default: RestoredPartition(journalCap: cap)].takeHeldIntents(intents)
+        let held = try await heldJournalRecords(read.unread, configuration: configuration, logger: logger)
+        for (partition, range) in read.unread.sorted(by: { $0.key < $1.key }) {
+            let records = held[partition] ?? []
+            let taken = latest[partition, default: RestoredPartition(journalCap: cap)].takeHeldIntents(records)
+            logHeld(
+                partition, from: range, records: records, taken: taken, configuration: configuration, logger: logger)
         }
         let users = latest.values.reduce(0) { $0 + $1.states.count }
         let remembered = latest.values.reduce(0) { $0 + $1.journal.count }

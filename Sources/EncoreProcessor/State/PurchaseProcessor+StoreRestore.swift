@@ -85,6 +85,22 @@ extension PurchaseProcessor {
         var restored: [Int32: RestoredPartition] = [:]
         var stored = 0
         var invalid: [String] = []
+        /// Folds one record the store holds of `partition`; one that is not valid is noted.
+        func fold(_ key: [UInt8], _ value: [UInt8], of partition: Int32, into folded: inout RestoredPartition) {
+            do throws(EventValidationError) {
+                try folded.fold(key: key, value: value, horizonMs: horizon)
+            } catch {
+                invalid.append(
+                    "\(configuration.stateTopic)[\(partition)] key \(String(decoding: key, as: UTF8.self)): \(error)")
+            }
+        }
+        /// Folds what the store holds of `user` and counts it read; returns how many records.
+        func fold(user: String, of partition: Int32, into folded: inout RestoredPartition) throws -> Int {
+            let records = try store.records(ofUser: user, partition: partition)
+            for (key, value) in records { fold(key, value, of: partition, into: &folded) }
+            folded.users.append(user)
+            return records.count
+        }
         for partition in partitions {
             var folded = RestoredPartition(journalCap: cap)
             var attempt = 1
@@ -97,17 +113,7 @@ extension PurchaseProcessor {
                     if configuration.residentUsers != nil {
                         // Only users with an open request now; the others when their records arrive.
                         for user in try store.usersWithOpenRequests(of: partition) {
-                            for (key, value) in try store.records(ofUser: user, partition: partition) {
-                                seen += 1
-                                do throws(EventValidationError) {
-                                    try folded.fold(key: key, value: value, horizonMs: horizon)
-                                } catch {
-                                    invalid.append(
-                                        "\(configuration.stateTopic)[\(partition)] key \(String(decoding: key, as: UTF8.self)): \(error)"
-                                    )
-                                }
-                            }
-                            folded.users.append(user)
+                            seen += try fold(user: user, of: partition, into: &folded)
                         }
                         stored += seen
                         break
@@ -118,13 +124,7 @@ extension PurchaseProcessor {
                             let count = before + seen
                             vitals?.update { $0.restoreFromStore = count }
                         }
-                        do throws(EventValidationError) {
-                            try folded.fold(key: key, value: value, horizonMs: horizon)
-                        } catch {
-                            invalid.append(
-                                "\(configuration.stateTopic)[\(partition)] key \(String(decoding: key, as: UTF8.self)): \(error)"
-                            )
-                        }
+                        fold(key, value, of: partition, into: &folded)
                     }
                     stored += seen
                     break
@@ -151,26 +151,21 @@ extension PurchaseProcessor {
             }
             restored[partition] = folded
         }
-        for (partition, intents) in try await heldIntents(tail.unread, configuration: configuration, logger: logger) {
+        let held = try await heldJournalRecords(tail.unread, configuration: configuration, logger: logger)
+        for (partition, range) in tail.unread.sorted(by: { $0.key < $1.key }) {
+            let records = held[partition] ?? []
             var folded = restored[partition] ?? RestoredPartition(journalCap: cap)
             if configuration.residentUsers != nil {
-                // Their users are read now, as those with an open request in the store are.
-                for user in Set(intents.map(\.userKey)).subtracting(folded.users).sorted() {
-                    for (key, value) in try store.records(ofUser: user, partition: partition) {
-                        stored += 1
-                        do throws(EventValidationError) {
-                            try folded.fold(key: key, value: value, horizonMs: horizon)
-                        } catch {
-                            invalid.append(
-                                "\(configuration.stateTopic)[\(partition)] key \(String(decoding: key, as: UTF8.self)): \(error)"
-                            )
-                        }
-                    }
-                    folded.users.append(user)
+                // Their users are read now, as those with an open request in the store are (one
+                // read later, when its record arrives, would load over what is taken here).
+                for user in Set(records.map(\.userKey)).subtracting(folded.users).sorted() {
+                    stored += try fold(user: user, of: partition, into: &folded)
                 }
             }
-            _ = folded.takeHeldIntents(intents)
+            let taken = folded.takeHeldIntents(records)
             restored[partition] = folded
+            logHeld(
+                partition, from: range, records: records, taken: taken, configuration: configuration, logger: logger)
         }
         if let first = invalid.first {
             throw KafkaError(
