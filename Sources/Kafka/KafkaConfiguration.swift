@@ -156,3 +156,13 @@ public enum LibrdkafkaVersion {
         number >= (major << 24) | (minor << 16)
     }
 }
+
+/// The process's librdkafka clients as a whole.
+public enum KafkaClients {
+    /// Waits up to `timeout` until every client is destroyed and librdkafka's threads have ended;
+    /// returns whether they have. Before the process exits: a client still being destroyed on
+    /// another thread when it exits crashed librdkafka 2.16 there.
+    public static func waitUntilAllDestroyed(timeout: Duration) -> Bool {
+        rd_kafka_wait_destroyed(Int32(clamping: timeout.milliseconds)) == 0
+    }
+}

@@ -32,7 +32,18 @@ let commands: [(definition: CommandDefinition, execute: (ParsedOptions) async th
 
 func fail(_ message: String, usage: Int32 = 2) -> Never {
     FileHandle.standardError.write(Data("encore-processor: \(printable(message))\n".utf8))
-    exit(usage)
+    exitAfterKafkaClients(usage)
+}
+
+/// Exits once every librdkafka client is destroyed (10 s at most): one still being destroyed on
+/// another thread when the process exits crashed librdkafka 2.16 ("double free or corruption"
+/// after `topics create`, "corrupted size vs. prev_size" after a processor stopped).
+func exitAfterKafkaClients(_ status: Int32) -> Never {
+    if !KafkaClients.waitUntilAllDestroyed(timeout: .seconds(10)) {
+        FileHandle.standardError.write(
+            Data("encore-processor: librdkafka clients were still open 10 s after the command ended; exiting\n".utf8))
+    }
+    exit(status)
 }
 
 /// `text` with control characters but line breaks and tabs written as `\u{1B}`: a value from the
@@ -88,4 +99,4 @@ do {
 } catch {
     fail("\(name): \(error)", usage: 1)
 }
-exit(status)
+exitAfterKafkaClients(status)

@@ -264,18 +264,36 @@ enum RDKafkaTopicPartitionList {
 /// started at once: a slow one holds up no other. (libdispatch's pool, which served them before,
 /// stops adding threads at its limit: on a busy machine, calls waited there for seconds.) They
 /// are few (commits, flushes, metadata, admin requests), so a thread each costs little.
+///
+/// What a call captured (a client) is let go on its thread before the caller resumes: a client's
+/// last reference released there destroyed it while the caller went on, and exited the process
+/// meanwhile (librdkafka 2.16 crashed at exit, after `topics create` and after a processor stopped).
 enum RDKafkaBlocking {
     static func run<T: Sendable>(_ body: @escaping @Sendable () throws(KafkaError) -> T) async throws(KafkaError) -> T {
+        let call = Call(body)
         let result: Result<T, KafkaError> = await withCheckedContinuation { continuation in
-            Thread.startNamed("encore.blocking") {
-                do throws(KafkaError) {
-                    continuation.resume(returning: .success(try body()))
-                } catch {
-                    continuation.resume(returning: .failure(error))
-                }
-            }
+            Thread.startNamed("encore.blocking") { continuation.resume(returning: call.run()) }
         }
         return try result.get()
+    }
+
+    /// A call's body, run once and let go.
+    private final class Call<T: Sendable>: Sendable {
+        private let body: Mutex<(@Sendable () throws(KafkaError) -> T)?>
+
+        init(_ body: @escaping @Sendable () throws(KafkaError) -> T) { self.body = Mutex(body) }
+
+        /// Runs the body, which nothing holds any more once this returns.
+        func run() -> Result<T, KafkaError> {
+            guard
+                let body = body.withLock({ body in
+                    defer { body = nil }; return body
+                })
+            else {
+                preconditionFailure("a blocking call run twice")
+            }
+            do throws(KafkaError) { return .success(try body()) } catch { return .failure(error) }
+        }
     }
 }
 
