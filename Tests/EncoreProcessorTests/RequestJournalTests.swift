@@ -367,52 +367,58 @@ struct RequestJournalTests {
     }
 
     @Test(
-        "intents held past the committed end: a request is open under the highest attempt there unless what was read has it already; their results are not taken"
+        "journal records held past the committed end: each slot's latest one opens its request under its attempt unless what was read has it already; a result there counts as its attempt's intent, never as an answer"
     )
     func heldIntentsTaken() throws {
-        typealias Case = (read: [JournalRecord], held: [JournalRecord], taken: Set<String>, expected: JournalRecord?)
+        typealias Case = (read: [JournalRecord], held: [JournalRecord], taken: Set<String>, expected: [JournalRecord])
         let cases: [String: Case] = [
             "none read: open": (
-                [], [Self.held("r", attempts: 1, digest: "d")], ["r"], Self.held("r", attempts: 1, digest: "d")
+                [], [Self.held("r", attempts: 1, digest: "d")], ["r"], [Self.held("r", attempts: 1, digest: "d")]
             ),
             "open read at a lower attempt: raised, the read entry's offset, doubt and digest kept": (
                 [Self.held("r", attempts: 1, offset: 7, inDoubtSinceMs: 9, digest: "d")], [Self.held("r", attempts: 2)],
-                ["r"],
-                Self.held("r", attempts: 2, offset: 7, inDoubtSinceMs: 9, digest: "d")
+                ["r"], [Self.held("r", attempts: 2, offset: 7, inDoubtSinceMs: 9, digest: "d")]
             ),
             "open read at that attempt: unchanged": (
                 [Self.held("r", attempts: 2, startedAtMs: 1)], [Self.held("r", attempts: 2, startedAtMs: 8)], [],
-                Self.held("r", attempts: 2, startedAtMs: 1)
+                [Self.held("r", attempts: 2, startedAtMs: 1)]
             ),
             "a result read at a later attempt: unchanged": (
                 [Self.held("r", attempts: 3, result: .purchased)], [Self.held("r", attempts: 2)], [],
-                Self.held("r", attempts: 3, result: .purchased)
+                [Self.held("r", attempts: 3, result: .purchased)]
             ),
             "a result read at an earlier attempt: open again at the later one": (
                 [Self.held("r", attempts: 1, result: .purchased)], [Self.held("r", attempts: 2)], ["r"],
-                Self.held("r", attempts: 2)
+                [Self.held("r", attempts: 2)]
             ),
-            "results held are not taken, intents held are, the highest last": (
+            "an attempt's intent and result held over the previous attempt's intent read: open at that attempt": (
                 [Self.held("r", attempts: 1)],
-                [
-                    Self.held("r", attempts: 2), Self.held("r", attempts: 2, result: .purchased),
-                    Self.held("r", attempts: 3), Self.held("s", seq: 1, attempts: 1, result: .cancelled),
-                ], ["r"], Self.held("r", attempts: 3)
+                [Self.held("r", attempts: 2), Self.held("r", attempts: 2, result: .purchased, startedAtMs: 6)], ["r"],
+                [Self.held("r", attempts: 2, startedAtMs: 6)]
+            ),
+            "a result held alone (its intent compacted behind it): open at its attempt, not answered": (
+                [], [Self.held("s", seq: 1, attempts: 1, result: .cancelled)], ["s"],
+                [Self.held("s", seq: 1, attempts: 1)]
+            ),
+            "a request whose slot a later request took there: left, as a full read leaves it": (
+                [], [Self.held("r", attempts: 1), Self.held("t", seq: 100, attempts: 1)], ["t"],
+                [Self.held("t", seq: 100, attempts: 1)]
             ),
         ]
+        // (A settled entry is kept compact: its start time is its completion's.)
+        func kept(_ entry: EntitlementStateRecord.RequestEntry?) -> String {
+            entry.map {
+                "\($0.attempts) \($0.result?.rawValue ?? "open from \($0.startedAtMs)") \($0.offset ?? -1) \($0.inDoubtSinceMs ?? -1) \($0.digest ?? "")"
+            } ?? "none"
+        }
         for (name, test) in cases.sorted(by: { $0.key < $1.key }) {
             var restored = try Self.restoredPartition(test.read)
             #expect(restored.takeHeldIntents(test.held) == test.taken, "\(name)")
-            // (A settled entry is kept compact: its start time is its completion's.)
-            func kept(_ entry: EntitlementStateRecord.RequestEntry?) -> String {
-                entry.map {
-                    "\($0.attempts) \($0.result?.rawValue ?? "open from \($0.startedAtMs)") \($0.offset ?? -1) \($0.inDoubtSinceMs ?? -1) \($0.digest ?? "")"
-                }
-                    ?? "none"
+            for id in ["r", "s", "t"] {
+                let expected = test.expected.first { $0.entry.requestID == id }?.entry
+                #expect(
+                    kept(restored.journal.entry(userKey: "app:u", requestID: id)) == kept(expected), "\(name): \(id)")
             }
-            #expect(
-                kept(restored.journal.entry(userKey: "app:u", requestID: "r")) == kept(test.expected?.entry), "\(name)")
-            #expect(restored.journal.entry(userKey: "app:u", requestID: "s") == nil, "\(name): a result held taken")
         }
     }
 

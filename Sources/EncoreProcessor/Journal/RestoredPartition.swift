@@ -32,25 +32,31 @@ struct RestoredPartition: Sendable {
 }
 
 extension RestoredPartition {
-    /// Takes the intents among records a restore could not read: held past the committed end by a
-    /// transaction (docs/STATE.md, Restore), in offset order. Their calls may have reached billing
-    /// (a transaction the broker committed and left undecided: the intent's commit comes before
-    /// the call), so each request is open under the highest such attempt, and its recovery call
-    /// takes a new attempt number, never one already used. An entry read already at that attempt
-    /// or a later one stays. The records' results and states are not taken: they may never be
-    /// committed. Returns the requests taken, by id.
+    /// Takes what a restore could not read of the request journal: `records` held past the
+    /// committed end by a transaction (docs/STATE.md, Restore), in offset order. Each slot's latest
+    /// record there (what a full read or compaction leaves of it) tells that its request's call of
+    /// that attempt may have reached billing (a transaction the broker committed and left
+    /// undecided: an intent's commit comes before its call), so the request is open under that
+    /// attempt, unless what was read has that attempt or a later one; its recovery call then takes
+    /// a new attempt number, never one already used. A result there counts as its attempt's
+    /// intent, never as an answer: it may never be committed. Returns the requests taken, by id.
     @discardableResult
     mutating func takeHeldIntents(_ records: [JournalRecord]) -> Set<String> {
+        var latest: [[UInt8]: JournalRecord] = [:]
+        for record in records { latest[record.key(slotCount: journal.cap)] = record }
         var taken: Set<String> = []
-        for record in records where record.entry.result == nil {
+        for record in latest.values.sorted(by: { ($0.userKey, $0.seq) < ($1.userKey, $1.seq) }) {
             let earlier = journal.entry(userKey: record.userKey, requestID: record.entry.requestID)
             if let earlier, earlier.attempts >= record.entry.attempts { continue }
-            var entry = record.entry
-            entry.offset = entry.offset ?? earlier?.offset
-            entry.inDoubtSinceMs = entry.inDoubtSinceMs ?? earlier?.inDoubtSinceMs
-            entry.digest = entry.digest ?? earlier?.digest
-            journal.record(userKey: record.userKey, seq: record.seq, entry)
-            taken.insert(entry.requestID)
+            let held = record.entry
+            journal.record(
+                userKey: record.userKey, seq: record.seq,
+                .init(
+                    requestID: held.requestID, attempts: held.attempts, startedAtMs: held.startedAtMs,
+                    offset: held.offset ?? earlier?.offset,
+                    inDoubtSinceMs: held.inDoubtSinceMs ?? earlier?.inDoubtSinceMs,
+                    digest: held.digest ?? earlier?.digest))
+            taken.insert(held.requestID)
         }
         return taken
     }

@@ -62,7 +62,7 @@ extension PurchaseProcessor {
     /// The journal records among those a restore could not read (`unread`: each partition's
     /// range a `read_committed` reader could not see, held past its committed end by an open
     /// transaction), read `read_uncommitted`, in offset order per partition: what
-    /// ``RestoredPartition/takeHeldIntents(_:)`` takes its intents from.
+    /// what ``RestoredPartition/takeHeldIntents(_:)`` takes.
     static func heldJournalRecords(
         _ unread: [Int32: Range<Int64>], configuration: ProcessorConfiguration, logger: Logger
     ) async throws(KafkaError) -> [Int32: [JournalRecord]] {
@@ -98,7 +98,7 @@ extension PurchaseProcessor {
     ) {
         logger.log(
             taken.isEmpty ? .info : .warning,
-            "read '\(configuration.stateTopic)' partition \(partition) from offset \(range.lowerBound), held past the committed end, without isolation: \(records.count) journal records; \(taken.count) requests recovered under a new attempt, their calls may have reached billing (results there are not taken: they may never be committed)"
+            "read '\(configuration.stateTopic)' partition \(partition) from offset \(range.lowerBound), held past the committed end, without isolation: \(records.count) journal records; \(taken.count) requests recovered under a new attempt, their calls may have reached billing (a result there counts as its attempt's call, never as an answer: it may never be committed)"
         )
     }
 
