@@ -285,14 +285,12 @@ enum RDKafkaBlocking {
 
         /// Runs the body, which nothing holds any more once this returns.
         func run() -> Result<T, KafkaError> {
-            guard
-                let body = body.withLock({ body in
-                    defer { body = nil }; return body
-                })
-            else {
-                preconditionFailure("a blocking call run twice")
+            let taken = body.withLock { body in
+                defer { body = nil }
+                return body
             }
-            do throws(KafkaError) { return .success(try body()) } catch { return .failure(error) }
+            guard let taken else { preconditionFailure("a blocking call run twice") }
+            do throws(KafkaError) { return .success(try taken()) } catch { return .failure(error) }
         }
     }
 }
