@@ -10,7 +10,9 @@ For n instances, n-1 start first; once their outcomes flow, the n-th joins. Repo
                its rebalance stopped (0 for one instance);
   cpu_us       the instances' CPU (user + system, /proc) over the requests;
   readers_reopened  how often the outcome reader was replaced after a minute without a record (on
-               Tansu one stopped receiving with outcomes left in the topic).
+               Tansu one stopped receiving with outcomes left in the topic, and one skipped records
+               it later read: each new reader reads the topic from the start, and an outcome is
+               counted once by its partition and offset).
 Prints one JSON object per n.
 
 usage: scale_bench.py --binary B --limit .build/limit --bootstrap-servers H:P [--count 300000]
@@ -61,12 +63,14 @@ def main():
                         str(args.partitions), *flags], check=True, stdout=subprocess.DEVNULL)
         subprocess.run([args.limit, "fill", bootstrap, str(args.count)], check=True, stderr=subprocess.DEVNULL,
                        env={**os.environ, "IN_TOPIC": topics["requests"], "PARTS": str(args.partitions)})
-        next_offsets = [0] * args.partitions
+        # Outcomes read, by partition and offset: a reader that replaced a stalled one reads from the
+        # start and counts only what its predecessors did not.
+        seen = set()
 
         def open_reader():
             consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{prefix}-reader",
                                  "enable.auto.commit": False, "auto.offset.reset": "earliest"})
-            consumer.assign([TopicPartition(topics["outcomes"], p, next_offsets[p]) for p in range(args.partitions)])
+            consumer.assign([TopicPartition(topics["outcomes"], p, 0) for p in range(args.partitions)])
             return consumer
 
         reader = open_reader()
@@ -96,12 +100,14 @@ def main():
             while len(stamps) < args.count and time.monotonic() < deadline:
                 for message in reader.consume(num_messages=10_000, timeout=0.5):
                     if not message.error():
-                        stamps.append(message.timestamp()[1])
-                        next_offsets[message.partition()] = message.offset() + 1
-                        last_read = time.monotonic()
+                        place = (message.partition(), message.offset())
+                        if place not in seen:
+                            seen.add(place)
+                            stamps.append(message.timestamp()[1])
+                            last_read = time.monotonic()
                 # On Tansu a reader has stopped receiving with outcomes left in the topic (a fresh
-                # one read them all): after a minute without a record (a join's pause is about
-                # 24 s), read on with a new one.
+                # one read them all): after a minute without a new record (a join's pause is about
+                # 24 s), read the topic again with a new one.
                 if time.monotonic() - last_read > 60:
                     reader.close()
                     reader = open_reader()
