@@ -81,6 +81,11 @@ enum StateCheckCommand {
                     partition.verdict.rawValue,
                 ].joined(separator: "  "))
             if let reason = partition.rebuildReason, check.foreignReason == nil { lines.append("  rebuilt: \(reason)") }
+            if let from = partition.rereadFrom, partition.rebuildReason == nil {
+                lines.append(
+                    "  read again from offset \(from) by the next restore (an earlier one read it only to a committed end there): compared below it"
+                )
+            }
             for example in partition.examples { lines.append("  \(example)") }
         }
         if check.partitions.isEmpty { lines.append("(the store holds no partition)") }
@@ -106,6 +111,7 @@ enum StateCheckCommand {
                 "verdict": partition.verdict.rawValue, "examples": partition.examples,
             ]
             if let reason = partition.rebuildReason { object["rebuild_reason"] = reason }
+            if let from = partition.rereadFrom { object["reread_from"] = from }
             return object
         }
         var object: [String: Any] = [

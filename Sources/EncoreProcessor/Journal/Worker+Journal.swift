@@ -40,6 +40,11 @@ extension Worker {
             }
             if journaled?.result != nil {
                 statistics.duplicates += 1
+                if logsDebug {
+                    log(
+                        .debug, "request already answered: a duplicate, not called again",
+                        fields: [("request_id", item.request.requestID), ("offset", "\(item.ref.offset)")])
+                }
                 finish(item.ref)
                 ready = scheduler.finish(lane: item.lane)
                 continue

@@ -59,36 +59,47 @@ extension PurchaseProcessor {
         }
     }
 
-    /// The journal records among those a restore could not read (`unread`: each partition's
-    /// range a `read_committed` reader could not see, held past its committed end by an open
-    /// transaction), read `read_uncommitted`, in offset order per partition: what
-    /// what ``RestoredPartition/takeHeldIntents(_:)`` takes.
-    static func heldJournalRecords(
-        _ unread: [Int32: Range<Int64>], configuration: ProcessorConfiguration, logger: Logger
-    ) async throws(KafkaError) -> [Int32: [JournalRecord]] {
+    /// The records a restore could not read (`unread`: each partition's range a `read_committed`
+    /// reader could not see, held past its committed end by an open transaction), read
+    /// `read_uncommitted`, in offset order per partition.
+    static func heldRecords(
+        _ unread: [Int32: Range<Int64>], configuration: ProcessorConfiguration
+    ) async throws(KafkaError) -> [Int32: [KafkaMessage]] {
         guard !unread.isEmpty else { return [:] }
         var kafka = configuration.kafka
         kafka["isolation.level"] = "read_uncommitted"
         let read = try await KafkaPartitionReader.fold(
             configuration: kafka, topic: configuration.stateTopic, starts: unread.mapValues(\.lowerBound),
             ends: unread.mapValues(\.upperBound), readsPastShortEnds: Set(unread.keys),
-            into: (records: [Int32: [JournalRecord]](), invalid: [String]())
-        ) { found, message in
+            into: [Int32: [KafkaMessage]]()
+        ) { found, message in found[message.partition, default: []].append(message) }
+        return read.state
+    }
+
+    /// The journal records among those a restore could not read (``heldRecords(_:configuration:)``),
+    /// in offset order per partition: what ``RestoredPartition/takeHeldIntents(_:)`` takes.
+    static func heldJournalRecords(
+        _ unread: [Int32: Range<Int64>], configuration: ProcessorConfiguration, logger: Logger
+    ) async throws(KafkaError) -> [Int32: [JournalRecord]] {
+        var records: [Int32: [JournalRecord]] = [:]
+        var invalid: [String] = []
+        for (partition, messages) in try await heldRecords(unread, configuration: configuration) {
             // (A record with no value is a deletion: nothing open.)
-            guard JournalRecord.isJournalKey(message.key), !message.value.isEmpty else { return }
-            do throws(EventValidationError) {
-                found.records[message.partition, default: []].append(try JournalRecord(jsonBytes: message.value))
-            } catch {
-                found.invalid.append("\(message.topic)[\(message.partition)]@\(message.offset): \(error)")
+            for message in messages where JournalRecord.isJournalKey(message.key) && !message.value.isEmpty {
+                do throws(EventValidationError) {
+                    records[partition, default: []].append(try JournalRecord(jsonBytes: message.value))
+                } catch {
+                    invalid.append("\(message.topic)[\(message.partition)]@\(message.offset): \(error)")
+                }
             }
         }
-        if let first = read.state.invalid.first {
+        if let first = invalid.first {
             // (Not a failure: they may never be committed, and a restore held there would fail on them again.)
             logger.warning(
-                "\(read.state.invalid.count) journal records held past the committed end are not valid and were skipped (first: \(first))"
+                "\(invalid.count) journal records held past the committed end are not valid and were skipped (first: \(first))"
             )
         }
-        return read.state.records
+        return records
     }
 
     /// Logs what a restore took of what a transaction held past `partition`'s committed end.

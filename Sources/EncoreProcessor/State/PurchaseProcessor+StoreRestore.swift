@@ -30,6 +30,10 @@ extension PurchaseProcessor {
             $0.restoreFromStore = 0
         }
         var checkpoints: [Int32: StateStore.Checkpoint] = [:]
+        // Where an earlier restore left each partition to be read again from (below its checkpoint),
+        // and which of those this one reads again.
+        var storedRereads: [Int32: Int64] = [:]
+        var rereads: [Int32: Int64] = [:]
         for partition in partitions {
             let (low, high) = marks[partition]!
             var checkpoint: StateStore.Checkpoint? = nil
@@ -51,16 +55,50 @@ extension PurchaseProcessor {
                 )
                 checkpoint = nil
             }
+            // An earlier restore read the partition only to a committed end below the checkpoint
+            // (an open transaction held the rest): what others committed between them may be
+            // missing from the store. Read again from there, or rebuilt when that is more than a
+            // read again holds in memory.
+            if let found = checkpoint {
+                do {
+                    if let from = try store.rereadOffset(of: partition) {
+                        storedRereads[partition] = from
+                        if max(from, low) < found.offset - 1 {
+                            if found.offset - max(from, low) <= rereadLimit {
+                                rereads[partition] = max(from, low)
+                            } else {
+                                logger.warning(
+                                    "the state store of changelog partition \(partition) may lack records between offset \(from), where an earlier restore read it to a committed end, and its checkpoint \(found.offset): more than \(rereadLimit) records to read again; rebuilding it"
+                                )
+                                checkpoint = nil
+                            }
+                        }
+                    }
+                } catch {
+                    logger.warning(
+                        "the state store's re-read offset of changelog partition \(partition) cannot be read (\(error)): rebuilding it"
+                    )
+                    checkpoint = nil
+                }
+            }
             if let checkpoint {
                 checkpoints[partition] = checkpoint
             } else {
                 rebuilt.insert(partition)
             }
         }
+        if !rereads.isEmpty {
+            let from = rereads.sorted { $0.key < $1.key }.map {
+                "\($0.key) from \($0.value) (checkpoint \(checkpoints[$0.key]!.offset))"
+            }
+            logger.info(
+                "reading changelog partitions again from below their store's checkpoints, where an earlier restore read them only to a committed end: \(from.joined(separator: ", "))"
+            )
+        }
         // A first pass from the checkpoints (the record before each, to recognise the topic).
         var tail = try await readTail(
-            partitions, from: checkpoints, marks: marks, store: store, configuration: configuration, kafka: kafka,
-            vitals: vitals, logger: logger)
+            partitions, from: checkpoints, rereads: rereads, marks: marks, store: store, configuration: configuration,
+            kafka: kafka, vitals: vitals, logger: logger)
         // Partitions whose record before the checkpoint is not the one the store saw: another
         // topic of the same name. Read again from the beginning.
         let foreign = tail.foreign
@@ -151,6 +189,25 @@ extension PurchaseProcessor {
             }
             restored[partition] = folded
         }
+        // Where the next restore reads again: from the committed end of each partition read only to
+        // one (this instance's writes will move the checkpoint past what others committed beyond
+        // it); unchanged where this read again was held short of the checkpoint (nothing of it was
+        // applied); nowhere once a read reached the end.
+        for partition in partitions {
+            let stored = rebuilt.contains(partition) ? nil : storedRereads[partition]
+            let next =
+                tail.notReread.contains(partition) && !rebuilt.contains(partition)
+                ? stored : tail.unread[partition]?.lowerBound
+            guard next != stored else { continue }
+            do { try store.setRereadOffset(next, of: partition) } catch {
+                throw RocksDBError(description: "cannot write the state store in \(store.directory): \(error)")
+            }
+        }
+        if !tail.notReread.isEmpty {
+            logger.info(
+                "changelog partitions \(tail.notReread.sorted()) were held again before their store's checkpoints: read again from the same offsets next time"
+            )
+        }
         let held = try await heldJournalRecords(tail.unread, configuration: configuration, logger: logger)
         for (partition, range) in tail.unread.sorted(by: { $0.key < $1.key }) {
             let records = held[partition] ?? []
@@ -202,6 +259,8 @@ extension PurchaseProcessor {
         var rebuilds: [Int32: StateStore.Rebuild] = [:]
         /// Partitions whose first record read (just before the checkpoint) is not the expected one.
         var foreign: Set<Int32> = []
+        /// Records read again below the checkpoint, applied once its record is read.
+        var replay: [Int32: [(key: [UInt8]?, value: [UInt8])]] = [:]
         var verified: Set<Int32> = []
         var records = 0
         var failure: String? = nil
@@ -210,14 +269,20 @@ extension PurchaseProcessor {
     /// How many changelog records a rebuild reads at least for it to pause RocksDB's compactions.
     static let bulkRebuildRecords = 10_000
 
-    /// Reads each partition from its checkpoint (from its beginning without one, its store reset)
-    /// to its end, applying the records to the store in batches with their checkpoints.
+    /// At most how many offsets below its checkpoint a partition is read again from (its records
+    /// are held in memory until the checkpoint's record is read): a partition farther from it is
+    /// rebuilt instead.
+    static let rereadLimit: Int64 = 100_000
+
+    /// Reads each partition from its checkpoint (from its beginning without one, its store reset;
+    /// from `rereads` below it for those read again) to its end, applying the records to the store
+    /// in batches with their checkpoints.
     private static func readTail(
-        _ partitions: [Int32], from checkpoints: [Int32: StateStore.Checkpoint],
+        _ partitions: [Int32], from checkpoints: [Int32: StateStore.Checkpoint], rereads: [Int32: Int64] = [:],
         marks: [Int32: (low: Int64, high: Int64)], store: StateStore, configuration: ProcessorConfiguration,
         kafka: KafkaConfiguration, vitals: ProcessorVitals?, logger: Logger
     ) async throws(KafkaError) -> (
-        records: Int, foreign: Set<Int32>, failure: String?, unread: [Int32: Range<Int64>]
+        records: Int, foreign: Set<Int32>, failure: String?, unread: [Int32: Range<Int64>], notReread: Set<Int32>
     ) {
         let clock = ContinuousClock()
         let started = clock.now
@@ -225,10 +290,10 @@ extension PurchaseProcessor {
         for partition in partitions {
             if let checkpoint = checkpoints[partition] {
                 // The record before the checkpoint is read again and compared (none at offset 0).
-                starts[partition] = max(checkpoint.offset - 1, 0)
+                starts[partition] = min(rereads[partition] ?? .max, max(checkpoint.offset - 1, 0))
             } else {
                 do { try store.reset(partition: partition) } catch {
-                    return (0, [], "\(error)", [:])
+                    return (0, [], "\(error)", [:], [])
                 }
                 starts[partition] = marks[partition]!.low
             }
@@ -248,7 +313,7 @@ extension PurchaseProcessor {
         let rebuilt = Array(rebuilds.keys)
         var paused = false
         if rebuilt.reduce(0, { $0 + Int(marks[$1]!.high - marks[$1]!.low) }) >= bulkRebuildRecords {
-            do { try store.pauseCompactions() } catch { return (0, [], "\(error)", [:]) }
+            do { try store.pauseCompactions() } catch { return (0, [], "\(error)", [:], []) }
             paused = true
         }
         // The batches are written on a thread of their own while the next ones are read.
@@ -269,12 +334,25 @@ extension PurchaseProcessor {
                 let partition = message.partition
                 guard tail.failure == nil, !tail.foreign.contains(partition) else { return }
                 if let checkpoint = expected[partition], checkpoint.offset > 0, !tail.verified.contains(partition) {
+                    if message.offset < checkpoint.offset - 1 {
+                        // Read again below the checkpoint: kept until the checkpoint's record is
+                        // read, then applied in order. Applied before, by a read held short of it,
+                        // they would put older values over the newer ones the store holds past
+                        // that end.
+                        tail.replay[partition, default: []].append((message.key, message.value))
+                        return
+                    }
                     tail.verified.insert(partition)
                     let same =
                         message.offset == checkpoint.offset - 1
                         && StateStore.digest(key: message.key, value: message.value) == checkpoint.lastDigest
+                    let replay = tail.replay.removeValue(forKey: partition)
                     if !same { tail.foreign.insert(partition) }
-                    return
+                    guard same, let replay else { return }
+                    // The checkpoint's record is applied after them too: an older record of its key
+                    // may be among them.
+                    tail.records += replay.count
+                    tail.pending[partition, default: []].append(contentsOf: replay)
                 }
                 tail.records += 1
                 tail.pending[partition, default: []].append((message.key, message.value))
@@ -303,6 +381,37 @@ extension PurchaseProcessor {
         let tail = read.state
         var failure = tail.failure
         var written = tail.rebuilds
+        // Read again and held short of the checkpoint's record: of what was read again, a key with
+        // no record past the committed end (read without isolation) has its latest record below
+        // the checkpoint there, whatever the held records become: applied now. The others may be
+        // older than what the store holds past that end, and wait for a read past the checkpoint.
+        let heldReplays = tail.replay.filter { read.unread[$0.key] != nil && !tail.foreign.contains($0.key) }
+        if !heldReplays.isEmpty && failure == nil {
+            let held: [Int32: [KafkaMessage]]
+            do {
+                held = try await heldRecords(
+                    read.unread.filter { heldReplays[$0.key] != nil }, configuration: configuration)
+            } catch {
+                abandon()
+                throw error
+            }
+            for (partition, replay) in heldReplays.sorted(by: { $0.key < $1.key }) {
+                let later = Set((held[partition] ?? []).map { StateStore.HashedBytes($0.key ?? []) })
+                let settled = replay.filter { !later.contains(StateStore.HashedBytes($0.key ?? [])) }
+                logger.info(
+                    "changelog partition \(partition) read again from \(rereads[partition]!) and held at \(read.unread[partition]!.lowerBound), before its store's checkpoint \(expected[partition]!.offset): \(settled.count) of the \(replay.count) records read again applied (their keys have none past the committed end)"
+                )
+                guard !settled.isEmpty else { continue }
+                var none: StateStore.Rebuild? = nil
+                do {
+                    try store.apply(
+                        settled, partition: partition, checkpoint: expected[partition]!, rebuild: &none,
+                        through: batches)
+                } catch {
+                    failure = "\(error)"
+                }
+            }
+        }
         for (partition, records) in tail.pending where !records.isEmpty && failure == nil {
             do {
                 try store.apply(
@@ -340,10 +449,17 @@ extension PurchaseProcessor {
         // Tansu, a killed instance's, until its restart fences it) began before the checkpoint. The
         // record is there, out of a read_committed reader's reach, and the store is kept: it holds
         // only what committed transactions wrote (a rebuild would read less: to that committed end).
-        let unverified = expected.filter { partition, checkpoint in
-            checkpoint.offset > 0 && !tail.verified.contains(partition) && !read.heldBeforeStart.contains(partition)
-        }.keys
-        return (tail.records, tail.foreign.union(unverified), failure, read.unread)
+        // The same where the read began below the checkpoint, to read again: a committed end at or
+        // below the record before the checkpoint keeps that record out of reach.
+        let unverified = Set(
+            expected.filter { partition, checkpoint in
+                checkpoint.offset > 0 && !tail.verified.contains(partition) && !read.heldBeforeStart.contains(partition)
+                    && !(read.unread[partition].map { $0.lowerBound < checkpoint.offset } ?? false)
+            }.keys)
+        let foreign = tail.foreign.union(unverified)
+        // Read again and held short of the checkpoint: nothing of it was applied.
+        let notReread = Set(rereads.keys).subtracting(tail.verified).subtracting(foreign)
+        return (tail.records, foreign, failure, read.unread, notReread)
     }
 
     /// The checkpoint past `records`, the last of which is just before offset `next`.

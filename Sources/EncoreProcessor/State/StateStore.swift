@@ -17,7 +17,10 @@ import Kafka
 /// - `0x01 partition(4) 0x02 user changelog-key`: the record holds an open request (an intent in
 ///   flight or in doubt): the users a restore loads at once;
 /// - `0x01 partition(4) 0x03 expiry(8) user`: the user's earliest expiry (grant or source state);
-/// - `0x01 partition(4) 0x04 user`: that expiry, to replace its entry when the state changes.
+/// - `0x01 partition(4) 0x04 user`: that expiry, to replace its entry when the state changes;
+/// - `0x01 partition(4) 0x05`: where the next restore reads the changelog again from, below the
+///   checkpoint (a restore read only to a committed end there: the records between it and the
+///   checkpoint that this instance did not write may be missing).
 ///
 /// The indexes are written in the same batch as the records they describe.
 final class StateStore: Sendable {
@@ -129,6 +132,26 @@ final class StateStore: Sendable {
     func checkpoint(of partition: Int32) throws(RocksDBError) -> Checkpoint? {
         guard let value = try db.get(Self.checkpointKey(partition)), value.count == 16 else { return nil }
         return Checkpoint(offset: Self.int64(value, at: 0), lastDigest: UInt64(bitPattern: Self.int64(value, at: 8)))
+    }
+
+    /// Where the next restore of `partition` reads its changelog again from, if a restore read it
+    /// only to a committed end short of its end (an open transaction held it): the store may lack
+    /// the records from there to its checkpoint that this instance did not write.
+    func rereadOffset(of partition: Int32) throws(RocksDBError) -> Int64? {
+        guard let value = try db.get(Self.rereadKey(partition)), value.count == 8 else { return nil }
+        return Self.int64(value, at: 0)
+    }
+
+    /// Sets (or with `nil` removes) where the next restore of `partition` reads its changelog again
+    /// from, durably: written before this instance's writes move the checkpoint past it.
+    func setRereadOffset(_ offset: Int64?, of partition: Int32) throws(RocksDBError) {
+        let batch = RocksDB.Batch()
+        if let offset {
+            batch.put(Self.rereadKey(partition), Self.bytes(offset))
+        } else {
+            batch.delete(Self.rereadKey(partition))
+        }
+        try db.write(batch)
     }
 
     /// Applies changelog records of `partition` (in offset order) and moves its checkpoint to
@@ -464,6 +487,8 @@ final class StateStore: Sendable {
     }
 
     static func checkpointKey(_ partition: Int32) -> [UInt8] { key(partition, capacity: 1) { $0.append(0x00) } }
+
+    private static func rereadKey(_ partition: Int32) -> [UInt8] { key(partition, capacity: 1) { $0.append(0x05) } }
 
     /// The partition's prefix and `suffix`.
     private static func recordKey(_ partition: Int32, _ suffix: [UInt8]) -> [UInt8] {

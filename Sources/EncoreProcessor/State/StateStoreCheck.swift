@@ -19,6 +19,9 @@ public struct StateStoreCheck: Sendable {
         public let partition: Int32
         /// The store's checkpoint: the changelog offset it holds the topic up to (exclusive).
         public let checkpoint: Int64
+        /// Where a restore reads the changelog again from, below the checkpoint (an earlier restore
+        /// read it only to a committed end there): the store is compared below it.
+        public var rereadFrom: Int64? = nil
         /// The first offset and the end of what the changelog holds (the end as read, not as reported).
         public var changelogStart: Int64 = 0
         public var changelogEnd: Int64 = 0
@@ -74,19 +77,31 @@ public struct StateStoreCheck: Sendable {
                 "built for \(builtFor), not format \(StateStore.format), group '\(group)', changelog '\(stateTopic)'"
         }
         var checkpoints: [Int32: StateStore.Checkpoint] = [:]
+        var rereads: [Int32: Int64] = [:]
         for partition in try store.storedPartitions() {
-            checkpoints[partition] =
-                try store.checkpoint(of: partition) ?? StateStore.Checkpoint(offset: 0, lastDigest: 0)
+            let checkpoint = try store.checkpoint(of: partition) ?? StateStore.Checkpoint(offset: 0, lastDigest: 0)
+            checkpoints[partition] = checkpoint
+            // (As a restore: one that starts at the record before the checkpoint reads nothing again.)
+            if let from = try store.rereadOffset(of: partition), from < checkpoint.offset - 1 {
+                rereads[partition] = from
+            }
         }
         let read = try await readChangelog(
-            of: checkpoints, topic: stateTopic, kafka: kafka, timeout: timeout)
+            of: checkpoints, rereads: rereads, topic: stateTopic, kafka: kafka, timeout: timeout)
         var partitions: [Partition] = []
         for (partition, checkpoint) in checkpoints.sorted(by: { $0.key < $1.key }) {
             var result = Partition(partition: partition, checkpoint: checkpoint.offset)
+            result.rereadFrom = rereads[partition]
             let changelog = read[partition] ?? ChangelogRead()
             result.changelogStart = changelog.start ?? checkpoint.offset
             result.changelogEnd = changelog.end
             result.rebuildReason = foreignReason ?? rebuildReason(checkpoint, changelog)
+            if result.rebuildReason == nil, let from = result.rereadFrom,
+                checkpoint.offset - max(from, result.changelogStart) > PurchaseProcessor.rereadLimit
+            {
+                result.rebuildReason =
+                    "more than \(PurchaseProcessor.rereadLimit) records between offset \(from), where an earlier restore read it to a committed end, and the checkpoint"
+            }
             var seen = Set<[UInt8]>()
             try store.forEachRecord(of: partition) { key, value in
                 seen.insert(key)
@@ -130,7 +145,8 @@ public struct StateStoreCheck: Sendable {
     }
 
     /// One partition of the changelog: the digest of each key's latest record below the
-    /// checkpoint, the keys with a record past it, and the record just before it.
+    /// checkpoint (below where a restore reads again from, if that is lower), the keys with a
+    /// record past it, and the record just before the checkpoint.
     private struct ChangelogRead: Sendable {
         var below: [[UInt8]: UInt64] = [:]
         var past: Set<[UInt8]> = []
@@ -138,12 +154,12 @@ public struct StateStoreCheck: Sendable {
         var start: Int64? = nil
         var end: Int64 = 0
 
-        mutating func add(_ key: [UInt8], digest: UInt64, offset: Int64, checkpoint: Int64) {
+        mutating func add(_ key: [UInt8], digest: UInt64, offset: Int64, checkpoint: Int64, compareBelow: Int64) {
             if start == nil { start = offset }
             end = offset + 1
-            if offset < checkpoint {
+            if offset == checkpoint - 1 { beforeCheckpoint = digest }
+            if offset < compareBelow {
                 below[key] = digest
-                if offset == checkpoint - 1 { beforeCheckpoint = digest }
             } else {
                 past.insert(key)
             }
@@ -151,7 +167,8 @@ public struct StateStoreCheck: Sendable {
     }
 
     private static func readChangelog(
-        of checkpoints: [Int32: StateStore.Checkpoint], topic: String, kafka: KafkaConfiguration, timeout: Duration
+        of checkpoints: [Int32: StateStore.Checkpoint], rereads: [Int32: Int64], topic: String,
+        kafka: KafkaConfiguration, timeout: Duration
     ) async throws -> [Int32: ChangelogRead] {
         guard !checkpoints.isEmpty else { return [:] }
         let read = try await KafkaPartitionReader.fold(
@@ -163,7 +180,8 @@ public struct StateStoreCheck: Sendable {
             let digest = StateStore.digest(key: message.key, value: message.value)
             // (In place: a copy of the partition's tables per record would be quadratic.)
             read[message.partition, default: ChangelogRead()].add(
-                key, digest: digest, offset: message.offset, checkpoint: checkpoint)
+                key, digest: digest, offset: message.offset, checkpoint: checkpoint,
+                compareBelow: min(checkpoint, rereads[message.partition] ?? .max))
         }
         return read.state
     }
