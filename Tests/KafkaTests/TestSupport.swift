@@ -34,9 +34,11 @@ final class ConsumerProbe: Sendable {
     var messages: [KafkaMessage] { state.value.withLock { $0.messages } }
     var assigned: Set<KafkaTopicPartition> { state.value.withLock { $0.assigned } }
 
-    /// Waits until at least `count` messages arrived; returns them.
-    func waitForMessages(_ count: Int, timeout: Duration = .seconds(30)) async -> [KafkaMessage] {
-        _ = await eventually(timeout: timeout) { self.messages.count >= count }
+    /// Waits until at least `count` messages arrived; returns them. With `eventually`'s deadline:
+    /// beside `stress-ng`, the suite's other tests kept the cooperative pool, and this probe's
+    /// reader with it, busy for 28 s once, and a 30 s wait after a 3 s group join ran out.
+    func waitForMessages(_ count: Int) async -> [KafkaMessage] {
+        _ = await eventually { self.messages.count >= count }
         return messages
     }
 
