@@ -179,8 +179,11 @@ def check(args, store):
         "results": sorted({outcome["result"] for outcome in outcomes.values()}),
         "settled_reads": text.count("read to the committed end"),
         "held_reads": text.count("held past the committed end, without isolation"),
-        # Whether the second run restored from its store's checkpoints (else it rebuilt the store).
+        # Whether the second run restored from its store's checkpoints (else it rebuilt the store),
+        # and the third read again from where the first settled (else it rebuilt the store: then
+        # user-4's result came from a full read, and the read again went untested here).
         "second_from_checkpoints": store and "rebuilding" not in logs[1],
+        "third_read_again": store and "reading changelog partitions again" in logs[2],
         "logs": f"{log_path}.1, .2, .3",
     }
     print(json.dumps(report), flush=True)

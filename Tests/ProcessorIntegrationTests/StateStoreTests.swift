@@ -232,17 +232,23 @@ struct StateStoreTests {
                 KafkaProducerRecord(topic: Topics.requests, key: request.key, value: request.value))
             partitions.append(report.partition)
         }
-        func journal(_ request: RequestGenerator.Record, result: OutcomeResult?) throws -> (
-            key: [UInt8], value: [UInt8]
-        ) {
+        func journal(
+            _ request: RequestGenerator.Record, result: OutcomeResult?, attempts: Int = 1
+        ) throws -> (key: [UInt8], value: [UInt8]) {
             let event = try PurchaseRequestEvent(jsonBytes: request.value)
             let record = JournalRecord(
                 appID: event.appID, appUserID: event.appUserID, seq: 0,
                 entry: .init(
-                    requestID: event.requestID, attempts: 1, startedAtMs: currentTimeMs(), result: result,
+                    requestID: event.requestID, attempts: attempts, startedAtMs: currentTimeMs(), result: result,
                     completedAtMs: result == nil ? nil : currentTimeMs()))
             return (record.key(slotCount: 100), record.jsonBytes())
         }
+        // A key the store holds from below where the restore reads again, written again between
+        // there and the checkpoint (state-check must not compare it with the older record).
+        let rewritten = generator.next(nowMs: currentTimeMs())
+        let older = try journal(rewritten, result: .purchased)
+        let olderReport = try await produce(
+            KafkaProducerRecord(topic: Topics.state, partition: partitions[1], key: older.key, value: older.value))
         // Past the store's checkpoints: the first request's result (another owner's), the second's
         // intent; then what this instance wrote after them, the second's result last, just before
         // the checkpoint (an older record of its key lies in between).
@@ -256,17 +262,24 @@ struct StateStoreTests {
             firstUnread[report.partition] = min(firstUnread[report.partition] ?? .max, report.offset)
         }
         // (On the first one's partition, a record of another user stands for any write of this instance.)
-        let own = [try journal(someoneElse, result: .purchased), try journal(answered[1], result: .purchased)]
-        for (index, record) in own.enumerated() {
+        let own = [
+            (partitions[0], try journal(someoneElse, result: .purchased)),
+            (partitions[1], try journal(rewritten, result: .purchased, attempts: 2)),
+            (partitions[1], try journal(answered[1], result: .purchased)),
+        ]
+        for (partition, record) in own {
             let report = try await produce(
-                KafkaProducerRecord(
-                    topic: Topics.state, partition: partitions[index], key: record.key, value: record.value))
+                KafkaProducerRecord(topic: Topics.state, partition: partition, key: record.key, value: record.value))
             written[report.partition, default: []].append((record.key, record.value, report.offset))
         }
         await producer.close()
         let store = try StateStore(
             directory: directory, group: "gap", stateTopic: Topics.state, cacheBytes: 1 << 20,
             writeBufferBytes: 4 << 20, logger: Logger(label: "test"))
+        try store.apply(
+            [(older.key, older.value)], partition: olderReport.partition,
+            checkpoint: .init(
+                offset: olderReport.offset + 1, lastDigest: StateStore.digest(key: older.key, value: older.value)))
         for (partition, records) in written {
             let last = records.last!
             try store.apply(

@@ -3,7 +3,8 @@ import Kafka
 
 extension PurchaseProcessor {
     /// Restores `partitions` through the local store (docs/STATE.md): each partition's changelog is
-    /// read only from the store's checkpoint to its end, applied to the store, and the store's
+    /// read only from the store's checkpoint to its end (from below it where an earlier restore
+    /// read only to a committed end there), applied to the store, and the store's
     /// records are then folded as the changelog's would be. A partition the store cannot vouch for
     /// (none, stale, of another topic, unreadable) is rebuilt from the changelog's beginning.
     static func readLedger(
@@ -95,7 +96,8 @@ extension PurchaseProcessor {
                 "reading changelog partitions again from below their store's checkpoints, where an earlier restore read them only to a committed end: \(from.joined(separator: ", "))"
             )
         }
-        // A first pass from the checkpoints (the record before each, to recognise the topic).
+        // A first pass from the checkpoints (the record before each, to recognise the topic), or
+        // from below them for those read again.
         var tail = try await readTail(
             partitions, from: checkpoints, rereads: rereads, marks: marks, store: store, configuration: configuration,
             kafka: kafka, vitals: vitals, logger: logger)
@@ -334,7 +336,7 @@ extension PurchaseProcessor {
                 let partition = message.partition
                 guard tail.failure == nil, !tail.foreign.contains(partition) else { return }
                 if let checkpoint = expected[partition], checkpoint.offset > 0, !tail.verified.contains(partition) {
-                    if message.offset < checkpoint.offset - 1 {
+                    if message.offset < checkpoint.offset - 1, rereads[partition] != nil {
                         // Read again below the checkpoint: kept until the checkpoint's record is
                         // read, then applied in order. Applied before, by a read held short of it,
                         // they would put older values over the newer ones the store holds past
