@@ -193,8 +193,8 @@ extension PurchaseProcessor {
         }
         // Where the next restore reads again: from the committed end of each partition read only to
         // one (this instance's writes will move the checkpoint past what others committed beyond
-        // it); unchanged where this read again was held short of the checkpoint (nothing of it was
-        // applied); nowhere once a read reached the end.
+        // it); unchanged where this read again was held short of the checkpoint (what it applied
+        // was only the keys with nothing held); nowhere once a read reached the end.
         for partition in partitions {
             let stored = rebuilt.contains(partition) ? nil : storedRereads[partition]
             let next =
