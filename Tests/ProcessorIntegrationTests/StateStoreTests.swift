@@ -221,14 +221,9 @@ struct StateStoreTests {
         let answered = (0..<2).map { _ in generator.next(nowMs: currentTimeMs()) }
         let someoneElse = generator.next(nowMs: currentTimeMs())
         let producer = try KafkaProducer(configuration: KafkaConfiguration(["bootstrap.servers": bootstrap]))
-        func produce(_ record: KafkaProducerRecord) async throws -> KafkaDeliveryReport {
-            try await withCheckedThrowingContinuation { done in
-                do { try producer.produce(record) { done.resume(with: $0) } } catch { done.resume(throwing: error) }
-            }
-        }
         var partitions: [Int32] = []
         for request in answered {
-            let report = try await produce(
+            let report = try await producer.send(
                 KafkaProducerRecord(topic: Topics.requests, key: request.key, value: request.value))
             partitions.append(report.partition)
         }
@@ -247,7 +242,7 @@ struct StateStoreTests {
         // there and the checkpoint (state-check must not compare it with the older record).
         let rewritten = generator.next(nowMs: currentTimeMs())
         let older = try journal(rewritten, result: .purchased)
-        let olderReport = try await produce(
+        let olderReport = try await producer.send(
             KafkaProducerRecord(topic: Topics.state, partition: partitions[1], key: older.key, value: older.value))
         // Past the store's checkpoints: the first request's result (another owner's), the second's
         // intent; then what this instance wrote after them, the second's result last, just before
@@ -256,7 +251,7 @@ struct StateStoreTests {
         var written: [Int32: [(key: [UInt8], value: [UInt8], offset: Int64)]] = [:]
         for (index, result) in [(0, OutcomeResult.purchased), (1, nil)] {
             let record = try journal(answered[index], result: result)
-            let report = try await produce(
+            let report = try await producer.send(
                 KafkaProducerRecord(
                     topic: Topics.state, partition: partitions[index], key: record.key, value: record.value))
             firstUnread[report.partition] = min(firstUnread[report.partition] ?? .max, report.offset)
@@ -268,7 +263,7 @@ struct StateStoreTests {
             (partitions[1], try journal(answered[1], result: .purchased)),
         ]
         for (partition, record) in own {
-            let report = try await produce(
+            let report = try await producer.send(
                 KafkaProducerRecord(topic: Topics.state, partition: partition, key: record.key, value: record.value))
             written[report.partition, default: []].append((record.key, record.value, report.offset))
         }
