@@ -64,6 +64,7 @@ import os
 import random
 import re
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -940,8 +941,9 @@ os.kill(os.getpid(), 9)
     print(json.dumps({"killed_with": killed.returncode, "read_committed_saw": sorted(request_ids(records)),
                       "verdicts": found}))
     if killed.returncode != -signal.SIGKILL or sorted(request_ids(records)) != committed or found != expected:
-        print(f"held_self_test: expected {expected}", file=sys.stderr)
+        print(f"held_self_test: expected {expected}; broker log kept in {work}", file=sys.stderr)
         sys.exit(1)
+    shutil.rmtree(work, ignore_errors=True)
     sys.exit(0)
 
 
@@ -1299,10 +1301,13 @@ def main():
     print(json.dumps(report, indent=1))
     if failed:
         print(members.log_tail(), file=sys.stderr)
+        print(f"logs and state stores kept in {work}", file=sys.stderr)
         # (Last, so that a tail of this output shows it.)
         if stalled:
             print("members' metrics when the run gave up waiting:", json.dumps(stalled, indent=1), file=sys.stderr)
         return 1
+    # (A run that passed leaves nothing: its work directory holds tens of megabytes.)
+    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -26,8 +26,10 @@ Prints one JSON line; exits 1 when an outcome is not visible within --timeout-s.
 import argparse
 import json
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -81,6 +83,8 @@ def main():
     if args.held_by_the_dead and args.restart_instance_id == "eos-check":
         args.restart_instance_id = f"eos-check-new-{random.randint(0, 999999)}"
     run = f"{int(time.time())}{random.randint(0, 999)}"
+    # The processes' logs and state stores: removed when the check passes, kept when it fails.
+    work = tempfile.mkdtemp(prefix=f"eos-check-{run}-")
     topics = {name: f"eos{run}.{name}" for name in ["requests", "outcomes", "changes", "dead", "state"]}
     flags = ["--bootstrap-servers", args.bootstrap_servers, "--requests-topic", topics["requests"],
              "--outcomes-topic", topics["outcomes"], "--entitlements-topic", topics["changes"],
@@ -110,15 +114,15 @@ def main():
              "--simulated-outcomes", "purchased=1", "--max-in-flight", "4", "--log-level", "warning",
              "-X", "session.timeout.ms=6000", "-X", "heartbeat.interval.ms=500",
              # The instance's state store, kept across its restart (a pod's volume).
-             "--state-dir", f"/tmp/eos-check-{run}-state/{instance}"] + flags,
-            stdout=subprocess.DEVNULL, stderr=open(f"/tmp/eos-check-{run}{log}.log", "a"))
+             "--state-dir", f"{work}/state/{instance}"] + flags,
+            stdout=subprocess.DEVNULL, stderr=open(f"{work}/processor{log}.log", "a"))
 
     started = time.monotonic()
     first = start()
     deadline = time.monotonic() + args.timeout_s
     while len(outcome_ids(args.bootstrap_servers, topics["outcomes"], False, 1)) < args.kill_after:
         if time.monotonic() > deadline or first.poll() is not None:
-            print(json.dumps({"failed": "the first process did not get to the kill", "log": f"/tmp/eos-check-{run}.log"}))
+            print(json.dumps({"failed": "the first process did not get to the kill", "log": f"{work}/processor.log"}))
             first.kill()
             return 1
     first.kill()
@@ -133,7 +137,7 @@ def main():
         # changelog"); the dead process's own outcomes may already be visible without isolation.
         restart_deadline = time.monotonic() + 90
         while args.held_by_the_dead and time.monotonic() < min(deadline, restart_deadline) and second.poll() is None:
-            log = open(f"/tmp/eos-check-{run}.log").read()
+            log = open(f"{work}/processor.log").read()
             if "read to the committed end" in log or "cannot read the changelog" in log:
                 break
             time.sleep(1)
@@ -141,7 +145,7 @@ def main():
         stop(second)
     missing = len(set(ids) - visible)
     report = {"requests": len(ids), "killed_at_s": killed_at, "missing": missing,
-              "seconds": round(time.monotonic() - started, 1), "log": f"/tmp/eos-check-{run}.log"}
+              "seconds": round(time.monotonic() - started, 1), "log": f"{work}/processor.log"}
     report["visible_to_read_uncommitted" if args.held_by_the_dead else "visible_to_read_committed"] = \
         len(visible & set(ids))
     failed = missing > 0
@@ -163,6 +167,8 @@ def main():
     elif args.past_the_held_end and not failed:
         failed = past_the_held_end(args, start, produce, ids, topics, deadline, report)
     print(json.dumps(report))
+    if not failed:
+        shutil.rmtree(work, ignore_errors=True)
     return 1 if failed else 0
 
 

@@ -38,8 +38,10 @@ an outcome does not come within --timeout-s.
 import argparse
 import json
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -110,7 +112,9 @@ def check(args, store):
     consumer = Consumer({"bootstrap.servers": args.bootstrap_servers, "group.id": f"held-check-{run}",
                          "enable.auto.commit": False, "isolation.level": "read_uncommitted"})
     consumer.assign([TopicPartition(topics["outcomes"], p, 0) for p in range(PARTITIONS)])
-    log_path = f"/tmp/held-intent-check-{run}.log"
+    # Logs and the state store: removed when the check passes, kept (and named) when it fails.
+    work = tempfile.mkdtemp(prefix=f"held-intent-check-{run}-")
+    log_path = f"{work}/processor.log"
     deadline = time.monotonic() + args.timeout_s
 
     def process(users, part, done=None, log_level="info"):
@@ -125,7 +129,7 @@ def check(args, store):
                  "--simulated-outcomes", "purchased=1", "--log-level", log_level,
                  # The restore settles for the committed end 5 s past this: a short check.
                  "-X", "transaction.timeout.ms=2000",
-                 "--state-dir", f"/tmp/held-intent-check-{run}-state" if store else "none"] + flags,
+                 "--state-dir", f"{work}/state" if store else "none"] + flags,
                 stdout=subprocess.DEVNULL, stderr=log)
             while not done() and time.monotonic() < deadline \
                     and processor.poll() is None:
@@ -186,11 +190,13 @@ def check(args, store):
         "third_read_again": store and "reading changelog partitions again" in logs[2],
         "logs": f"{log_path}.1, .2, .3",
     }
-    print(json.dumps(report), flush=True)
     report["failed"] = report["attempts"] != EXPECTED or report["results"] != ["purchased"] or \
         report["held_reads"] < 2 or not report["duplicate_decided"] or report["duplicate_answered_again"]
+    print(json.dumps(report), flush=True)
     if report["failed"]:
         sys.stderr.write(text[-6000:])
+    else:
+        shutil.rmtree(work, ignore_errors=True)
     return report
 
 

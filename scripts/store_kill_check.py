@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -73,8 +74,10 @@ def main():
     rng = random.Random(seed)
     run = f"{int(time.time())}{random.randint(0, 999)}"
     group = f"store-check-{run}"
-    state_dir = f"/tmp/store-check-{run}-state"
-    log_path = f"/tmp/store-check-{run}.log"
+    # The state store and the processes' log: removed when the check passes, kept when it fails.
+    work = tempfile.mkdtemp(prefix=f"store-check-{run}-")
+    state_dir = f"{work}/state"
+    log_path = f"{work}/processor.log"
     topics = {name: f"skc{run}.{name}" for name in ["requests", "outcomes", "changes", "dead", "state"]}
     flags = ["--bootstrap-servers", args.bootstrap_servers, "--requests-topic", topics["requests"],
              "--outcomes-topic", topics["outcomes"], "--entitlements-topic", topics["changes"],
@@ -219,6 +222,8 @@ def main():
     report["seconds"] = round(time.monotonic() - started, 1)
     report["failures"] = failures
     print(json.dumps(report))
+    if not failures:
+        shutil.rmtree(work, ignore_errors=True)
     return 1 if failures else 0
 
 

@@ -3,9 +3,15 @@ import Testing
 
 /// Configuration sources, safe defaults and secrets, against the real binary (no broker needed).
 @Suite("Configuration: sources, safe defaults, secrets")
-struct ConfigurationTests {
+final class ConfigurationTests {
+    /// The test's files (each test has an instance of its own), removed after it.
+    let directory = FileManager.default.temporaryDirectory.appendingPathComponent("encore-configuration-\(UUID())")
+
+    deinit { try? FileManager.default.removeItem(at: directory) }
+
     func temporaryFile(_ text: String) throws -> URL {
-        let file = FileManager.default.temporaryDirectory.appendingPathComponent("encore-\(UUID())")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let file = directory.appendingPathComponent(UUID().uuidString)
         try Data(text.utf8).write(to: file)
         return file
     }

@@ -79,6 +79,7 @@ struct EntitlementStoryTests {
         defer { Task { await billing.stop() } }
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("encore-story-\(UUID())")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
         let catalog = directory.appendingPathComponent("catalog.json")
         // A 60-second trial: it ends while the first processor is down. (12, then 30 seconds were too
         // few on a loaded machine: carol's RevenueCat reports were processed after her trial had ended.)

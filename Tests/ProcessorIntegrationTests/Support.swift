@@ -35,14 +35,26 @@ struct TestFailure: Error, CustomStringConvertible {
 /// A child process with its output captured to files.
 final class ChildProcess: Sendable {
     let process: Process
+    /// Where its output goes (and, unless the test gives it one, its state store).
+    let directory: URL
     let stdoutURL: URL
     let stderrURL: URL
 
-    init(_ executable: URL, _ arguments: [String], environment: [String: String] = [:]) throws {
+    /// A new directory for a child's files: ``init(_:_:environment:in:)`` takes it over, and it
+    /// goes with the child.
+    static func newDirectory() throws -> URL {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("encore-child-\(UUID())")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        stdoutURL = directory.appendingPathComponent("stdout")
-        stderrURL = directory.appendingPathComponent("stderr")
+        return directory
+    }
+
+    /// Starts `executable`; its files go in `directory` (by default a new one), removed with it.
+    init(_ executable: URL, _ arguments: [String], environment: [String: String] = [:], in directory: URL? = nil)
+        throws
+    {
+        self.directory = try directory ?? Self.newDirectory()
+        stdoutURL = self.directory.appendingPathComponent("stdout")
+        stderrURL = self.directory.appendingPathComponent("stderr")
         _ = FileManager.default.createFile(atPath: stdoutURL.path, contents: nil)
         _ = FileManager.default.createFile(atPath: stderrURL.path, contents: nil)
         process = Process()
@@ -52,7 +64,7 @@ final class ChildProcess: Sendable {
         merged.merge(environment) { $1 }
         // Each child its own state store (`run` defaults to ./state), unless the test shares one.
         if merged["ENCORE_STATE_DIR"] == nil {
-            merged["ENCORE_STATE_DIR"] = directory.appendingPathComponent("state").path
+            merged["ENCORE_STATE_DIR"] = self.directory.appendingPathComponent("state").path
         }
         process.environment = merged
         process.standardOutput = try FileHandle(forWritingTo: stdoutURL)
@@ -61,8 +73,9 @@ final class ChildProcess: Sendable {
     }
 
     deinit {
-        // A test that failed half-way leaves no process behind.
+        // A test that failed half-way leaves no process behind, and no test leaves its files.
         if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        try? FileManager.default.removeItem(at: directory)
     }
 
     var stdout: String { (try? String(contentsOf: stdoutURL, encoding: .utf8)) ?? "" }
@@ -203,16 +216,18 @@ func committedOffsets(bootstrap: String, group: String, topic: String, partition
     return Dictionary(uniqueKeysWithValues: committed.map { ($0.partition, $0.offset) })
 }
 
-/// Starts `scripts/fake_billing.py`; returns it, the port it listens on and its call log.
+/// Starts `scripts/fake_billing.py`; returns it, the port it listens on and its call log (removed
+/// with it).
 /// With `secretFile`, calls whose signature does not verify are answered 401.
 func startFakeBilling(delayMs: Int = 0, secretFile: URL? = nil) async throws -> (ChildProcess, String, URL) {
-    let log = FileManager.default.temporaryDirectory.appendingPathComponent("billing-\(UUID()).log")
+    let directory = try ChildProcess.newDirectory()
+    let log = directory.appendingPathComponent("billing.log")
     let billing = try ChildProcess(
         URL(fileURLWithPath: "/usr/bin/env"),
         [
             "python3", repositoryRoot.appendingPathComponent("scripts/fake_billing.py").path, "--log", log.path,
             "--delay-ms", String(delayMs),
-        ] + (secretFile.map { ["--secret", $0.path] } ?? []))
+        ] + (secretFile.map { ["--secret", $0.path] } ?? []), in: directory)
     let port = try await billing.waitForLine(prefix: "port=")
     return (billing, port, log)
 }
