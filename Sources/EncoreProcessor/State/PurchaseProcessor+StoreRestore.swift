@@ -41,50 +41,34 @@ extension PurchaseProcessor {
             do { checkpoint = try store.checkpoint(of: partition) } catch {
                 logger.warning("the state store's checkpoint of partition \(partition) cannot be read (\(error))")
             }
-            // At least once, a checkpoint past the reported end is checked by reading the record
-            // before it: some brokers (Tansu) report the end short of the last record batch.
-            // Exactly-once it is rebuilt, as before: with that read, CI's exactly-once chaos on
-            // Tansu once had three members whose restores never settled for the committed end
-            // (three 60 s attempts each, then a stop). A read from past the committed end was the
-            // likely cause (no end of partition comes; the reader now settles there), but the
-            // rebuild is kept: what a read_committed reader sees past Tansu's short end is untested.
-            if let found = checkpoint,
-                found.offset - 1 < low || (configuration.openTransactionWait != nil && found.offset > high)
-            {
-                logger.warning(
-                    "the state store of changelog partition \(partition) is at offset \(found.offset), outside the changelog's \(low)..<\(high) (the topic was deleted, truncated or compacted): rebuilding it"
-                )
-                checkpoint = nil
-            }
-            // An earlier restore read the partition only to a committed end below the checkpoint
-            // (an open transaction held the rest): what others committed between them may be
-            // missing from the store. Read again from there, or rebuilt when that is more than a
-            // read again holds in memory.
-            if let found = checkpoint {
-                do {
-                    if let from = try store.rereadOffset(of: partition) {
-                        storedRereads[partition] = from
-                        if max(from, low) < found.offset - 1 {
-                            if found.offset - max(from, low) <= rereadLimit {
-                                rereads[partition] = max(from, low)
-                            } else {
-                                logger.warning(
-                                    "the state store of changelog partition \(partition) may lack records between offset \(from), where an earlier restore read it to a committed end, and its checkpoint \(found.offset): more than \(rereadLimit) records to read again; rebuilding it"
-                                )
-                                checkpoint = nil
-                            }
-                        }
-                    }
-                } catch {
+            var readAgainFrom: Int64? = nil
+            if checkpoint != nil {
+                do { readAgainFrom = try store.rereadOffset(of: partition) } catch {
                     logger.warning(
                         "the state store's re-read offset of changelog partition \(partition) cannot be read (\(error)): rebuilding it"
                     )
                     checkpoint = nil
                 }
             }
-            if let checkpoint {
+            storedRereads[partition] = readAgainFrom
+            // At least once, a checkpoint past the reported end is checked by reading the record
+            // before it. Exactly-once it is rebuilt, as before: with that read, CI's exactly-once
+            // chaos on Tansu once had three members whose restores never settled for the committed
+            // end (three 60 s attempts each, then a stop); the reader now settles there, but what a
+            // read_committed reader sees past Tansu's short end is untested.
+            switch StoreRestorePlan.start(
+                checkpoint: checkpoint?.offset, readAgainFrom: readAgainFrom, low: low, high: high,
+                rebuildsPastEnd: configuration.openTransactionWait != nil)
+            {
+            case .checkpoint:
                 checkpoints[partition] = checkpoint
-            } else {
+            case .readAgain(let from):
+                checkpoints[partition] = checkpoint
+                rereads[partition] = from
+            case .rebuild(let reason):
+                if let reason {
+                    logger.warning("the state store of changelog partition \(partition) \(reason): rebuilding it")
+                }
                 rebuilt.insert(partition)
             }
         }
@@ -192,22 +176,29 @@ extension PurchaseProcessor {
             restored[partition] = folded
         }
         // Where the next restore reads again: from the committed end of each partition read only to
-        // one (this instance's writes will move the checkpoint past what others committed beyond
-        // it); unchanged where this read again was held short of the checkpoint (what it applied
-        // was only the keys with nothing held); nowhere once a read reached the end.
+        // one, unchanged where this read again was held short of the checkpoint, nowhere once a read
+        // reached the end
+        // (StoreRestorePlan.readAgainAfter; a rebuild reset the partition's offset with its store).
+        var heldAgain: [Int32] = []
         for partition in partitions {
-            let stored = rebuilt.contains(partition) ? nil : storedRereads[partition]
-            let next =
-                tail.notReread.contains(partition) && !rebuilt.contains(partition)
-                ? stored : tail.unread[partition]?.lowerBound
-            guard next != stored else { continue }
-            do { try store.setRereadOffset(next, of: partition) } catch {
+            let verdict = rebuilt.contains(partition) ? nil : tail.verdicts[partition]
+            if verdict == .heldBeforeCheckpoint { heldAgain.append(partition) }
+            let change = StoreRestorePlan.readAgainAfter(
+                stored: rebuilt.contains(partition) ? nil : storedRereads[partition], verdict: verdict,
+                committedEnd: tail.unread[partition]?.lowerBound)
+            do {
+                switch change {
+                case .unchanged: break
+                case .set(let offset): try store.setRereadOffset(offset, of: partition)
+                case .remove: try store.setRereadOffset(nil, of: partition)
+                }
+            } catch {
                 throw RocksDBError(description: "cannot write the state store in \(store.directory): \(error)")
             }
         }
-        if !tail.notReread.isEmpty {
+        if !heldAgain.isEmpty {
             logger.info(
-                "changelog partitions \(tail.notReread.sorted()) were held again before their store's checkpoints: read again from the same offsets next time"
+                "changelog partitions \(heldAgain.sorted()) were held again before their store's checkpoints: read again from the same offsets next time"
             )
         }
         let held = try await heldJournalRecords(tail.unread, configuration: configuration, logger: logger)
@@ -260,7 +251,7 @@ extension PurchaseProcessor {
         /// The partitions read from their beginning, their store reset: what each rebuild wrote.
         var rebuilds: [Int32: StateStore.Rebuild] = [:]
         /// Partitions whose first record read (just before the checkpoint) is not the expected one.
-        var foreign: Set<Int32> = []
+        var mismatched: Set<Int32> = []
         /// Records read again below the checkpoint, applied once its record is read.
         var replay: [Int32: [(key: [UInt8]?, value: [UInt8])]] = [:]
         var verified: Set<Int32> = []
@@ -268,13 +259,21 @@ extension PurchaseProcessor {
         var failure: String? = nil
     }
 
+    /// What ``readTail(_:from:rereads:marks:store:configuration:kafka:vitals:logger:)`` read.
+    private struct TailRead {
+        var records = 0
+        /// Of each partition read from its checkpoint, what the read tells of its store.
+        var verdicts: [Int32: StoreRestorePlan.Verdict] = [:]
+        var failure: String? = nil
+        /// Where the read settled short of each partition's end (a committed end), to its end.
+        var unread: [Int32: Range<Int64>] = [:]
+
+        /// Partitions whose store is not this changelog's: rebuilt.
+        var foreign: Set<Int32> { Set(verdicts.filter { $0.value == .foreign }.keys) }
+    }
+
     /// How many changelog records a rebuild reads at least for it to pause RocksDB's compactions.
     static let bulkRebuildRecords = 10_000
-
-    /// At most how many offsets below its checkpoint a partition is read again from (its records
-    /// are held in memory until the checkpoint's record is read): a partition farther from it is
-    /// rebuilt instead.
-    static let rereadLimit: Int64 = 100_000
 
     /// Reads each partition from its checkpoint (from its beginning without one, its store reset;
     /// from `rereads` below it for those read again) to its end, applying the records to the store
@@ -283,9 +282,7 @@ extension PurchaseProcessor {
         _ partitions: [Int32], from checkpoints: [Int32: StateStore.Checkpoint], rereads: [Int32: Int64] = [:],
         marks: [Int32: (low: Int64, high: Int64)], store: StateStore, configuration: ProcessorConfiguration,
         kafka: KafkaConfiguration, vitals: ProcessorVitals?, logger: Logger
-    ) async throws(KafkaError) -> (
-        records: Int, foreign: Set<Int32>, failure: String?, unread: [Int32: Range<Int64>], notReread: Set<Int32>
-    ) {
+    ) async throws(KafkaError) -> TailRead {
         let clock = ContinuousClock()
         let started = clock.now
         var starts: [Int32: Int64] = [:]
@@ -295,7 +292,7 @@ extension PurchaseProcessor {
                 starts[partition] = min(rereads[partition] ?? .max, max(checkpoint.offset - 1, 0))
             } else {
                 do { try store.reset(partition: partition) } catch {
-                    return (0, [], "\(error)", [:], [])
+                    return TailRead(failure: "\(error)")
                 }
                 starts[partition] = marks[partition]!.low
             }
@@ -315,7 +312,7 @@ extension PurchaseProcessor {
         let rebuilt = Array(rebuilds.keys)
         var paused = false
         if rebuilt.reduce(0, { $0 + Int(marks[$1]!.high - marks[$1]!.low) }) >= bulkRebuildRecords {
-            do { try store.pauseCompactions() } catch { return (0, [], "\(error)", [:], []) }
+            do { try store.pauseCompactions() } catch { return TailRead(failure: "\(error)") }
             paused = true
         }
         // The batches are written on a thread of their own while the next ones are read.
@@ -334,7 +331,7 @@ extension PurchaseProcessor {
                 into: Tail(rebuilds: rebuilds)
             ) { tail, message in
                 let partition = message.partition
-                guard tail.failure == nil, !tail.foreign.contains(partition) else { return }
+                guard tail.failure == nil, !tail.mismatched.contains(partition) else { return }
                 if let checkpoint = expected[partition], checkpoint.offset > 0, !tail.verified.contains(partition) {
                     if message.offset < checkpoint.offset - 1, rereads[partition] != nil {
                         // Read again below the checkpoint: kept until the checkpoint's record is
@@ -349,7 +346,7 @@ extension PurchaseProcessor {
                         message.offset == checkpoint.offset - 1
                         && StateStore.digest(key: message.key, value: message.value) == checkpoint.lastDigest
                     let replay = tail.replay.removeValue(forKey: partition)
-                    if !same { tail.foreign.insert(partition) }
+                    if !same { tail.mismatched.insert(partition) }
                     guard same, let replay else { return }
                     // The checkpoint's record is applied after them too: an older record of its key
                     // may be among them.
@@ -383,11 +380,17 @@ extension PurchaseProcessor {
         let tail = read.state
         var failure = tail.failure
         var written = tail.rebuilds
-        // Read again and held short of the checkpoint's record: of what was read again, a key with
-        // no record past the committed end (read without isolation) has its latest record below
-        // the checkpoint there, whatever the held records become: applied now. The others may be
-        // older than what the store holds past that end, and wait for a read past the checkpoint.
-        let heldReplays = tail.replay.filter { read.unread[$0.key] != nil && !tail.foreign.contains($0.key) }
+        var verdicts: [Int32: StoreRestorePlan.Verdict] = [:]
+        for (partition, checkpoint) in expected where checkpoint.offset > 0 {
+            verdicts[partition] = StoreRestorePlan.verdict(
+                checkpoint: checkpoint.offset, readAgain: rereads[partition] != nil,
+                recordBefore: tail.verified.contains(partition) ? !tail.mismatched.contains(partition) : nil,
+                heldBeforeStart: read.heldBeforeStart.contains(partition),
+                committedEnd: read.unread[partition]?.lowerBound)
+        }
+        // Read again and held short of the checkpoint's record: of what was read again, what can
+        // be applied now (StoreRestorePlan.settled).
+        let heldReplays = tail.replay.filter { verdicts[$0.key] == .heldBeforeCheckpoint }
         if !heldReplays.isEmpty && failure == nil {
             let held: [Int32: [KafkaMessage]]
             do {
@@ -398,8 +401,9 @@ extension PurchaseProcessor {
                 throw error
             }
             for (partition, replay) in heldReplays.sorted(by: { $0.key < $1.key }) {
-                let later = Set((held[partition] ?? []).map { StateStore.HashedBytes($0.key ?? []) })
-                let settled = replay.filter { !later.contains(StateStore.HashedBytes($0.key ?? [])) }
+                let settled = StoreRestorePlan.settled(
+                    replay, heldKeys: Set((held[partition] ?? []).map { StateStore.HashedBytes($0.key ?? []) }),
+                    key: \.key)
                 logger.info(
                     "changelog partition \(partition) read again from \(rereads[partition]!) and held at \(read.unread[partition]!.lowerBound), before its store's checkpoint \(expected[partition]!.offset): \(settled.count) of the \(replay.count) records read again applied (their keys have none past the committed end)"
                 )
@@ -445,23 +449,8 @@ extension PurchaseProcessor {
             }
         }
         if failure != nil { abandon() }
-        // A checkpoint whose record before it never came (compacted away, or aborted and skipped by a
-        // read_committed reader, with nothing after it) is not vouched for either. Unless it is past
-        // the committed end the read settled for: exactly-once, where a transaction left open (on
-        // Tansu, a killed instance's, until its restart fences it) began before the checkpoint. The
-        // record is there, out of a read_committed reader's reach, and the store is kept: it holds
-        // only what committed transactions wrote (a rebuild would read less: to that committed end).
-        // The same where the read began below the checkpoint, to read again: a committed end at or
-        // below the record before the checkpoint keeps that record out of reach.
-        let unverified = Set(
-            expected.filter { partition, checkpoint in
-                checkpoint.offset > 0 && !tail.verified.contains(partition) && !read.heldBeforeStart.contains(partition)
-                    && !(read.unread[partition].map { $0.lowerBound < checkpoint.offset } ?? false)
-            }.keys)
-        let foreign = tail.foreign.union(unverified)
-        // Read again and held short of the checkpoint: nothing of it was applied.
-        let notReread = Set(rereads.keys).subtracting(tail.verified).subtracting(foreign)
-        return (tail.records, foreign, failure, read.unread, notReread)
+        return TailRead(
+            records: tail.records, verdicts: verdicts, failure: failure, unread: read.unread)
     }
 
     /// The checkpoint past `records`, the last of which is just before offset `next`.

@@ -76,15 +76,23 @@ public struct StateStoreCheck: Sendable {
             foreignReason =
                 "built for \(builtFor), not format \(StateStore.format), group '\(group)', changelog '\(stateTopic)'"
         }
+        // Where a restore would read each partition from (StoreRestorePlan, at least once: the
+        // changelog is read here without isolation, to its end).
         var checkpoints: [Int32: StateStore.Checkpoint] = [:]
-        var rereads: [Int32: Int64] = [:]
+        var starts: [Int32: StoreRestorePlan.Start] = [:]
+        let admin = try KafkaAdmin(configuration: kafka)
         for partition in try store.storedPartitions() {
-            let checkpoint = try store.checkpoint(of: partition) ?? StateStore.Checkpoint(offset: 0, lastDigest: 0)
-            checkpoints[partition] = checkpoint
-            // (As a restore: one that starts at the record before the checkpoint reads nothing again.)
-            if let from = try store.rereadOffset(of: partition), from < checkpoint.offset - 1 {
-                rereads[partition] = from
-            }
+            let stored = try store.checkpoint(of: partition)
+            checkpoints[partition] = stored ?? StateStore.Checkpoint(offset: 0, lastDigest: 0)
+            let marks = try await admin.watermarks(
+                of: KafkaTopicPartition(topic: stateTopic, partition: partition), timeout: timeout)
+            starts[partition] = StoreRestorePlan.start(
+                checkpoint: stored?.offset, readAgainFrom: try store.rereadOffset(of: partition), low: marks.low,
+                high: marks.high, rebuildsPastEnd: false)
+        }
+        let rereads = starts.compactMapValues { start -> Int64? in
+            guard case .readAgain(let from) = start else { return nil }
+            return from
         }
         let read = try await readChangelog(
             of: checkpoints, rereads: rereads, topic: stateTopic, kafka: kafka, timeout: timeout)
@@ -95,13 +103,7 @@ public struct StateStoreCheck: Sendable {
             let changelog = read[partition] ?? ChangelogRead()
             result.changelogStart = changelog.start ?? checkpoint.offset
             result.changelogEnd = changelog.end
-            result.rebuildReason = foreignReason ?? rebuildReason(checkpoint, changelog)
-            if result.rebuildReason == nil, let from = result.rereadFrom,
-                checkpoint.offset - max(from, result.changelogStart) > PurchaseProcessor.rereadLimit
-            {
-                result.rebuildReason =
-                    "more than \(PurchaseProcessor.rereadLimit) records between offset \(from), where an earlier restore read it to a committed end, and the checkpoint"
-            }
+            result.rebuildReason = foreignReason ?? rebuildReason(starts[partition]!, checkpoint, changelog)
             var seen = Set<[UInt8]>()
             try store.forEachRecord(of: partition) { key, value in
                 seen.insert(key)
@@ -129,19 +131,21 @@ public struct StateStoreCheck: Sendable {
             directory: directory, builtFor: builtFor, foreignReason: foreignReason, partitions: partitions)
     }
 
-    /// What a restore decides from the checkpoint and the changelog (PurchaseProcessor+StoreRestore).
-    private static func rebuildReason(_ checkpoint: StateStore.Checkpoint, _ changelog: ChangelogRead) -> String? {
-        if checkpoint.offset == 0 { return "no checkpoint" }
-        if let start = changelog.start, checkpoint.offset - 1 < start {
-            return "the checkpoint \(checkpoint.offset) is before the changelog's first offset \(start)"
-        }
-        guard let before = changelog.beforeCheckpoint else {
+    /// Why a restore would rebuild the partition, as it decides (StoreRestorePlan): from where it
+    /// would start, then from the record before the checkpoint.
+    private static func rebuildReason(
+        _ start: StoreRestorePlan.Start, _ checkpoint: StateStore.Checkpoint, _ changelog: ChangelogRead
+    ) -> String? {
+        if case .rebuild(let reason) = start { return reason.map { "the store \($0)" } ?? "no checkpoint" }
+        let verdict = StoreRestorePlan.verdict(
+            checkpoint: checkpoint.offset, readAgain: { if case .readAgain = start { true } else { false } }(),
+            recordBefore: changelog.beforeCheckpoint.map { $0 == checkpoint.lastDigest }, heldBeforeStart: false,
+            committedEnd: nil)
+        guard verdict == .foreign else { return nil }
+        guard changelog.beforeCheckpoint != nil else {
             return "the changelog has no record at offset \(checkpoint.offset - 1), just before the checkpoint"
         }
-        if before != checkpoint.lastDigest {
-            return "the record at offset \(checkpoint.offset - 1) is not the one the checkpoint names"
-        }
-        return nil
+        return "the record at offset \(checkpoint.offset - 1) is not the one the checkpoint names"
     }
 
     /// One partition of the changelog: the digest of each key's latest record below the
