@@ -62,6 +62,12 @@ extension PurchaseProcessor {
     /// The records a restore could not read (`unread`: each partition's range a `read_committed`
     /// reader could not see, held past its committed end by an open transaction), read
     /// `read_uncommitted`, in offset order per partition.
+    /// A held range of a partition and its records, read without isolation.
+    struct HeldRead: Sendable {
+        let range: Range<Int64>
+        let messages: [KafkaMessage]
+    }
+
     static func heldRecords(
         _ unread: [Int32: Range<Int64>], configuration: ProcessorConfiguration
     ) async throws(KafkaError) -> [Int32: [KafkaMessage]] {
@@ -77,13 +83,17 @@ extension PurchaseProcessor {
     }
 
     /// The journal records among those a restore could not read (``heldRecords(_:configuration:)``),
-    /// in offset order per partition: what ``RestoredPartition/takeHeldIntents(_:)`` takes.
+    /// in offset order per partition: what ``RestoredPartition/takeHeldIntents(_:)`` takes. `read`:
+    /// held ranges already read, reused where the range is the same.
     static func heldJournalRecords(
-        _ unread: [Int32: Range<Int64>], configuration: ProcessorConfiguration, logger: Logger
+        _ unread: [Int32: Range<Int64>], read: [Int32: HeldRead] = [:], configuration: ProcessorConfiguration,
+        logger: Logger
     ) async throws(KafkaError) -> [Int32: [JournalRecord]] {
+        let reused = read.filter { unread[$0.key] == $0.value.range }.mapValues(\.messages)
+        let rest = try await heldRecords(unread.filter { reused[$0.key] == nil }, configuration: configuration)
         var records: [Int32: [JournalRecord]] = [:]
         var invalid: [String] = []
-        for (partition, messages) in try await heldRecords(unread, configuration: configuration) {
+        for (partition, messages) in reused.merging(rest, uniquingKeysWith: { $1 }) {
             // (A record with no value is a deletion: nothing open.)
             for message in messages where JournalRecord.isJournalKey(message.key) && !message.value.isEmpty {
                 do throws(EventValidationError) {

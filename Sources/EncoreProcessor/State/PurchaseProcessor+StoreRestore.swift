@@ -175,10 +175,10 @@ extension PurchaseProcessor {
             }
             restored[partition] = folded
         }
-        // Where the next restore reads again: from the committed end of each partition read only to
-        // one, unchanged where this read again was held short of the checkpoint, nowhere once a read
-        // reached the end
-        // (StoreRestorePlan.readAgainAfter; a rebuild reset the partition's offset with its store).
+        // Where the next restore reads again (StoreRestorePlan.readAgainAfter): from the committed
+        // end of each partition read only to one, unchanged where this read again was held short of
+        // the checkpoint, nowhere once a read reached the end. A rebuild reset the partition's
+        // offset with its store.
         var heldAgain: [Int32] = []
         for partition in partitions {
             let verdict = rebuilt.contains(partition) ? nil : tail.verdicts[partition]
@@ -201,7 +201,8 @@ extension PurchaseProcessor {
                 "changelog partitions \(heldAgain.sorted()) were held again before their store's checkpoints: read again from the same offsets next time"
             )
         }
-        let held = try await heldJournalRecords(tail.unread, configuration: configuration, logger: logger)
+        let held = try await heldJournalRecords(
+            tail.unread, read: tail.held, configuration: configuration, logger: logger)
         for (partition, range) in tail.unread.sorted(by: { $0.key < $1.key }) {
             let records = held[partition] ?? []
             var folded = restored[partition] ?? RestoredPartition(journalCap: cap)
@@ -267,6 +268,9 @@ extension PurchaseProcessor {
         var failure: String? = nil
         /// Where the read settled short of each partition's end (a committed end), to its end.
         var unread: [Int32: Range<Int64>] = [:]
+        /// The held ranges read (without isolation) for records read again: the restore's read of
+        /// held journal records takes them rather than reading them twice.
+        var held: [Int32: HeldRead] = [:]
 
         /// Partitions whose store is not this changelog's: rebuilt.
         var foreign: Set<Int32> { Set(verdicts.filter { $0.value == .foreign }.keys) }
@@ -391,6 +395,7 @@ extension PurchaseProcessor {
         // Read again and held short of the checkpoint's record: of what was read again, what can
         // be applied now (StoreRestorePlan.settled).
         let heldReplays = tail.replay.filter { verdicts[$0.key] == .heldBeforeCheckpoint }
+        var heldRead: [Int32: HeldRead] = [:]
         if !heldReplays.isEmpty && failure == nil {
             let held: [Int32: [KafkaMessage]]
             do {
@@ -399,6 +404,9 @@ extension PurchaseProcessor {
             } catch {
                 abandon()
                 throw error
+            }
+            for (partition, messages) in held {
+                heldRead[partition] = HeldRead(range: read.unread[partition]!, messages: messages)
             }
             for (partition, replay) in heldReplays.sorted(by: { $0.key < $1.key }) {
                 let settled = StoreRestorePlan.settled(
@@ -450,7 +458,7 @@ extension PurchaseProcessor {
         }
         if failure != nil { abandon() }
         return TailRead(
-            records: tail.records, verdicts: verdicts, failure: failure, unread: read.unread)
+            records: tail.records, verdicts: verdicts, failure: failure, unread: read.unread, held: heldRead)
     }
 
     /// The checkpoint past `records`, the last of which is just before offset `next`.
