@@ -75,12 +75,22 @@ backlog_row() { # broker label report
     "$(echo "$3" | field 'd["cpu_s"]')" "$(echo "$3" | field 'd["cpu_us_per_request"]')" \
     "$(echo "$3" | field 'd["peak_rss_mb"]')"
 }
-# A steady-load row: achieved rate, p50 and p99 end-to-end latency.
-steady_row() { # broker label report
-  row "$1" "$2" "$(printf %.0f "$(echo "$3" | field 'd["throughput"]')")/s" "" \
-    "$(echo "$3" | field 'd["latency_ms"]["p50"]')" "$(echo "$3" | field 'd["latency_ms"]["p99"]')" \
-    "$(echo "$3" | field 'd["cpu_s"]')" "$(echo "$3" | field 'd["cpu_us_per_request"]')" \
-    "$(echo "$3" | field 'd["peak_rss_mb"]')"
+# A steady-load row (scripts/steady_latency.py): the processor (as `run`, with jemalloc when the
+# image would have it) or the Python peer under the same generator, out of their processes, for 10 s,
+# and the same reader: answered of offered, p50 and p99 from the request's time to its outcome read,
+# the subject's own CPU and peak RSS.
+steady_row() { # broker bootstrap rate label subject guarantee partitions
+  local out preload=""
+  [ "$5" = processor ] && preload=${JEMALLOC:+LD_PRELOAD=$JEMALLOC}
+  out=$(env $preload python3 scripts/steady_latency.py --binary .build/release/encore-processor --peer "$PEER_PY" \
+    --bootstrap-servers "$2" --rate "$3" --count $(($3 * 10)) --subject "$5" --guarantee "$6" --workers "$WORKERS" \
+    --partitions "$7" 2>/dev/null || true)
+  [ -n "$out" ] || out='{}'
+  row "$1" "$4" "$(echo "$out" | field 'd.get("answered", "?")') of $(($3 * 10))" "" \
+    "$(echo "$out" | field 'd.get("visible_ms", {}).get("p50", "?")')" \
+    "$(echo "$out" | field 'd.get("visible_ms", {}).get("p99", "?")')" \
+    "$(echo "$out" | field 'd.get("cpu_s", "?")')" "$(echo "$out" | field 'd.get("cpu_us_per_request", "?")')" \
+    "$(echo "$out" | field 'd.get("peak_rss_mb", "?")')"
 }
 # A fresh limit.c mock server (a mock slows down as it fills up); sets bs to its bootstrap servers.
 fresh_mock() { # name count
@@ -131,20 +141,12 @@ for guarantee in at-least-once exactly-once; do
   rate=$half
   [ "$guarantee" = exactly-once ] && rate=$eos_half
   fresh_mock "steady-$guarantee" 1
-  steady=$($B bench --bootstrap-servers "$bs" --count $((rate * 10)) --partitions "$PARTS_MOCK" --rate "$rate" \
-    --guarantee "$guarantee" $W --json || true)
-  steady_row mock "processor at $rate/s, half its rate, $guarantee" "$steady"
+  steady_row mock "$bs" "$rate" "processor at $rate/s, half its rate, $guarantee" processor "$guarantee" "$PARTS_MOCK"
   stop_mock
 done
-# What the broker itself adds at that rate: the Python peer under the same steady load, its
-# latency to the outcome reaching a reader (scripts/peer_latency.py).
+# What the broker itself adds at that rate: the Python peer under the same steady load.
 fresh_mock steady-peer 1
-peer_steady=$(python3 scripts/peer_latency.py --binary .build/release/encore-processor --peer "$PEER_PY" --bootstrap-servers "$bs" \
-  --rate "$half" --count $((half * 10)) 2>/dev/null || true)
-[ -n "$peer_steady" ] || peer_steady='{}'
-row mock "Python peer at $half/s offered (the broker's own)" "$(echo "$peer_steady" | field 'd.get("answered", "?")') answered" "" \
-  "$(echo "$peer_steady" | field 'd.get("visible_ms", {}).get("p50", "?")')" \
-  "$(echo "$peer_steady" | field 'd.get("visible_ms", {}).get("p99", "?")')" "-" "-" "-"
+steady_row mock "$bs" "$half" "Python peer at $half/s (the broker's own)" peer at-least-once "$PARTS_MOCK"
 stop_mock
 
 echo "== Tansu ($N_TANSU requests, $PARTS partitions, librdkafka from the confluent-kafka wheel)" >&2
@@ -174,16 +176,9 @@ row tansu "processor, 20 ms, 1000 in flight, at-least-once" "$(printf %.0f "$slo
   "$(echo "$slow" | field 'd["cpu_s"]')" "$(echo "$slow" | field 'd["cpu_us_per_request"]')" \
   "$(echo "$slow" | field 'd["peak_rss_mb"]')"
 half=$(python3 -c "print(int($noop_rate/2))")
-steady=$($B bench --bootstrap-servers "127.0.0.1:$PORT" --count $((half * 10)) --partitions "$PARTS" --rate "$half" $W \
-  --json)
-steady_row tansu "processor at $half/s offered, at-least-once" "$steady"
+steady_row tansu "127.0.0.1:$PORT" "$half" "processor at $half/s offered, at-least-once" processor at-least-once "$PARTS"
 # The broker's own tail at that rate on Tansu: the Python peer under the same steady load.
-peer_steady=$(python3 scripts/peer_latency.py --binary .build/release/encore-processor --peer "$PEER_PY" \
-  --bootstrap-servers "127.0.0.1:$PORT" --rate "$half" --count $((half * 10)) 2>/dev/null || true)
-[ -n "$peer_steady" ] || peer_steady='{}'
-row tansu "Python peer at $half/s offered (the broker's own)" "$(echo "$peer_steady" | field 'd.get("answered", "?")') answered" "" \
-  "$(echo "$peer_steady" | field 'd.get("visible_ms", {}).get("p50", "?")')" \
-  "$(echo "$peer_steady" | field 'd.get("visible_ms", {}).get("p99", "?")')" "-" "-" "-"
+steady_row tansu "127.0.0.1:$PORT" "$half" "Python peer at $half/s (the broker's own)" peer at-least-once "$PARTS"
 # Exactly-once is not measured on Tansu: its read_committed consumers stall (see README).
 
 # Memory with a long backlog, default settings: about 100 requests per user (limit.c's 10,000
@@ -222,7 +217,7 @@ if [ "${SCALE:-1}" != 0 ]; then
     --limit .build/limit --bootstrap-servers "127.0.0.1:$PORT" --count "$N_TANSU" --workers "$WORKERS" || true)
 fi
 
-echo "(p50/p99: end-to-end latency under a steady offered load, the processor to its outcome acknowledged, the peer to its outcome read; backlog runs have none to report)"
+echo "(p50/p99: latency under a steady offered load, from the request's time to its outcome read by one reader, the processor's and the peer's alike; their CPU and RSS without the generator's; backlog runs have none to report)"
 printf '%-8s %-52s %14s %22s %9s %9s %9s %9s %9s\n' broker scenario throughput ratio "p50 ms" "p99 ms" "CPU s" \
   "CPU µs/r" "RSS MB"
 printf '%s\n' "${rows[@]}"
