@@ -144,7 +144,7 @@ def main():
             warm.set()
 
     subject = start_subject(args, topics, f"{args.subject}-steady-{run}")
-    cpu, rss = None, None
+    cpu, rss, reader = None, None, None
     try:
         producer = Producer({"bootstrap.servers": bootstrap})
         warm_up = {"request_id": "steady-latency-warm-up", "app_id": "app_bench", "app_user_id": "warm-up",
@@ -170,7 +170,8 @@ def main():
                 and not failures:
             if subject.poll() is None:
                 try:
-                    cpu, rss = cpu_seconds(subject.pid) - cpu_before, peak_rss_mb(subject.pid)
+                    # (An exited process not yet waited for has no memory figures left.)
+                    cpu, rss = cpu_seconds(subject.pid) - cpu_before, peak_rss_mb(subject.pid) or rss
                 except OSError:
                     pass  # (it ended between the two)
             elif args.subject == "processor":
@@ -181,9 +182,11 @@ def main():
         if generator.poll() is None:
             generator.kill()
         if subject.poll() is None:
-            cpu, rss = cpu_seconds(subject.pid) - cpu_before, peak_rss_mb(subject.pid)
+            cpu, rss = cpu_seconds(subject.pid) - cpu_before, peak_rss_mb(subject.pid) or rss
     finally:
         stop.set()
+        if reader is not None:
+            reader.join(10)
         subject.kill()
         subject.wait()
     report = {"subject": args.subject, "guarantee": args.guarantee, "offered_rate": args.rate, "count": args.count,

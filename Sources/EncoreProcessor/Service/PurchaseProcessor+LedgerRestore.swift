@@ -59,15 +59,15 @@ extension PurchaseProcessor {
         }
     }
 
-    /// The records a restore could not read (`unread`: each partition's range a `read_committed`
-    /// reader could not see, held past its committed end by an open transaction), read
-    /// `read_uncommitted`, in offset order per partition.
     /// A held range of a partition and its records, read without isolation.
     struct HeldRead: Sendable {
         let range: Range<Int64>
         let messages: [KafkaMessage]
     }
 
+    /// The records a restore could not read (`unread`: each partition's range a `read_committed`
+    /// reader could not see, held past its committed end by an open transaction), read
+    /// `read_uncommitted`, in offset order per partition.
     static func heldRecords(
         _ unread: [Int32: Range<Int64>], configuration: ProcessorConfiguration
     ) async throws(KafkaError) -> [Int32: [KafkaMessage]] {
