@@ -138,7 +138,7 @@ public struct StateStoreCheck: Sendable {
     ) -> String? {
         if case .rebuild(let reason) = start { return reason.map { "the store \($0)" } ?? "no checkpoint" }
         let verdict = StoreRestorePlan.verdict(
-            checkpoint: checkpoint.offset, readAgain: { if case .readAgain = start { true } else { false } }(),
+            checkpoint: checkpoint.offset, readAgain: start != .checkpoint,
             recordBefore: changelog.beforeCheckpoint.map { $0 == checkpoint.lastDigest }, heldBeforeStart: false,
             committedEnd: nil)
         guard verdict == .foreign else { return nil }
