@@ -146,6 +146,11 @@ final class LoopHarness: Sendable {
         var configuration = ProcessorConfiguration(kafka: KafkaConfiguration())
         configuration.retry = RetryPolicy(
             maxAttempts: 3, initialBackoff: .milliseconds(5), maxBackoff: .milliseconds(20))
+        // The whole suite's load can keep an acknowledgement in the inbox for seconds, and a call
+        // whose intent was durable that late would be asked as a recovery after a next owner's
+        // hold (``ReconcilePolicy/launchAllowance``): a wide margin keeps each test's calls what
+        // it says. Tests of takeover holds and late intents set their own.
+        configuration.reconciliation.clockSkewMargin = .seconds(600)
         configure(&configuration)
         let inbox = self.inbox
         producer = FakeProducer { inbox.post(.delivered($0)) }

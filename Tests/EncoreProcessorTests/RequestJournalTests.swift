@@ -222,7 +222,8 @@ struct RequestJournalTests {
         let harness = LoopHarness(router: router(controller))
         harness.assign(
             partitions: 1, finished: [:],
-            restored: Self.restored([.init(requestID: "req-0", attempts: 2, startedAtMs: currentTimeMs() - 5000)]))
+            // (An hour ago: the earlier call could no longer be running, whatever the margin.)
+            restored: Self.restored([.init(requestID: "req-0", attempts: 2, startedAtMs: currentTimeMs() - 3_600_000)]))
         var late = request(0, user: "u")
         // A deadline that passed does not make it "not attempted": an earlier call may have charged.
         late.deadlineAtMs = currentTimeMs() - 1000
@@ -333,7 +334,9 @@ struct RequestJournalTests {
             }, router: router(controller))
         harness.assign(
             partitions: 1, finished: [:],
-            restored: Self.restored([.init(requestID: "req-0", attempts: 3, startedAtMs: currentTimeMs() - 60_000)]))
+            restored: Self.restored([
+                .init(requestID: "req-0", attempts: 3, startedAtMs: currentTimeMs() - 3_600_000)
+            ]))
         harness.feed(request(0, user: "u"))
         #expect(await harness.waitForFinished(1))
         #expect(controller.snapshot.calls == 1 && controller.snapshot.recoveryCalls == 1)
@@ -430,7 +433,7 @@ struct RequestJournalTests {
     func heldIntentRecoveredUnderANewAttempt() async throws {
         // Read to the committed end: attempt 1's intent. Held past it: attempt 2's (another owner's
         // recovery call, its transaction committed but left undecided by the broker).
-        let old = currentTimeMs() - 60_000
+        let old = currentTimeMs() - 3_600_000
         var restored = try Self.restoredPartition([Self.held("req-0", attempts: 1, startedAtMs: old)])
         #expect(restored.takeHeldIntents([Self.held("req-0", attempts: 2, startedAtMs: old + 1)]) == ["req-0"])
         let controller = RecordingController()

@@ -146,6 +146,76 @@ struct WorkerTests {
         #expect(accepted.allSatisfy { if case .commit = $0 { false } else { true } })
     }
 
+    @Test(
+        "an intent acknowledged past half the skew margin makes no first call: a recovery call once a next owner's hold is over"
+    )
+    func lateIntentIsAskedAsARecovery() throws {
+        // Call timeout 1 s, skew margin 5 s (the defaults' margin): a first call starts at most
+        // 2.5 s after its intent was written.
+        var driven = Driven { $0.callTimeout = .seconds(1) }
+        _ = driven.step(Self.assignment())
+        let event = request(1, user: "u1")
+        let intent = Self.produced(driven.step(Self.record(event, offset: 0)))
+        // Durable 3 s later (a loaded machine, a slow transaction): a next owner finding the intent
+        // open asks billing from its time + 1 + 5 s; this call could run until 3 + 1 s. Not made.
+        let late = driven.step(Self.acknowledged(intent), after: .seconds(3))
+        #expect(Self.calls(late).isEmpty, "a first call started past the takeover's assumption: \(Self.calls(late))")
+        // The hold is over 6 s after the intent: billing is asked, as attempt 2, a recovery call,
+        // once that attempt's intent is durable.
+        #expect(Self.calls(driven.step(.tick, after: .milliseconds(2_900))).isEmpty)
+        let due = driven.step(.tick, after: .milliseconds(200))
+        let recoveryIntent = Self.produced(due)
+        guard case .journal(let entry, partition: 0)? = recoveryIntent.first?.output else {
+            Issue.record("expected the intent of attempt 2, got \(recoveryIntent.map(\.output))")
+            return
+        }
+        #expect(entry.entry.attempts == 2 && entry.entry.result == nil)
+        let called = Self.calls(driven.step(Self.acknowledged(recoveryIntent)))
+        let call = try #require(called.first)
+        #expect(called.count == 1 && call.attempt == 2 && call.request.isRecovery)
+        #expect(driven.worker.statistics.lateIntents == LateIntents(held: 1, rewritten: 0))
+    }
+
+    @Test(
+        "a first call whose slot comes past half the skew margin after its intent writes the intent again, and starts once that one is durable"
+    )
+    func lateSlotRewritesTheIntent() throws {
+        var driven = Driven {
+            $0.maxInFlight = 1
+            $0.callTimeout = .seconds(10)
+        }
+        _ = driven.step(Self.assignment())
+        let records = (0..<2).map { index in
+            let event = request(index, user: "u\(index)")
+            return IncomingRecord(
+                message: KafkaMessage(
+                    topic: Self.topic, partition: 0, offset: Int64(index), key: Array(event.key.utf8),
+                    value: event.jsonBytes(), headers: []))
+        }
+        let intents = Self.produced(driven.step(.records(records)))
+        #expect(intents.count == 2)
+        // Both durable at once; one slot: u0 is called, u1 waits for the slot.
+        let first = try #require(Self.calls(driven.step(Self.acknowledged(intents))).first)
+        #expect(first.request.appUserId == "u0")
+        // The slot comes 3 s after u1's intent: a next owner takes a call to start within 2.5 s of
+        // its intent. u1's intent is written again (attempt 1: nothing was called) ...
+        let freed = driven.step(.attemptFinished(call: first.id, attempt: 1, .success(.purchased)), after: .seconds(3))
+        #expect(Self.calls(freed).isEmpty, "a first call started 3 s after its intent: \(Self.calls(freed))")
+        let rewritten = Self.produced(freed).filter {
+            if case .journal(let entry, _) = $0.output { entry.entry.requestID == "req-1" } else { false }
+        }
+        guard rewritten.count == 1, case .journal(let entry, partition: 0) = rewritten[0].output else {
+            Issue.record("expected u1's intent written again, got \(Self.produced(freed).map(\.output))")
+            return
+        }
+        #expect(entry.entry.attempts == 1 && entry.entry.result == nil)
+        // ... and its call, a first call, starts once that intent is durable.
+        let called = Self.calls(driven.step(Self.acknowledged(rewritten)))
+        let call = try #require(called.first)
+        #expect(called.count == 1 && call.attempt == 1 && !call.request.isRecovery && call.request.appUserId == "u1")
+        #expect(driven.worker.statistics.lateIntents == LateIntents(held: 0, rewritten: 1))
+    }
+
     @Test("intents go out at most eight call bounds ahead of the calls: a crash leaves few users held at takeover")
     func intentsStayNearTheCalls() throws {
         var driven = Driven { $0.maxInFlight = 2 }

@@ -81,6 +81,7 @@ extension Worker {
     mutating func publishIntent(_ item: WorkItem) {
         intentsAhead += 1
         item.holdsPlaceAhead = true
+        item.intentAt = now
         let intent = ledger.recordIntent(
             item.request, attempt: item.firstAttempt, partition: item.ref.partition.number,
             nowMs: nowMs, offset: item.ref.offset, digest: item.digest, known: item.identity)
@@ -165,25 +166,45 @@ extension Worker {
     }
 
     /// The intent of the item's next call is durable: a first call starts (within the bound), a
-    /// later attempt launches.
+    /// later attempt launches. An intent durable past ``ReconcilePolicy/launchAllowance`` starts
+    /// no call: a next owner finding it open may take that call to be over before it would be
+    /// (the late intent was seen on a loaded machine, an exactly-once commit acknowledged seconds
+    /// late, in a member the group had replaced meanwhile). The request is asked as that owner
+    /// would ask it: a recovery call once the owner's hold is over.
     mutating func intentDurable(_ item: WorkItem) {
         guard let (id, attempt) = item.journalingCall else {
+            if let intentAt = item.intentAt, now > intentAt.advanced(by: configuration.reconciliation.launchAllowance) {
+                statistics.lateIntents.held += 1
+                item.intentAt = nil
+                item.firstAttempt += 1
+                item.takeoverHold = intentAt.advanced(
+                    by: configuration.callTimeout + configuration.reconciliation.clockSkewMargin)
+            }
             startCall(item)
             return
         }
         item.journalingCall = nil
         // A failing loop or a partition no longer owned makes no call.
-        let action =
-            failure == nil && ownership.owns(item.ref)
-            ? calls.journaled(
-                id, attempt: attempt, now: now, handOverDeadline: ownership.deadline(of: item.ref.partition))
-            : calls.intentLost(id)
-        if let action { perform(action) }
+        guard failure == nil && ownership.owns(item.ref) else {
+            if let action = calls.intentLost(id) { perform(action) }
+            return
+        }
+        let action = calls.journaled(
+            id, attempt: attempt, now: now, handOverDeadline: ownership.deadline(of: item.ref.partition))
+        guard case .wait? = action else {
+            if let action { perform(action) }
+            return
+        }
+        // Durable too late (the call table holds it as a next owner would): its slot is free.
+        statistics.lateIntents.held += 1
+        startWaitingCalls()
     }
 
     /// Starts the call of an item, unless the loop is failing or the call could not end before
     /// its partition's hand-over (the next owner calls it, as a recovery). A new request's intent
-    /// is durable already; a recovery's is written once its takeover hold is over.
+    /// is durable already; a recovery's is written once its takeover hold is over. A new request
+    /// whose slot came past ``ReconcilePolicy/launchAllowance`` after its intent writes the intent
+    /// again, and starts once that one is durable: a next owner takes a call to start by then.
     mutating func startCall(_ item: WorkItem) {
         let handOverDeadline = ownership.deadline(of: item.ref.partition)
         // (A takeover's call starts once its hold is over.)
@@ -200,10 +221,17 @@ extension Worker {
             waitingForSlot.append(item)
             return
         }
+        var journalAfter = isRecovery ? item.takeoverHold ?? now : nil
+        if let intentAt = item.intentAt {
+            item.intentAt = nil
+            if now > intentAt.advanced(by: configuration.reconciliation.launchAllowance) {
+                statistics.lateIntents.rewritten += 1
+                journalAfter = now
+            }
+        }
         let action = calls.start(
             item, partition: item.ref.partition, attempt: item.firstAttempt, now: now,
-            journalAfter: isRecovery ? item.takeoverHold ?? now : nil, inDoubtUntil: item.inDoubtUntil,
-            inDoubtFor: item.inDoubtFor)
+            journalAfter: journalAfter, inDoubtUntil: item.inDoubtUntil, inDoubtFor: item.inDoubtFor)
         perform(action)
         leaveIntentWindow(item)
         statistics.peakInFlight = max(statistics.peakInFlight, calls.count)

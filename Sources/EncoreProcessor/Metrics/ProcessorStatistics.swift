@@ -22,6 +22,11 @@ public struct ProcessorStatistics: Sendable {
     public var recovered = 0
     /// Controller calls that carried `isRecovery` (every attempt after a request's first).
     public var recoveryCalls = 0
+    /// Intents too old to start their call by the time it could start
+    /// (``ReconcilePolicy/launchAllowance``): `held`, durable too late (the request waits out a
+    /// next owner's hold, then a recovery call asks billing); `rewritten`, its call slot came too
+    /// late (the intent is written again before the call).
+    public var lateIntents = LateIntents()
     /// Requests that went in doubt (attempts used up, billing's answer unknown: `pending`
     /// with `outcome_unknown` published), that billing then answered (a final outcome
     /// published), and that expired past `--reconcile-for` (dead letter `in_doubt_expired`).
@@ -122,6 +127,8 @@ public struct ProcessorStatistics: Sendable {
             total.duplicates += part.duplicates
             total.recovered += part.recovered
             total.recoveryCalls += part.recoveryCalls
+            total.lateIntents.held += part.lateIntents.held
+            total.lateIntents.rewritten += part.lateIntents.rewritten
             total.transactions += part.transactions
             total.inDoubtOpened += part.inDoubtOpened
             total.inDoubtResolved += part.inDoubtResolved
@@ -170,4 +177,10 @@ final class StatisticsRecorder: Sendable {
     }
 
     var snapshot: ProcessorStatistics { state.withLock { $0 } }
+}
+
+/// Intents found too old to start their call (``ProcessorStatistics/lateIntents``).
+public struct LateIntents: Sendable, Hashable {
+    public var held = 0
+    public var rewritten = 0
 }

@@ -34,6 +34,13 @@ extension PurchaseProcessor {
             "encore_recovery_calls_total", "Calls that may follow one that reached billing.",
             [([:], statistics.recoveryCalls)])
         text.counter(
+            "encore_late_intents_total",
+            "Intents too old to start their call when it could start (a loaded machine, a slow transaction, a call slot long in coming), by what was done: held (a recovery call once a next owner's hold is over), rewritten (the intent written again first).",
+            [
+                (["action": "held"], statistics.lateIntents.held),
+                (["action": "rewritten"], statistics.lateIntents.rewritten),
+            ])
+        text.counter(
             "encore_in_doubt_total",
             "Requests in doubt (attempts used up, billing's answer unknown), by what became of them: opened (pending published), resolved (billing answered: final outcome published), expired (past --reconcile-for: dead letter in_doubt_expired).",
             [

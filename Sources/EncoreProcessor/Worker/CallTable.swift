@@ -64,6 +64,8 @@ struct CallTable<Item> {
         var mayHaveActed: Bool
         /// Set once in doubt: when reconciliation gives up, and the asks made since.
         var reconciling: (deadline: ContinuousClock.Instant, asks: Int)?
+        /// When the intent of the attempt being journaled was written (its `started_at_ms`).
+        var intentAt: ContinuousClock.Instant? = nil
     }
 
     /// How a call ended: the controller's answer, or a failure for the outcome and dead letter.
@@ -164,6 +166,7 @@ struct CallTable<Item> {
             return .wait(item)
         case .some:
             call.phase = .journaling(attempt: attempt)
+            call.intentAt = now
             calls[id] = call
             return .journal(call: id, item, attempt: attempt)
         case nil:
@@ -171,6 +174,22 @@ struct CallTable<Item> {
             deadlines.append((now.advanced(by: timeout), id, attempt))
             return .launch(call: id, item, attempt: attempt)
         }
+    }
+
+    /// Call `id`'s intent became durable too late to launch (``ReconcilePolicy/launchAllowance``):
+    /// the call waits, with no slot, until a next owner would take it to be over (the intent's
+    /// time, the call timeout and the clock-skew margin), then journals its next attempt: a
+    /// recovery call, which looks before it charges. Billing may have been asked by then (by that
+    /// next owner).
+    private mutating func holdLikeANextOwner(_ id: Int, intentAt: ContinuousClock.Instant) -> Action {
+        let hold = intentAt.advanced(by: timeout + reconcile.clockSkewMargin)
+        let next = calls[id]!.attempt + 1
+        calls[id]!.phase = .waiting(until: hold, next: next, holdsSlot: false)
+        calls[id]!.mayHaveActed = true
+        calls[id]!.intentAt = nil
+        idleCount += 1
+        timers.schedule(id, at: hold)
+        return .wait(calls[id]!.item)
     }
 
     /// The intent of attempt `attempt` of call `id` is durable: it launches, unless it could not
@@ -183,8 +202,12 @@ struct CallTable<Item> {
             drop(id)
             return .abandon(call.item)
         }
-        calls[id]!.phase = .running
         calls[id]!.attempt = attempt
+        if let intentAt = call.intentAt, now > intentAt.advanced(by: reconcile.launchAllowance) {
+            return holdLikeANextOwner(id, intentAt: intentAt)
+        }
+        calls[id]!.phase = .running
+        calls[id]!.intentAt = nil
         deadlines.append((now.advanced(by: timeout), id, attempt))
         return .launch(call: id, call.item, attempt: attempt)
     }
@@ -330,6 +353,7 @@ struct CallTable<Item> {
             guard let call = calls[id], case .waiting(_, let next, let holdsSlot) = call.phase else { continue }
             if !holdsSlot { idleCount -= 1 }
             calls[id]!.phase = .journaling(attempt: next)
+            calls[id]!.intentAt = now
             actions.append(.journal(call: id, call.item, attempt: next))
         }
         return actions
@@ -407,6 +431,15 @@ public struct ReconcilePolicy: Sendable, Hashable {
         self.initialInterval = initialInterval
         self.clockSkewMargin = clockSkewMargin
     }
+
+    /// How long after its intent was written an attempt may still start: half the clock-skew
+    /// margin, at least 100 ms. A next owner that finds the intent open takes the call to be over
+    /// by the intent's time plus the call timeout and the margin; an attempt started later than
+    /// this could still run when that owner's recovery call does (its intent durable late on a
+    /// loaded machine or in a slow transaction, or its call slot long in coming, in a member the
+    /// group already replaced). The other half of the margin is left for the two members' clocks
+    /// (a margin under 200 ms gives part of it up for the floor).
+    var launchAllowance: Duration { max(clockSkewMargin / 2, .milliseconds(100)) }
 
     /// About how many asks backing off from the initial interval fit in `elapsed`: the
     /// interval doubles with each, so the next wait after that long is about `elapsed`.

@@ -49,6 +49,8 @@ final class WorkItem {
     /// A recovery found at takeover: its first call waits until an earlier owner's call could
     /// no longer be running (the intent's time, the call timeout and the clock-skew margin).
     var takeoverHold: ContinuousClock.Instant? = nil
+    /// When this process wrote the intent of the request's first call (its `started_at_ms`).
+    var intentAt: ContinuousClock.Instant? = nil
     /// When the request went in doubt (its `pending` outcome published), and until when it is
     /// reconciled; `nil` while it is not in doubt.
     var inDoubtSinceMs: Int64? = nil
