@@ -80,22 +80,29 @@ struct CallTableTests {
         #expect(table.count == 0 && table.inDoubtCount == 1 && !table.isEmpty)
     }
 
+    /// A call of "req-0" launched at 0 s, timed out at 10 s and returned at 11 s: the intent of its
+    /// attempt 2 is written at 12 s, after the 1 s backoff. Its id.
+    func retryJournaledAt12(_ table: inout CallTable<String>) -> Int? {
+        let id = launch(&table, "req-0")
+        _ = table.tick(now: at(10))
+        _ = table.finished(
+            id, attempt: 1, .failure(CancellationError()), now: at(11), retryUnit: 0, retryDeadline: { _ in nil })
+        let journal = table.tick(now: at(12))
+        guard journal.count == 1, case .journal(id, _, attempt: 2) = journal[0] else {
+            Issue.record("expected the intent of attempt 2, got \(journal)")
+            return nil
+        }
+        return id
+    }
+
     @Test(
         "an attempt whose intent became durable past half the skew margin is not launched: it waits out a next owner's hold, then asks as the next attempt"
     )
     func lateIntentWaitsOutTheHold() {
         // Timeout 10 s, skew margin 5 s: an attempt launches at most 2.5 s after its intent.
         var table = table()
-        let id = launch(&table, "req-0")
-        _ = table.tick(now: at(10))
-        _ = table.finished(
-            id, attempt: 1, .failure(CancellationError()), now: at(11), retryUnit: 0, retryDeadline: { _ in nil })
-        // The retry's intent is written at 12 s (after the 1 s backoff) ...
-        let journal = table.tick(now: at(12))
-        guard journal.count == 1, case .journal(id, _, attempt: 2) = journal[0] else {
-            Issue.record("expected the intent of attempt 2, got \(journal)")
-            return
-        }
+        // The retry's intent is written at 12 s ...
+        guard let id = retryJournaledAt12(&table) else { return }
         // ... and durable at 15 s: a next owner finding it open would ask billing from 12 + 10 + 5 = 27 s,
         // while this attempt, launched now, could run until 25 s. It is not launched.
         let late = table.journaled(id, attempt: 2, now: at(15), handOverDeadline: nil)
@@ -112,11 +119,7 @@ struct CallTableTests {
     @Test("an intent durable within half the skew margin launches at once")
     func timelyIntentLaunches() {
         var table = table()
-        let id = launch(&table, "req-0")
-        _ = table.tick(now: at(10))
-        _ = table.finished(
-            id, attempt: 1, .failure(CancellationError()), now: at(11), retryUnit: 0, retryDeadline: { _ in nil })
-        _ = table.tick(now: at(12))
+        guard let id = retryJournaledAt12(&table) else { return }
         let launched = table.journaled(id, attempt: 2, now: at(14.5), handOverDeadline: nil)
         guard case .launch(id, "req-0", attempt: 2)? = launched else {
             Issue.record("expected attempt 2 to launch, got \(String(describing: launched))")

@@ -47,12 +47,19 @@ struct WorkerTests {
     }
 
     static func record(_ event: PurchaseRequestEvent, offset: Int64) -> ProcessorInput {
-        .records([
-            IncomingRecord(
-                message: KafkaMessage(
-                    topic: topic, partition: 0, offset: offset, key: Array(event.key.utf8), value: event.jsonBytes(),
-                    headers: []))
-        ])
+        .records([incoming(event, offset: offset)])
+    }
+
+    static func incoming(_ event: PurchaseRequestEvent, offset: Int64) -> IncomingRecord {
+        IncomingRecord(
+            message: KafkaMessage(
+                topic: topic, partition: 0, offset: offset, key: Array(event.key.utf8), value: event.jsonBytes(),
+                headers: []))
+    }
+
+    /// One batch of `count` records at offsets 0..., request `i` of user `u<i>`.
+    static func usersRecords(_ count: Int) -> ProcessorInput {
+        .records((0..<count).map { incoming(request($0, user: "u\($0)"), offset: Int64($0)) })
     }
 
     static func assignment() -> ProcessorInput {
@@ -185,14 +192,7 @@ struct WorkerTests {
             $0.callTimeout = .seconds(10)
         }
         _ = driven.step(Self.assignment())
-        let records = (0..<2).map { index in
-            let event = request(index, user: "u\(index)")
-            return IncomingRecord(
-                message: KafkaMessage(
-                    topic: Self.topic, partition: 0, offset: Int64(index), key: Array(event.key.utf8),
-                    value: event.jsonBytes(), headers: []))
-        }
-        let intents = Self.produced(driven.step(.records(records)))
+        let intents = Self.produced(driven.step(Self.usersRecords(2)))
         #expect(intents.count == 2)
         // Both durable at once; one slot: u0 is called, u1 waits for the slot.
         let first = try #require(Self.calls(driven.step(Self.acknowledged(intents))).first)
@@ -221,20 +221,13 @@ struct WorkerTests {
         var driven = Driven { $0.maxInFlight = 2 }
         _ = driven.step(Self.assignment())
         // 40 users' requests in one batch, with calls that do not answer.
-        let records = (0..<40).map { index in
-            let event = request(index, user: "u\(index)")
-            return IncomingRecord(
-                message: KafkaMessage(
-                    topic: Self.topic, partition: 0, offset: Int64(index), key: Array(event.key.utf8),
-                    value: event.jsonBytes(), headers: []))
-        }
         func intents(_ outputs: [(token: UInt, output: UnsentOutput)]) -> Int {
             outputs.filter { if case .journal(let entry, _) = $0.output { entry.entry.result == nil } else { false } }
                 .count
         }
         // Each intent is an open intent a restart must hold its user for (until the call could be
         // over): journaled for 16 (8 x 2) requests ahead, not for all 40.
-        let first = Self.produced(driven.step(.records(records)))
+        let first = Self.produced(driven.step(Self.usersRecords(40)))
         #expect(intents(first) == 16)
         // Acknowledged: 2 calls start (the bound), and 2 more intents take their place ahead.
         let started = driven.step(Self.acknowledged(first))
