@@ -216,6 +216,38 @@ struct WorkerTests {
         #expect(driven.worker.statistics.lateIntents == LateIntents(held: 0, rewritten: 1))
     }
 
+    @Test(
+        "a retry whose intent is acknowledged late waits out a next owner's hold without its slot: a request waiting for the slot gets it at once"
+    )
+    func lateRetryFreesItsSlot() throws {
+        var driven = Driven {
+            $0.maxInFlight = 1
+            $0.callTimeout = .seconds(1)
+            $0.retry = RetryPolicy(maxAttempts: 3, initialBackoff: .milliseconds(10), maxBackoff: .milliseconds(10))
+        }
+        _ = driven.step(Self.assignment())
+        let intents = Self.produced(driven.step(Self.usersRecords(2)))
+        let first = try #require(Self.calls(driven.step(Self.acknowledged(intents))).first)
+        #expect(first.request.appUserId == "u0")
+        // u0's call times out and returns; its retry's intent is written after the backoff ...
+        _ = driven.step(.tick, after: .milliseconds(1_100))
+        _ = driven.step(.attemptFinished(call: first.id, attempt: 1, .failure(CancellationError())))
+        let retryIntent = Self.produced(driven.step(.tick, after: .milliseconds(20)))
+        guard case .journal(let entry, _)? = retryIntent.first?.output, entry.entry.attempts == 2 else {
+            Issue.record("expected the intent of u0's attempt 2, got \(retryIntent.map(\.output))")
+            return
+        }
+        // ... and acknowledged 3 s later: not launched, and its slot goes to u1, whose own intent is
+        // as old by now and is written again first.
+        let late = driven.step(Self.acknowledged(retryIntent), after: .seconds(3))
+        #expect(Self.calls(late).isEmpty)
+        let rewritten = Self.produced(late).filter {
+            if case .journal(let entry, _) = $0.output { entry.entry.requestID == "req-1" } else { false }
+        }
+        #expect(rewritten.count == 1, "u1 waited on for a slot no call held: \(Self.produced(late).map(\.output))")
+        #expect(driven.worker.statistics.lateIntents == LateIntents(held: 1, rewritten: 1))
+    }
+
     @Test("intents go out at most eight call bounds ahead of the calls: a crash leaves few users held at takeover")
     func intentsStayNearTheCalls() throws {
         var driven = Driven { $0.maxInFlight = 2 }
