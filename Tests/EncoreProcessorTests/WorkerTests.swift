@@ -62,6 +62,32 @@ struct WorkerTests {
         .records((0..<count).map { incoming(request($0, user: "u\($0)"), offset: Int64($0)) })
     }
 
+    /// One call slot, users u0 and u1 each with a request, both intents acknowledged: u0's call
+    /// started, u1 waits for the slot. The worker and u0's call.
+    static func oneSlotTwoUsers(
+        _ configure: (inout ProcessorConfiguration) -> Void
+    ) throws -> (Driven, (id: Int, attempt: Int, request: PurchaseRequest)) {
+        var driven = Driven {
+            $0.maxInFlight = 1
+            configure(&$0)
+        }
+        _ = driven.step(assignment())
+        let intents = produced(driven.step(usersRecords(2)))
+        #expect(intents.count == 2)
+        let first = try #require(calls(driven.step(acknowledged(intents))).first)
+        #expect(first.request.appUserId == "u0")
+        return (driven, first)
+    }
+
+    /// The journal records among `outputs` of request `requestID`.
+    static func journaled(_ outputs: [(token: UInt, output: UnsentOutput)], requestID: String) -> [(
+        token: UInt, output: UnsentOutput
+    )] {
+        outputs.filter {
+            if case .journal(let entry, _) = $0.output { entry.entry.requestID == requestID } else { false }
+        }
+    }
+
     static func assignment() -> ProcessorInput {
         .assigned([KafkaTopicPartition(topic: topic, partition: 0)], finished: [:], restored: [:], committed: [:])
     }
@@ -187,23 +213,13 @@ struct WorkerTests {
         "a first call whose slot comes past half the skew margin after its intent writes the intent again, and starts once that one is durable"
     )
     func lateSlotRewritesTheIntent() throws {
-        var driven = Driven {
-            $0.maxInFlight = 1
-            $0.callTimeout = .seconds(10)
-        }
-        _ = driven.step(Self.assignment())
-        let intents = Self.produced(driven.step(Self.usersRecords(2)))
-        #expect(intents.count == 2)
         // Both durable at once; one slot: u0 is called, u1 waits for the slot.
-        let first = try #require(Self.calls(driven.step(Self.acknowledged(intents))).first)
-        #expect(first.request.appUserId == "u0")
+        var (driven, first) = try Self.oneSlotTwoUsers { $0.callTimeout = .seconds(10) }
         // The slot comes 3 s after u1's intent: a next owner takes a call to start within 2.5 s of
         // its intent. u1's intent is written again (attempt 1: nothing was called) ...
         let freed = driven.step(.attemptFinished(call: first.id, attempt: 1, .success(.purchased)), after: .seconds(3))
         #expect(Self.calls(freed).isEmpty, "a first call started 3 s after its intent: \(Self.calls(freed))")
-        let rewritten = Self.produced(freed).filter {
-            if case .journal(let entry, _) = $0.output { entry.entry.requestID == "req-1" } else { false }
-        }
+        let rewritten = Self.journaled(Self.produced(freed), requestID: "req-1")
         guard rewritten.count == 1, case .journal(let entry, partition: 0) = rewritten[0].output else {
             Issue.record("expected u1's intent written again, got \(Self.produced(freed).map(\.output))")
             return
@@ -220,15 +236,10 @@ struct WorkerTests {
         "a retry whose intent is acknowledged late waits out a next owner's hold without its slot: a request waiting for the slot gets it at once"
     )
     func lateRetryFreesItsSlot() throws {
-        var driven = Driven {
-            $0.maxInFlight = 1
+        var (driven, first) = try Self.oneSlotTwoUsers {
             $0.callTimeout = .seconds(1)
             $0.retry = RetryPolicy(maxAttempts: 3, initialBackoff: .milliseconds(10), maxBackoff: .milliseconds(10))
         }
-        _ = driven.step(Self.assignment())
-        let intents = Self.produced(driven.step(Self.usersRecords(2)))
-        let first = try #require(Self.calls(driven.step(Self.acknowledged(intents))).first)
-        #expect(first.request.appUserId == "u0")
         // u0's call times out and returns; its retry's intent is written after the backoff ...
         _ = driven.step(.tick, after: .milliseconds(1_100))
         _ = driven.step(.attemptFinished(call: first.id, attempt: 1, .failure(CancellationError())))
@@ -241,9 +252,7 @@ struct WorkerTests {
         // as old by now and is written again first.
         let late = driven.step(Self.acknowledged(retryIntent), after: .seconds(3))
         #expect(Self.calls(late).isEmpty)
-        let rewritten = Self.produced(late).filter {
-            if case .journal(let entry, _) = $0.output { entry.entry.requestID == "req-1" } else { false }
-        }
+        let rewritten = Self.journaled(Self.produced(late), requestID: "req-1")
         #expect(rewritten.count == 1, "u1 waited on for a slot no call held: \(Self.produced(late).map(\.output))")
         #expect(driven.worker.statistics.lateIntents == LateIntents(held: 1, rewritten: 1))
     }

@@ -173,12 +173,12 @@ extension Worker {
     /// would ask it: a recovery call once the owner's hold is over.
     mutating func intentDurable(_ item: WorkItem) {
         guard let (id, attempt) = item.journalingCall else {
-            if let intentAt = item.intentAt, now > intentAt.advanced(by: configuration.reconciliation.launchAllowance) {
+            let reconcile = configuration.reconciliation
+            if let intentAt = item.intentAt, reconcile.startsTooLate(intentAt: intentAt, now: now) {
                 statistics.lateIntents.held += 1
                 item.intentAt = nil
                 item.firstAttempt += 1
-                item.takeoverHold = intentAt.advanced(
-                    by: configuration.callTimeout + configuration.reconciliation.clockSkewMargin)
+                item.takeoverHold = reconcile.callOver(intentAt: intentAt, callTimeout: configuration.callTimeout)
             }
             startCall(item)
             return
@@ -224,7 +224,7 @@ extension Worker {
         var journalAfter = isRecovery ? item.takeoverHold ?? now : nil
         if let intentAt = item.intentAt {
             item.intentAt = nil
-            if now > intentAt.advanced(by: configuration.reconciliation.launchAllowance) {
+            if configuration.reconciliation.startsTooLate(intentAt: intentAt, now: now) {
                 statistics.lateIntents.rewritten += 1
                 journalAfter = now
             }

@@ -182,7 +182,7 @@ struct CallTable<Item> {
     /// recovery call, which looks before it charges. Billing may have been asked by then (by that
     /// next owner).
     private mutating func holdLikeANextOwner(_ id: Int, intentAt: ContinuousClock.Instant) -> Action {
-        let hold = intentAt.advanced(by: timeout + reconcile.clockSkewMargin)
+        let hold = reconcile.callOver(intentAt: intentAt, callTimeout: timeout)
         let next = calls[id]!.attempt + 1
         calls[id]!.phase = .waiting(until: hold, next: next, holdsSlot: false)
         calls[id]!.mayHaveActed = true
@@ -203,7 +203,7 @@ struct CallTable<Item> {
             return .abandon(call.item)
         }
         calls[id]!.attempt = attempt
-        if let intentAt = call.intentAt, now > intentAt.advanced(by: reconcile.launchAllowance) {
+        if let intentAt = call.intentAt, reconcile.startsTooLate(intentAt: intentAt, now: now) {
             return holdLikeANextOwner(id, intentAt: intentAt)
         }
         calls[id]!.phase = .running
@@ -440,6 +440,17 @@ public struct ReconcilePolicy: Sendable, Hashable {
     /// group already replaced). The other half of the margin is left for the two members' clocks
     /// (a margin under 200 ms gives part of it up for the floor).
     var launchAllowance: Duration { max(clockSkewMargin / 2, .milliseconds(100)) }
+
+    /// Whether an attempt whose intent was written at `intentAt` may no longer start at `now`.
+    func startsTooLate(intentAt: ContinuousClock.Instant, now: ContinuousClock.Instant) -> Bool {
+        now > intentAt.advanced(by: launchAllowance)
+    }
+
+    /// When a next owner finding the intent written at `intentAt` open takes its call to be over,
+    /// and asks billing itself.
+    func callOver(intentAt: ContinuousClock.Instant, callTimeout: Duration) -> ContinuousClock.Instant {
+        intentAt.advanced(by: callTimeout + clockSkewMargin)
+    }
 
     /// About how many asks backing off from the initial interval fit in `elapsed`: the
     /// interval doubles with each, so the next wait after that long is about `elapsed`.
