@@ -37,7 +37,8 @@ import sys
 import threading
 import time
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 
 def percentiles(values):
@@ -62,6 +63,42 @@ def peak_rss_mb(pid):
             if line.startswith("VmHWM:"):
                 return round(int(line.split()[1]) * 1024 / 1e6, 1)
     return None
+
+
+def create_topics(bootstrap, topics, partitions):
+    """The subject's topics, made before it starts: with CreateTopics, `partitions` each and the
+    changelog compacted, as the processor makes them; on a broker whose metadata names no live
+    controller (limit.c's mock cluster on a recent librdkafka, which cannot create topics then), by a
+    metadata request, which the mock answers by creating the topic with its own partition count."""
+    producer = Producer({"bootstrap.servers": bootstrap})
+    metadata = producer.list_topics(timeout=30)
+    if metadata.controller_id in metadata.brokers:
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        specs = [NewTopic(topic, partitions, -1, config={"cleanup.policy": "compact"} if name == "state" else {})
+                 for name, topic in topics.items()]
+        for topic, future in admin.create_topics(specs, request_timeout=30).items():
+            future.result()
+        return
+    for topic in topics.values():
+        if producer.list_topics(topic=topic, timeout=30).topics[topic].error is not None:
+            sys.exit(f"the broker did not create {topic}")
+
+
+# Once the load has ended, how long without a new outcome before the run is given up.
+STALL_S = 30
+
+
+def deleted_unread(bootstrap, topics):
+    """Why outcomes may be missing: requests the broker deleted before they were read (a mock
+    cluster keeps about 5 MB a partition), as a clause for the failure; empty when it deleted none."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "steady-latency-watermarks"})
+    try:
+        partitions = consumer.list_topics(topics["requests"], timeout=10).topics[topics["requests"]].partitions
+        deleted = sum(consumer.get_watermark_offsets(TopicPartition(topics["requests"], p), timeout=10)[0]
+                      for p in partitions)
+    finally:
+        consumer.close()
+    return f": the broker deleted {deleted} requests by its retention, read or not" if deleted else ""
 
 
 def start_subject(args, topics, group):
@@ -143,20 +180,26 @@ def main():
             failures.append(repr(error))
             warm.set()
 
+    # The topics exist before the subject starts (the processor checks its requests topic and
+    # changelog at its start), the warm-up request in them.
+    create_topics(bootstrap, topics, args.partitions)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    warm_up = {"request_id": "steady-latency-warm-up", "app_id": "app_bench", "app_user_id": "warm-up",
+               "product_id": "rc_pro_monthly", "store": "APP_STORE", "environment": "SANDBOX",
+               "requested_at_ms": int(time.time() * 1000)}
+    producer.produce(topics["requests"], json.dumps(warm_up).encode(), b"app_bench:warm-up")
+    if producer.flush(30):
+        sys.exit(f"the warm-up request to {topics['requests']} was not delivered within 30 s")
     subject = start_subject(args, topics, f"{args.subject}-steady-{run}")
     cpu, rss, reader = None, None, None
     try:
-        producer = Producer({"bootstrap.servers": bootstrap})
-        warm_up = {"request_id": "steady-latency-warm-up", "app_id": "app_bench", "app_user_id": "warm-up",
-                   "product_id": "rc_pro_monthly", "store": "APP_STORE", "environment": "SANDBOX",
-                   "requested_at_ms": int(time.time() * 1000)}
-        # (Produced first: the processor checks that its requests topic exists; the reader's
-        # subscription then finds the outcomes topic the subject created.)
-        producer.produce(topics["requests"], json.dumps(warm_up).encode(), b"app_bench:warm-up")
-        producer.flush(30)
         reader = threading.Thread(target=read_or_report, daemon=True)
         reader.start()
-        if not warm.wait(args.timeout_s) or failures:
+        # (A subject that exits at its start ends the wait at once.)
+        warm_deadline = time.monotonic() + args.timeout_s
+        while not warm.wait(0.5) and subject.poll() is None and time.monotonic() < warm_deadline:
+            pass
+        if not warm.is_set() or failures:
             sys.exit(f"the {args.subject} did not answer the warm-up request (exit {subject.poll()}) {failures}")
         time.sleep(2)
         cpu_before = cpu_seconds(subject.pid)
@@ -165,6 +208,7 @@ def main():
              "10000", "--rate", str(args.rate), "--count", str(args.count), "--log-level", "error"],
             stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + args.timeout_s + args.count / args.rate
+        answered_before, progress_at = 0, time.monotonic()
         # (Sampled while it runs: the peer exits once it has answered every request.)
         while (len(visible) < args.count or generator.poll() is None) and time.monotonic() < deadline \
                 and not failures:
@@ -178,6 +222,10 @@ def main():
                 failures.append(f"the processor exited with {subject.returncode}")
             if generator.poll() not in (None, 0):
                 failures.append(f"the generator exited with {generator.returncode}")
+            if len(visible) != answered_before:
+                answered_before, progress_at = len(visible), time.monotonic()
+            elif generator.poll() is not None and time.monotonic() - progress_at > STALL_S:
+                failures.append(f"no outcome for {STALL_S} s after the load ended{deleted_unread(bootstrap, topics)}")
             time.sleep(0.1)
         if generator.poll() is None:
             generator.kill()
