@@ -36,7 +36,7 @@ export ENCORE_LOG_LEVEL=error
 # peers and the readers use anyway (and Debian's 2.0.2 cannot talk to Tansu), the mock broker
 # (`limit mockserver`) too: Debian's 2.0.2 mock sets no TCP_NODELAY on its connections, so a
 # flushed produce is answered about 43 ms late (Nagle's algorithm waiting out TCP's delayed
-# acknowledgement; 0.5 ms on the newer mock), which bounded every row that waits for
+# acknowledgement; 0.4 ms on the newer mock), which bounded every row that waits for
 # acknowledgements (exactly-once, the journaling peer, the tails at half load). Two rows show the
 # processor on Debian's 2.0.2 as a client, as the Docker image runs it.
 newlib="$work/rdk"

@@ -72,6 +72,8 @@ def create_topics(bootstrap, topics, partitions):
     metadata request, which the mock answers by creating the topic with its own partition count."""
     producer = Producer({"bootstrap.servers": bootstrap})
     metadata = producer.list_topics(timeout=30)
+    created_by = "CreateTopics" if metadata.controller_id in metadata.brokers else "a metadata request"
+    print(f"steady_latency: the topics made by {created_by}", file=sys.stderr)
     if metadata.controller_id in metadata.brokers:
         admin = AdminClient({"bootstrap.servers": bootstrap})
         specs = [NewTopic(topic, partitions, -1, config={"cleanup.policy": "compact"} if name == "state" else {})
@@ -208,7 +210,7 @@ def main():
              "10000", "--rate", str(args.rate), "--count", str(args.count), "--log-level", "error"],
             stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + args.timeout_s + args.count / args.rate
-        answered_before, progress_at = 0, time.monotonic()
+        answered_before, progress_at, load_ended_at = 0, time.monotonic(), None
         # (Sampled while it runs: the peer exits once it has answered every request.)
         while (len(visible) < args.count or generator.poll() is None) and time.monotonic() < deadline \
                 and not failures:
@@ -222,10 +224,12 @@ def main():
                 failures.append(f"the processor exited with {subject.returncode}")
             if generator.poll() not in (None, 0):
                 failures.append(f"the generator exited with {generator.returncode}")
+            if generator.poll() is not None and load_ended_at is None:
+                load_ended_at = time.monotonic()
             if len(visible) != answered_before:
                 answered_before, progress_at = len(visible), time.monotonic()
-            elif generator.poll() is not None and time.monotonic() - progress_at > STALL_S:
-                failures.append(f"no outcome for {STALL_S} s after the load ended{deleted_unread(bootstrap, topics)}")
+            elif load_ended_at is not None and time.monotonic() - max(progress_at, load_ended_at) > STALL_S:
+                failures.append(f"no new outcome for {STALL_S} s, the load over{deleted_unread(bootstrap, topics)}")
             time.sleep(0.1)
         if generator.poll() is None:
             generator.kill()
