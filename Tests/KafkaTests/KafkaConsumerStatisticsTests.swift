@@ -24,6 +24,11 @@ struct KafkaConsumerStatisticsTests {
             statistics.partitions[KafkaTopicPartition(topic: "requests", partition: 1)]?.fetchState == "offset-query")
         #expect(statistics.partitions.count == 2, "a partition not consumed (fetch_state none, no lag) is left out")
         #expect(statistics.lag == [first: 60])
+        #expect(statistics.producerIDState == nil, "a consumer's statistics have no producer id")
+        let producer = Array(#"{"eos": {"idemp_state": "Assigned", "idemp_stateage": 12}}"#.utf8).withUnsafeBytes {
+            KafkaConsumerStatistics.parse($0)
+        }
+        #expect(producer.producerIDState == "Assigned")
         #expect(
             Array("not json".utf8).withUnsafeBytes { KafkaConsumerStatistics.parse($0) } == KafkaConsumerStatistics())
     }

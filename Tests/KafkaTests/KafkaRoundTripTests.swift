@@ -162,6 +162,29 @@ struct KafkaRoundTripTests {
         await producer.close()
     }
 
+    @Test("prepare leaves an idempotent producer asking for its producer id, not waiting 500 ms to ask")
+    func prepareAsksForTheProducerID() async throws {
+        // (Three brokers: the bootstrap connections are replaced by the brokers the metadata names.)
+        let broker = try TestCluster(brokers: 3, topics: ["pid": 4])
+        var configuration = broker.producerConfiguration
+        configuration["statistics.interval.ms"] = "10"
+        let producer = try KafkaProducer(configuration: configuration)
+        try await producer.prepare(topic: "pid")
+        // The state librdkafka reports next. Without a broker up to ask when it first tried, it
+        // stays WaitTransport until its next try, 500 ms later: the generator's first records
+        // waited that long in its queue, counted as latency. (A test task held longer than that
+        // between these lines would see Assigned either way: it cannot fail, only miss.)
+        producer.client.callbacks.statistics.withLock { $0 = KafkaConsumerStatistics() }
+        var state: String?
+        #expect(
+            await eventually(timeout: .seconds(60)) {
+                state = producer.client.callbacks.statistics.withLock { $0.producerIDState }
+                return state != nil
+            })
+        #expect(state == "WaitPID" || state == "Assigned", "the producer id's state after prepare: \(state ?? "none")")
+        await producer.close()
+    }
+
     @Test("an admission stops delivery at its capacity until records are released; nothing is fetched twice")
     func admission() async throws {
         let broker = try TestCluster(topics: ["adm": 2])

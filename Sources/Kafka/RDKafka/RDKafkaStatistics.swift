@@ -26,6 +26,10 @@ public struct KafkaConsumerStatistics: Sendable, Equatable {
     public var groupState: String?
     public var joinState: String?
     public var assignmentSize: Int?
+    /// A producer's id state (`eos.idemp_state`), for an idempotent one: `Assigned` once it holds
+    /// its producer id, `WaitPID` while a broker is asked for it, `WaitTransport` while no broker
+    /// is up to ask (librdkafka tries again every 500 ms).
+    public var producerIDState: String?
 
     public init() {}
 
@@ -39,6 +43,7 @@ public struct KafkaConsumerStatistics: Sendable, Equatable {
         guard let root = try? JSONSerialization.jsonObject(with: Data(json)) as? [String: Any] else {
             return statistics
         }
+        statistics.producerIDState = (root["eos"] as? [String: Any])?["idemp_state"] as? String
         if let group = root["cgrp"] as? [String: Any] {
             statistics.groupState = group["state"] as? String
             statistics.joinState = group["join_state"] as? String
