@@ -84,12 +84,13 @@ public final class KafkaProducer: Sendable {
     /// Fetches `topic`'s metadata (partitions and their leaders) now, so the first records produced
     /// to it do not wait for it. Returns the number of partitions.
     ///
-    /// Asks twice: an idempotent producer asks for its producer id when a metadata answer arrives,
-    /// from a broker that is connected then. At the first answer only the bootstrap connection is
-    /// (and is being replaced by the brokers the answer names), so the id waits for librdkafka's
-    /// next try, 500 ms later, and so does every record produced meanwhile: a steady-rate
-    /// generator's first half second measured as latency. The second answer comes from a named
-    /// broker, connected, and the id is asked for at once.
+    /// Asks twice, within `timeout` in all: an idempotent producer asks for its producer id when a
+    /// metadata answer arrives, from a broker whose connection is up then. At the first answer only
+    /// the bootstrap connections are up, and are being replaced by the brokers the answer names, so
+    /// (librdkafka 2.16 on a cluster of several brokers) the id waited for librdkafka's next try,
+    /// 500 ms later, and so did every record produced meanwhile: a steady-rate generator's first
+    /// half second measured as latency. The second answer comes from a named broker, connected, and
+    /// the id is asked for before it returns.
     @discardableResult
     public func prepare(topic: String, timeout: Duration = .seconds(10)) async throws(KafkaError) -> Int {
         let client = self.client
@@ -98,17 +99,22 @@ public final class KafkaProducer: Sendable {
                 throw KafkaError(code: .invalidConfiguration, message: "cannot use topic '\(topic)'")
             }
             defer { rd_kafka_topic_destroy(handle) }
-            var partitions = 0
+            let clock = ContinuousClock()
+            let deadline = clock.now.advanced(by: timeout)
+            var partitions: Int?
             for _ in 0..<2 {
                 var metadata: UnsafePointer<rd_kafka_metadata>? = nil
-                let err = rd_kafka_metadata(client.handle, 0, handle, &metadata, Int32(timeout.milliseconds))
+                let left = Int32(max(1, (deadline - clock.now).milliseconds))
+                let err = rd_kafka_metadata(client.handle, 0, handle, &metadata, left)
                 guard err == RD_KAFKA_RESP_ERR_NO_ERROR, let metadata else {
+                    // (The second answer only hastens the producer id: the first one's count stands.)
+                    if let partitions { return partitions }
                     throw KafkaError(err, context: "metadata of topic '\(topic)'")
                 }
                 defer { rd_kafka_metadata_destroy(metadata) }
                 partitions = metadata.pointee.topic_cnt > 0 ? Int(metadata.pointee.topics[0].partition_cnt) : 0
             }
-            return partitions
+            return partitions ?? 0
         }
     }
 

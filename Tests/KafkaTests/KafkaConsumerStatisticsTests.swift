@@ -25,10 +25,9 @@ struct KafkaConsumerStatisticsTests {
         #expect(statistics.partitions.count == 2, "a partition not consumed (fetch_state none, no lag) is left out")
         #expect(statistics.lag == [first: 60])
         #expect(statistics.producerIDState == nil, "a consumer's statistics have no producer id")
-        let producer = Array(#"{"eos": {"idemp_state": "Assigned", "idemp_stateage": 12}}"#.utf8).withUnsafeBytes {
-            KafkaConsumerStatistics.parse($0)
-        }
-        #expect(producer.producerIDState == "Assigned")
+        let producer = Array(#"{"ts": 5170001234, "eos": {"idemp_state": "Assigned", "idemp_stateage": 12}}"#.utf8)
+            .withUnsafeBytes { KafkaConsumerStatistics.parse($0) }
+        #expect(producer.producerIDState == "Assigned" && producer.writtenAtMicroseconds == 5_170_001_234)
         #expect(
             Array("not json".utf8).withUnsafeBytes { KafkaConsumerStatistics.parse($0) } == KafkaConsumerStatistics())
     }

@@ -170,16 +170,19 @@ struct KafkaRoundTripTests {
         configuration["statistics.interval.ms"] = "10"
         let producer = try KafkaProducer(configuration: configuration)
         try await producer.prepare(topic: "pid")
-        // The state librdkafka reports next. Without a broker up to ask when it first tried, it
-        // stays WaitTransport until its next try, 500 ms later: the generator's first records
-        // waited that long in its queue, counted as latency. (A test task held longer than that
-        // between these lines would see Assigned either way: it cannot fail, only miss.)
-        producer.client.callbacks.statistics.withLock { $0 = KafkaConsumerStatistics() }
+        let prepared = monotonicMicroseconds()
+        // The state in the first statistics librdkafka wrote after prepare returned. Without a
+        // broker up to ask when it first tried, it stays WaitTransport until its next try, 500 ms
+        // later: the generator's first records waited that long in its queue, counted as latency.
+        // (A test task held longer than that between these lines would see Assigned either way:
+        // it cannot fail, only miss.)
         var state: String?
         #expect(
             await eventually(timeout: .seconds(60)) {
-                state = producer.client.callbacks.statistics.withLock { $0.producerIDState }
-                return state != nil
+                let statistics = producer.client.callbacks.statistics.withLock { $0 }
+                guard let written = statistics.writtenAtMicroseconds, written > prepared else { return false }
+                state = statistics.producerIDState
+                return true
             })
         #expect(state == "WaitPID" || state == "Assigned", "the producer id's state after prepare: \(state ?? "none")")
         await producer.close()
@@ -424,4 +427,11 @@ struct PartitionerTests {
         }
         await producer.close()
     }
+}
+
+/// librdkafka's clock for its statistics' `ts`: `CLOCK_MONOTONIC`, in µs.
+private func monotonicMicroseconds() -> Int64 {
+    var now = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    return Int64(now.tv_sec) * 1_000_000 + Int64(now.tv_nsec) / 1000
 }

@@ -17,7 +17,7 @@ final class RDKafkaCallbacks: Sendable {
     /// string (compared with the message's topic name without building a String).
     let keptTopic: String?
     private let keptTopicName: [CChar]?
-    /// The consumer's latest statistics from librdkafka (`statistics.interval.ms`).
+    /// The client's latest statistics from librdkafka (`statistics.interval.ms`).
     let statistics = Mutex(KafkaConsumerStatistics())
 
     init(

@@ -3,7 +3,8 @@ import Foundation
 /// What librdkafka's statistics (`statistics.interval.ms`) say of a consumer: per partition, where
 /// it fetches and where the partition ends, and the group's state. Enough to name why a consumer
 /// stalls: the last stable offset held below the high watermark (an open transaction, for a
-/// `read_committed` reader), no assignment, or a fetch that is not active.
+/// `read_committed` reader), no assignment, or a fetch that is not active. (Of a producer, only its
+/// producer id's state is read.)
 public struct KafkaConsumerStatistics: Sendable, Equatable {
     /// One consumed partition.
     public struct Partition: Sendable, Equatable {
@@ -29,7 +30,9 @@ public struct KafkaConsumerStatistics: Sendable, Equatable {
     /// A producer's id state (`eos.idemp_state`), for an idempotent one: `Assigned` once it holds
     /// its producer id, `WaitPID` while a broker is asked for it, `WaitTransport` while no broker
     /// is up to ask (librdkafka tries again every 500 ms).
-    public var producerIDState: String?
+    var producerIDState: String?
+    /// When librdkafka wrote these statistics (`ts`: its monotonic clock, `CLOCK_MONOTONIC`, in µs).
+    var writtenAtMicroseconds: Int64?
 
     public init() {}
 
@@ -44,6 +47,7 @@ public struct KafkaConsumerStatistics: Sendable, Equatable {
             return statistics
         }
         statistics.producerIDState = (root["eos"] as? [String: Any])?["idemp_state"] as? String
+        statistics.writtenAtMicroseconds = (root["ts"] as? NSNumber)?.int64Value
         if let group = root["cgrp"] as? [String: Any] {
             statistics.groupState = group["state"] as? String
             statistics.joinState = group["join_state"] as? String
