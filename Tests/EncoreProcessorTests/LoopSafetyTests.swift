@@ -126,12 +126,28 @@ struct LoopSafetyTests {
         #expect(controller.snapshot.callsByRequest["req-1"] == nil, "req-1 ran while req-0 was in doubt")
         answering.set()
         #expect(await harness.waitForFinished(2))
+        // (req-1 in doubt first, below, is purchased on a later reconciliation.)
+        #expect(
+            await eventually {
+                harness.producer.outcomes().last.map { $0.requestID == "req-1" && $0.result == .purchased } == true
+            })
         let outcomes = harness.producer.outcomes()
-        #expect(outcomes.map(\.requestID) == ["req-0", "req-0", "req-1"])
-        #expect(outcomes.map(\.result) == [.pending, .purchased, .purchased])
-        // Every call of req-0 after its first declared as a recovery; never two at once.
         let calls = controller.snapshot
-        #expect(calls.callsByRequest["req-0"] == calls.recoveryCalls + 1 && calls.callsByRequest["req-1"] == 1)
+        // req-1 answers at once, but its call too is timed out when this loaded machine holds the
+        // loop past the 50 ms between the call's start and the batch's end: then it is called again
+        // as a declared recovery (after three such, in doubt first). Counted, never assumed away.
+        #expect(outcomes.prefix(2).map(\.requestID) == ["req-0", "req-0"])
+        #expect(outcomes.prefix(2).map(\.result) == [.pending, .purchased])
+        let req1 = Array(outcomes.dropFirst(2))
+        #expect(req1.allSatisfy { $0.requestID == "req-1" })
+        #expect(
+            req1.map(\.result) == [.purchased]
+                || (req1.map(\.result) == [.pending, .purchased] && req1[0].attempts == 3),
+            "req-1 purchased, in doubt first only once all three of its attempts were timed out")
+        // Every call of a request after its first declared as a recovery; never two at once.
+        #expect(calls.callsByRequest["req-0"] == calls.recoveriesByRequest["req-0", default: 0] + 1)
+        let req1Repeats = calls.recoveriesByRequest["req-1", default: 0]
+        #expect(calls.callsByRequest["req-1"] == req1Repeats + 1, "req-1's repeats: \(req1Repeats) declared")
         #expect(calls.undeclaredRepeats == [] && calls.overlaps == [])
         await harness.stop()
     }
@@ -143,9 +159,17 @@ struct LoopSafetyTests {
         let harness = timeoutHarness(controller)
         harness.feed(request(0, user: "u"))
         #expect(await harness.waitForFinished(1))
+        #expect(await eventually { harness.producer.outcomes().last?.result == .purchased })
         let outcomes = harness.producer.outcomes()
-        #expect(outcomes.map(\.result) == [.purchased] && outcomes.map(\.attempts) == [2])
-        #expect(controller.snapshot.recoveryCalls == 1 && controller.snapshot.undeclaredRepeats == [])
+        // One recovery call, or more when this loaded machine held the loop past a recovery call's
+        // 50 ms (each then timed out and called again, declared): the outcome's attempts count them;
+        // once all three attempts were timed out, in doubt first and purchased on reconciliation.
+        let recoveries = controller.snapshot.recoveriesByRequest["req-0", default: 0]
+        #expect(
+            (outcomes.map(\.result) == [.purchased] && outcomes[0].attempts == recoveries + 1 && recoveries >= 1)
+                || (outcomes.map(\.result) == [.pending, .purchased] && outcomes[0].attempts == 3),
+            "outcomes \(outcomes.map { ($0.result, $0.attempts) }), \(recoveries) recovery calls")
+        #expect(controller.snapshot.undeclaredRepeats == [])
         #expect(harness.producer.deadLetters().isEmpty)
         await harness.stop()
     }

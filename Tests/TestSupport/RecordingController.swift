@@ -22,8 +22,9 @@ public final class RecordingController: PurchaseController {
         public var repeated: [String] { callsByRequest.filter { $0.value > 1 }.keys.sorted() }
         /// Requests called again without `isRecovery`: what must never happen.
         public var undeclaredRepeats: [String] = []
-        /// Calls that carried `isRecovery`.
+        /// Calls that carried `isRecovery`, in all and per request.
         public var recoveryCalls = 0
+        public var recoveriesByRequest: [String: Int] = [:]
     }
     public let state = Mutex(State())
     public let latency: @Sendable (PurchaseRequest) -> Duration
@@ -50,7 +51,10 @@ public final class RecordingController: PurchaseController {
             if state.callsByRequest[request.requestId] != nil && !request.isRecovery {
                 state.undeclaredRepeats.append(request.requestId)
             }
-            if request.isRecovery { state.recoveryCalls += 1 }
+            if request.isRecovery {
+                state.recoveryCalls += 1
+                state.recoveriesByRequest[request.requestId, default: 0] += 1
+            }
             state.callsByRequest[request.requestId, default: 0] += 1
         }
         defer {
