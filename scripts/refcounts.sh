@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Reference-count operations per request of `bench --no-kafka` (the dispatch loop alone, no
-# broker): the process's count over its whole life, the benchmark's own encoding of the requests
-# and its feeding included, divided by the requests. It moves far less with the machine's load
+# Reference-count operations, and Swift object allocations, per request of `bench --no-kafka` (the
+# dispatch loop alone, no broker): the process's count over its whole life, the benchmark's own
+# encoding of the requests and its feeding included, divided by the requests. It moves far less with the machine's load
 # than CPU time, which here varies by 10 to 30% between runs of one binary (only the ticks and
 # waits depend on time): for judging a change that removes copies on the hot path. CPU per request
 # (`make bench`) stays the measure of speed; the counting slows the loop, so its CPU time under it
@@ -30,5 +30,5 @@ report = json.load(open(sys.argv[2]))
 n = int(sys.argv[3])
 per = {k: v / n for k, v in counts.items()}
 print(json.dumps({"requests": n, "processed": report["processed"], **{k: round(v, 1) for k, v in per.items()},
-                  "total_per_request": round(sum(per.values()), 1)}))
+                  "total_per_request": round(sum(v for k, v in per.items() if k != "allocations"), 1)}))
 PY

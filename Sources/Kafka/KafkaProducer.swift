@@ -193,11 +193,14 @@ public final class KafkaProducer: Sendable {
         var headers: OpaquePointer? = nil
         if !record.headers.isEmpty {
             headers = rd_kafka_headers_new(record.headers.count)
-            for header in record.headers {
+            // By index, borrowed in place: a for-in loop would retain each key and value.
+            for index in record.headers.indices {
                 // withCString: passing the String itself would copy it to the heap first.
-                header.key.withCString { key in
-                    if let value = header.value {
-                        value.withUnsafeBytes { _ = rd_kafka_header_add(headers, key, -1, $0.baseAddress, $0.count) }
+                record.headers[index].key.withCString { key in
+                    if record.headers[index].value != nil {
+                        record.headers[index].value!.withUnsafeBytes {
+                            _ = rd_kafka_header_add(headers, key, -1, $0.baseAddress, $0.count)
+                        }
                     } else {
                         _ = rd_kafka_header_add(headers, key, -1, nil, 0)
                     }

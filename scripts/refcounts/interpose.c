@@ -1,6 +1,7 @@
 // Counts the reference-count operations a Swift process makes through the dynamic linker:
 // swift_retain, swift_release, the string (bridge object) variants and their _n forms (counted
-// n times), each passed on to the runtime unchanged. Preloaded by scripts/refcounts.sh; prints
+// n times), and its object allocations (swift_allocObject: instances, array and string buffers,
+// boxes), each passed on to the runtime unchanged. Preloaded by scripts/refcounts.sh; prints
 // the counts on exit, to stderr. (Calls the runtime makes inside libswiftCore itself do not pass
 // through here; those of the executable and the other libraries do.)
 #define _GNU_SOURCE
@@ -14,8 +15,9 @@ typedef void *(*retain_fn)(void *);
 typedef void (*release_fn)(void *);
 typedef void *(*retain_n_fn)(void *, uint32_t);
 typedef void (*release_n_fn)(void *, uint32_t);
+typedef void *(*alloc_fn)(void *, size_t, size_t);
 
-static atomic_ulong retains, releases, string_retains, string_releases;
+static atomic_ulong retains, releases, string_retains, string_releases, allocations;
 
 // The runtime's function `name`, looked up on first use: libraries' initializers retain before
 // this library's own would run. (Threads racing on a first use store the same address.)
@@ -86,8 +88,14 @@ void swift_bridgeObjectRelease_n(void *object, uint32_t n) {
     real(object, n);
 }
 
+void *swift_allocObject(void *metadata, size_t size, size_t alignMask) {
+    REAL(alloc_fn, "swift_allocObject");
+    count(&allocations, 1);
+    return real(metadata, size, alignMask);
+}
+
 __attribute__((destructor)) static void report(void) {
-    fprintf(stderr, "REFCOUNTS retains=%lu releases=%lu string_retains=%lu string_releases=%lu\n",
+    fprintf(stderr, "REFCOUNTS retains=%lu releases=%lu string_retains=%lu string_releases=%lu allocations=%lu\n",
             atomic_load(&retains), atomic_load(&releases), atomic_load(&string_retains),
-            atomic_load(&string_releases));
+            atomic_load(&string_releases), atomic_load(&allocations));
 }

@@ -117,8 +117,9 @@ final class WorkerExecutor {
     /// Carries out the worker's actions, in order.
     private func execute() {
         worker.takeActions(into: &actions)
-        for action in actions {
-            switch action {
+        // (By index: a for-in loop would copy each action, and every string of its payload, out of the array.)
+        for index in actions.indices {
+            switch actions[index] {
             case .call(let id, let attempt, let request, let controller): call(id, attempt, request, controller)
             case .cancelCall(let id): running[id]?.task.cancel()
             case .produce(let outputs):
@@ -205,8 +206,9 @@ final class WorkerExecutor {
         inbox: Inbox<ProcessorInput>
     ) {
         var refused: [KafkaDelivery] = []
-        for (token, output) in outputs {
-            let record = encoder.record(for: output)
+        // (By index: a for-in loop would copy each output, and every string it holds.)
+        for index in outputs.indices {
+            let (token, record) = (outputs[index].token, encoder.record(for: outputs[index].output))
             do {
                 try producer.produce(record, token: token)
             } catch {

@@ -36,11 +36,11 @@ struct OutputTracker<Item> {
         let ref: RecordRef?
         /// The user (`state.key`, hashed once: the tracker looks the user up several times per output).
         let key: UserLane
-        let state: EntitlementStateRecord
-        /// Whether the state record is written (the state changed), and the journal record.
-        let writesState: Bool
-        let journal: JournalRecord?
-        let partition: Int32
+        /// Its state, whether the state record is written (the state changed), and its journal
+        /// record: moved out when written (its change events, already sent, are taken out).
+        private(set) var contents: LedgerUpdate
+        var writesState: Bool { contents.writesState }
+        var partition: Int32 { contents.partition }
         var unacknowledgedOutputs: Int
         var isWritten = false
         /// Changelog records of this write not yet acknowledged (the last update of a write).
@@ -56,16 +56,23 @@ struct OutputTracker<Item> {
         /// is: written together, the latest state holding the earlier ones.
         var covering = 0
 
+        /// The journal record, moved out to be written (a copy would retain each of its strings).
+        func takeJournal() -> JournalRecord? { contents.journal.take() }
+
+        /// The state, moved out to be written.
+        func takeState() -> EntitlementStateRecord {
+            var state = EntitlementStateRecord(appID: "", appUserID: "")
+            swap(&state, &contents.state)
+            return state
+        }
+
         init(
-            ref: RecordRef?, key: UserLane, update: LedgerUpdate, unacknowledgedOutputs: Int, intent: Item?,
+            ref: RecordRef?, key: UserLane, update: consuming LedgerUpdate, unacknowledgedOutputs: Int, intent: Item?,
             result: Item?
         ) {
             self.ref = ref
             self.key = key
-            self.state = update.state
-            self.writesState = update.writesState
-            self.journal = update.journal
-            self.partition = update.partition
+            self.contents = update
             self.unacknowledgedOutputs = unacknowledgedOutputs
             self.intent = intent
             self.result = result
@@ -134,7 +141,8 @@ struct OutputTracker<Item> {
     }
 
     /// Sends an output of `ref`'s record (`nil`: of no record, such as an expiry).
-    mutating func send(_ output: Output, _ unsentOutput: UnsentOutput, for ref: RecordRef?, item: Item? = nil) {
+    mutating func send(_ output: Output, _ unsentOutput: consuming UnsentOutput, for ref: RecordRef?, item: Item? = nil)
+    {
         if let ref { count(ref, item: item) }
         enqueue(output, unsentOutput, for: ref, update: nil)
     }
@@ -148,25 +156,30 @@ struct OutputTracker<Item> {
     /// updates are acknowledged. The record (if any) finishes after all of them. With `intent`,
     /// the update is that item's intent, reported by ``Event/intentWritten(_:)`` once durable.
     mutating func publish(
-        _ update: LedgerUpdate, for ref: RecordRef?, item: Item? = nil,
-        alongside: [(output: Output, unsent: UnsentOutput)] = [], intent: Item? = nil, result: Item? = nil,
+        _ update: consuming LedgerUpdate, for ref: RecordRef?, item: Item? = nil,
+        alongside: consuming [(output: Output, unsent: UnsentOutput)] = [], intent: Item? = nil, result: Item? = nil,
         trace: [KafkaHeader] = []
     ) {
-        for change in update.changes { changesByKind[change.change.rawValue, default: 0] += 1 }
+        // The outputs are moved out rather than copied (with every string they hold).
+        var changes = update.changes
+        update.changes = []
+        for index in changes.indices { changesByKind[changes[index].change.rawValue, default: 0] += 1 }
         let id = nextUpdateID
         nextUpdateID += 1
         let key = UserLane(key: update.key)
         updates[id] = PendingUpdate(
-            ref: ref, key: key, update: update, unacknowledgedOutputs: alongside.count + update.changes.count,
+            ref: ref, key: key, update: update, unacknowledgedOutputs: alongside.count + changes.count,
             intent: intent, result: result)
         updateOrder[key, default: FIFO()].append(id)
         // The changelog record is counted now, so the record cannot finish before it is written.
         if let ref { count(ref, item: item) }
-        for (output, unsent) in alongside {
+        while !alongside.isEmpty {
+            let (output, unsent) = alongside.removeFirst()
             if let ref { count(ref, item: item) }
             enqueue(output, unsent, for: ref, update: id)
         }
-        for change in update.changes {
+        while !changes.isEmpty {
+            let change = changes.removeFirst()
             if let ref { count(ref, item: item) }
             enqueue(.entitlementChange(update: id), .change(change, trace: trace), for: ref, update: id)
         }
@@ -229,7 +242,9 @@ struct OutputTracker<Item> {
         }
     }
 
-    private mutating func enqueue(_ output: Output, _ unsentOutput: UnsentOutput, for ref: RecordRef?, update: Int?) {
+    private mutating func enqueue(
+        _ output: Output, _ unsentOutput: consuming UnsentOutput, for ref: RecordRef?, update: Int?
+    ) {
         let slot = Slot(ref: ref, output: output, update: update)
         let token: Int
         if let free = freeSlots.popLast() {
@@ -281,10 +296,11 @@ struct OutputTracker<Item> {
         if case .entitlementState(let id) = slot.output, let record = updates[id] {
             record.unwrittenRecords -= 1
             if !record.deferredJournal.isEmpty {
-                // The state is durable: the journal records that claim it follow.
-                let journal = record.deferredJournal
-                record.deferredJournal = []
-                for entry in journal {
+                // The state is durable: the journal records that claim it follow (moved out, in order).
+                var journal: [JournalRecord] = []
+                swap(&journal, &record.deferredJournal)
+                while !journal.isEmpty {
+                    let entry = journal.removeFirst()
                     enqueue(
                         .entitlementState(update: id), .journal(entry, partition: record.partition), for: nil,
                         update: nil)
@@ -341,7 +357,7 @@ struct OutputTracker<Item> {
         var written = update
         var writesState = update.writesState
         // The first update's journal record; the later ones' (an array only when there are any).
-        let firstJournal = update.journal
+        var firstJournal = update.takeJournal()
         var laterJournal: [JournalRecord] = []
         while sharesRecords, covering < order.count, let later = updates[order[covering]],
             later.unacknowledgedOutputs == 0
@@ -350,8 +366,8 @@ struct OutputTracker<Item> {
             last = order[covering]
             written = later
             writesState = writesState || later.writesState
-            if let record = later.journal {
-                if laterJournal.isEmpty, let firstJournal { laterJournal.append(firstJournal) }
+            if let record = later.takeJournal() {
+                if laterJournal.isEmpty, let first = firstJournal.take() { laterJournal.append(first) }
                 // A later record of the same slot replaces the earlier one: only the last is written.
                 // (Updates of one user: the same seq is the same slot.)
                 if let same = laterJournal.lastIndex(where: { $0.seq == record.seq }) {
@@ -363,22 +379,24 @@ struct OutputTracker<Item> {
         }
         written.isWritten = true
         written.covering = covering
+        // (Taken into the later ones' when there are any.)
         let journalCount = laterJournal.isEmpty ? (firstJournal == nil ? 0 : 1) : laterJournal.count
         // Every update writes a record (a journal update journals; a state update changes it).
         if journalCount == 0 { writesState = true }
         written.unwrittenRecords = (writesState ? 1 : 0) + journalCount
         // Counted with their updates already (each acknowledged with the last record).
         if writesState {
-            written.deferredJournal = laterJournal.isEmpty ? firstJournal.map { [$0] } ?? [] : laterJournal
+            written.deferredJournal = laterJournal.isEmpty ? firstJournal.take().map { [$0] } ?? [] : laterJournal
             enqueue(
-                .entitlementState(update: last), .state(written.state, partition: written.partition), for: nil,
+                .entitlementState(update: last), .state(written.takeState(), partition: written.partition), for: nil,
                 update: nil)
-        } else if laterJournal.isEmpty, let firstJournal {
+        } else if laterJournal.isEmpty, let first = firstJournal.take() {
             enqueue(
-                .entitlementState(update: last), .journal(firstJournal, partition: written.partition), for: nil,
+                .entitlementState(update: last), .journal(first, partition: written.partition), for: nil,
                 update: nil)
         } else {
-            for record in laterJournal {
+            while !laterJournal.isEmpty {
+                let record = laterJournal.removeFirst()
                 enqueue(
                     .entitlementState(update: last), .journal(record, partition: written.partition), for: nil,
                     update: nil)

@@ -153,7 +153,7 @@ struct Worker {
         swap(&buffer, &actions)
     }
 
-    mutating func emit(_ action: WorkerAction) { actions.append(action) }
+    mutating func emit(_ action: consuming WorkerAction) { actions.append(action) }
 
     /// A log line; a debug line only when debug lines are logged (decide at the call site
     /// whether to build it: `if logsDebug`).
@@ -328,7 +328,7 @@ struct Worker {
         if item.inDoubtSinceMs != nil { statistics.reconcileCalls += 1 }
         statistics.controllerCalls += 1
         if attempt > item.firstAttempt { statistics.retries += 1 }
-        emit(.call(id, attempt: attempt, request, controller))
+        emit(.call(id, attempt: attempt, consume request, controller))
     }
 
     /// The call is over: its slot is free; the lane stays held until the outputs are acknowledged.
@@ -428,22 +428,24 @@ struct Worker {
         statistics.outcomesByController[.init(result.rawValue, controller ?? "-"), default: 0] += 1
         if item.request.loadTestRun != nil { statistics.loadTestOutcomes += 1 }
         let trace = Self.traceHeaders(item.message.headers)
+        let update = ledger.complete(
+            outcome, entitlement: item.request.entitlement, campaignID: item.request.campaignID,
+            offerID: item.request.offerID, partition: item.ref.partition.number, grants: configuration.ledgerEnabled,
+            known: item.identity)
+        let completedAtMs = outcome.completedAtMs
+        // (The outcome moved in, not copied: it is not needed after.)
         var alongside: [(output: Output, unsent: UnsentOutput)] = [
             (
                 .outcome(result, requestedAtMs: item.request.requestedAtMs),
-                .outcome(outcome, trace: trace)
+                .outcome(consume outcome, trace: trace)
             )
         ]
         if let deadLetter {
             alongside.append(
                 deadLetterOutput(
                     for: item.message, failure: deadLetter, attempts: attempts, requestID: item.request.requestID,
-                    failedAtMs: outcome.completedAtMs))
+                    failedAtMs: completedAtMs))
         }
-        let update = ledger.complete(
-            outcome, entitlement: item.request.entitlement, campaignID: item.request.campaignID,
-            offerID: item.request.offerID, partition: item.ref.partition.number, grants: configuration.ledgerEnabled,
-            known: item.identity)
         // At least once, the user's next request starts once these outputs are acknowledged, and its
         // intent shares the changelog record of this result (``resultReady(_:)``). In a transaction
         // the lane is held to the end.
