@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Reference-count operations, and Swift object allocations, per request of `bench --no-kafka` (the
 # dispatch loop alone, no broker): the process's count over its whole life, the benchmark's own
-# encoding of the requests and its feeding included, divided by the requests. It moves far less with the machine's load
-# than CPU time, which here varies by 10 to 30% between runs of one binary (only the ticks and
-# waits depend on time): for judging a change that removes copies on the hot path. CPU per request
-# (`make bench`) stays the measure of speed; the counting slows the loop, so its CPU time under it
-# says nothing. Counts what passes through the dynamic linker: not the runtime's calls inside
-# itself.
+# encoding of the requests and its feeding included, divided by the requests. It moves far less with
+# the machine's load than CPU time, which here varies by 10 to 70% between runs of one binary (only
+# the ticks and waits depend on time): for judging a change that removes copies on the hot path. CPU
+# per request (`make bench`) stays the measure of speed; the counting slows the loop, so its CPU
+# time under it says nothing. Counts what passes through the dynamic linker: not the runtime's calls
+# inside itself.
 #   scripts/refcounts.sh [BINARY] [COUNT]     (default: .build/release/encore-processor, 100000)
 set -euo pipefail
 cd "$(dirname "$0")/.."

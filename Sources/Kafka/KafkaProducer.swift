@@ -193,7 +193,7 @@ public final class KafkaProducer: Sendable {
         var headers: OpaquePointer? = nil
         if !record.headers.isEmpty {
             headers = rd_kafka_headers_new(record.headers.count)
-            // By index, borrowed in place: a for-in loop would retain each key and value.
+            // (By index, borrowed in place: a for-in loop would retain each key and value.)
             for index in record.headers.indices {
                 // withCString: passing the String itself would copy it to the heap first.
                 record.headers[index].key.withCString { key in

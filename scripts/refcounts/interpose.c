@@ -95,7 +95,8 @@ void *swift_allocObject(void *metadata, size_t size, size_t alignMask) {
 }
 
 __attribute__((destructor)) static void report(void) {
-    fprintf(stderr, "REFCOUNTS retains=%lu releases=%lu string_retains=%lu string_releases=%lu allocations=%lu\n",
+    fprintf(stderr,
+            "REFCOUNTS retains=%lu releases=%lu string_retains=%lu string_releases=%lu allocations=%lu\n",
             atomic_load(&retains), atomic_load(&releases), atomic_load(&string_retains),
             atomic_load(&string_releases), atomic_load(&allocations));
 }

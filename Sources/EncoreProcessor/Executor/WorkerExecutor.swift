@@ -117,7 +117,8 @@ final class WorkerExecutor {
     /// Carries out the worker's actions, in order.
     private func execute() {
         worker.takeActions(into: &actions)
-        // (By index: a for-in loop would copy each action, and every string of its payload, out of the array.)
+        // (By index: a for-in loop would copy each action, and every string of its payload, out of
+        // the array; a case pattern still copies what it binds.)
         for index in actions.indices {
             switch actions[index] {
             case .call(let id, let attempt, let request, let controller): call(id, attempt, request, controller)

@@ -37,7 +37,8 @@ struct OutputTracker<Item> {
         /// The user (`state.key`, hashed once: the tracker looks the user up several times per output).
         let key: UserLane
         /// Its state, whether the state record is written (the state changed), and its journal
-        /// record: moved out when written (its change events, already sent, are taken out).
+        /// record (its change events, already sent, are taken out). When the update is written, its
+        /// journal record is moved into the write, and so is its state when it is the write's last.
         private(set) var contents: LedgerUpdate
         var writesState: Bool { contents.writesState }
         var partition: Int32 { contents.partition }
@@ -379,7 +380,7 @@ struct OutputTracker<Item> {
         }
         written.isWritten = true
         written.covering = covering
-        // (Taken into the later ones' when there are any.)
+        // (`firstJournal` is nil once moved into `laterJournal`, whose count then includes it.)
         let journalCount = laterJournal.isEmpty ? (firstJournal == nil ? 0 : 1) : laterJournal.count
         // Every update writes a record (a journal update journals; a state update changes it).
         if journalCount == 0 { writesState = true }

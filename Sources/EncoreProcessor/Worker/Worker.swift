@@ -432,7 +432,7 @@ struct Worker {
             outcome, entitlement: item.request.entitlement, campaignID: item.request.campaignID,
             offerID: item.request.offerID, partition: item.ref.partition.number, grants: configuration.ledgerEnabled,
             known: item.identity)
-        let completedAtMs = outcome.completedAtMs
+        let completed = outcome.completedAtMs
         // (The outcome moved in, not copied: it is not needed after.)
         var alongside: [(output: Output, unsent: UnsentOutput)] = [
             (
@@ -444,7 +444,7 @@ struct Worker {
             alongside.append(
                 deadLetterOutput(
                     for: item.message, failure: deadLetter, attempts: attempts, requestID: item.request.requestID,
-                    failedAtMs: completedAtMs))
+                    failedAtMs: completed))
         }
         // At least once, the user's next request starts once these outputs are acknowledged, and its
         // intent shares the changelog record of this result (``resultReady(_:)``). In a transaction
