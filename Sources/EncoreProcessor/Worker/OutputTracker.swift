@@ -142,8 +142,9 @@ struct OutputTracker<Item> {
     }
 
     /// Sends an output of `ref`'s record (`nil`: of no record, such as an expiry).
-    mutating func send(_ output: Output, _ unsentOutput: consuming UnsentOutput, for ref: RecordRef?, item: Item? = nil)
-    {
+    mutating func send(
+        _ output: Output, _ unsentOutput: consuming UnsentOutput, for ref: RecordRef?, item: Item? = nil
+    ) {
         if let ref { count(ref, item: item) }
         enqueue(output, unsentOutput, for: ref, update: nil)
     }
