@@ -15,6 +15,9 @@ enum StateCheckCommand {
             .option("group-id", value: "ID", default: "encore-processor", "The processor's consumer group."),
             .option(
                 "state-topic", value: "TOPIC", default: "encore.entitlement-state", "The ledger's changelog topic."),
+            .option(
+                "guarantee", value: "MODE", default: "at-least-once",
+                "The processor's --guarantee: exactly-once, a restore rebuilds a checkpoint past the changelog's end."),
             .option("timeout-ms", value: "MS", default: "120000", "Give up reading the changelog after this long."),
             .flag("json", "Print the result as one JSON object."),
             .flag("check", "Validate the arguments and exit.", commandLineOnly: true),
@@ -42,6 +45,8 @@ enum StateCheckCommand {
         let group = options.string("group-id")!
         guard !group.isEmpty else { throw UsageError("--group-id must not be empty") }
         let topic = options.string("state-topic")!
+        let guarantee =
+            DeliveryGuarantee(rawValue: try options.choice("guarantee", DeliveryGuarantee.allCases.map(\.rawValue)))!
         let timeout = try options.milliseconds("timeout-ms", minimum: 1)
         let directory = RunCommand.stateDirectory(stateDir, group: group)!
         if options.endsAtCheck() { return 0 }
@@ -51,7 +56,8 @@ enum StateCheckCommand {
         let check: StateStoreCheck
         do {
             check = try await StateStoreCheck.run(
-                directory: directory, group: group, stateTopic: topic, kafka: kafka, timeout: timeout)
+                directory: directory, group: group, stateTopic: topic, kafka: kafka, guarantee: guarantee,
+                timeout: timeout)
         } catch {
             // Exit status 1 is a verdict: a check that could not be made is 2.
             FileHandle.standardError.write(Data("encore-processor: state-check: \(error)\n".utf8))

@@ -57,9 +57,11 @@ public struct StateStoreCheck: Sendable {
     public var isSafe: Bool { !partitions.contains { $0.verdict == .trustedAndWrong } }
 
     /// Reads the store in `directory` (the group's: `--state-dir`/group) and the changelog
-    /// `stateTopic` through `kafka`, and compares them partition by partition.
+    /// `stateTopic` through `kafka`, and compares them partition by partition. `guarantee` is the
+    /// processor's: exactly-once, a restore rebuilds a checkpoint past the changelog's reported end.
     public static func run(
-        directory: String, group: String, stateTopic: String, kafka: KafkaConfiguration, timeout: Duration
+        directory: String, group: String, stateTopic: String, kafka: KafkaConfiguration,
+        guarantee: DeliveryGuarantee, timeout: Duration
     ) async throws -> StateStoreCheck {
         let opened: (store: StateStore, format: Int?, group: String?, topic: String?)
         do { opened = try StateStore.openForReading(directory: directory) } catch {
@@ -76,8 +78,8 @@ public struct StateStoreCheck: Sendable {
             foreignReason =
                 "built for \(builtFor), not format \(StateStore.format), group '\(group)', changelog '\(stateTopic)'"
         }
-        // Where a restore would read each partition from (StoreRestorePlan, at least once: the
-        // changelog is read here without isolation, to its end).
+        // Where a restore would read each partition from (StoreRestorePlan, as the processor's
+        // guarantee decides it).
         var checkpoints: [Int32: StateStore.Checkpoint] = [:]
         var starts: [Int32: StoreRestorePlan.Start] = [:]
         let admin = try KafkaAdmin(configuration: kafka)
@@ -88,7 +90,7 @@ public struct StateStoreCheck: Sendable {
                 of: KafkaTopicPartition(topic: stateTopic, partition: partition), timeout: timeout)
             starts[partition] = StoreRestorePlan.start(
                 checkpoint: stored?.offset, readAgainFrom: try store.rereadOffset(of: partition), low: marks.low,
-                high: marks.high, rebuildsPastEnd: false)
+                high: marks.high, rebuildsPastEnd: guarantee == .exactlyOnce)
         }
         let rereads = starts.compactMapValues { start -> Int64? in
             guard case .readAgain(let from) = start else { return nil }
