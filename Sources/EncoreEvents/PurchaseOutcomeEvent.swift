@@ -61,9 +61,10 @@ public struct PurchaseOutcomeEvent: EncoreEvent, Hashable {
         self.pendingReason = pendingReason ?? (result == .pending ? .deferred : nil)
     }
 
-    /// The outcome of `request`, copying the fields the two events share.
+    /// The outcome of `request`, copying the fields the two events share (borrowed: copied whole,
+    /// it would retain the fields an outcome does not take).
     public init(
-        request: PurchaseRequestEvent, result: OutcomeResult, attempts: Int, completedAtMs: Int64,
+        request: borrowing PurchaseRequestEvent, result: OutcomeResult, attempts: Int, completedAtMs: Int64,
         controller: String? = nil, transactionID: String? = nil, error: Failure? = nil,
         pendingReason: PendingReason? = nil
     ) {

@@ -236,9 +236,11 @@ public struct EntitlementLedger: Sendable {
         _ request: PurchaseRequestEvent, attempt: Int, partition: Int32, nowMs: Int64, offset: Int64?,
         digest: String?, known: JournalIdentity?
     ) -> LedgerUpdate {
-        replaceEntry(of: request, partition: partition, known: known) { earlier in
+        // (The closure captures the id alone: capturing the request copied it whole.)
+        let requestID = request.requestID
+        return replaceEntry(of: request, partition: partition, known: known) { earlier in
             .init(
-                requestID: request.requestID, attempts: attempt, startedAtMs: nowMs, offset: offset ?? earlier?.offset,
+                requestID: requestID, attempts: attempt, startedAtMs: nowMs, offset: offset ?? earlier?.offset,
                 inDoubtSinceMs: earlier?.inDoubtSinceMs, digest: digest ?? earlier?.digest)
         }
     }

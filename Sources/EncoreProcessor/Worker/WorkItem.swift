@@ -66,13 +66,14 @@ final class WorkItem {
     /// before its changelog record (``Worker/resultReady(_:)``).
     var laneReleased = false
 
-    init(ref: RecordRef, request: PurchaseRequestEvent, message: KafkaMessage) {
+    init(ref: RecordRef, request: consuming PurchaseRequestEvent, message: KafkaMessage) {
         self.ref = ref
-        self.request = request
         self.message = message
         self.identity = JournalIdentity(
             user: UserLane(appID: request.appID, appUserID: request.appUserID), requestID: request.requestID)
         self.digest = request.contentDigest
+        // (Last, and moved: stored first, the request was copied for the reads above.)
+        self.request = request
     }
 }
 
