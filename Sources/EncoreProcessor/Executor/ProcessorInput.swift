@@ -94,19 +94,16 @@ func mixedHash(_ value: UInt64) -> Int {
     return Int(bitPattern: UInt(z ^ (z >> 31)))
 }
 
-/// A record of an input topic and what decoding it gave.
-struct IncomingRecord: Sendable {
-    enum Payload: Sendable {
-        case request(Result<PurchaseRequestEvent, EventValidationError>)
-        case source(Result<EntitlementSourceEvent, EventValidationError>)
-    }
-
-    let message: KafkaMessage
-    let payload: Payload
+/// A record of an input topic and what decoding it gave. An enum, so that the worker moves the
+/// message and the decoded event out of it (a struct's fields were copied, with every string).
+enum IncomingRecord: Sendable {
+    case request(KafkaMessage, Result<PurchaseRequestEvent, EventValidationError>)
+    case source(KafkaMessage, Result<EntitlementSourceEvent, EventValidationError>)
 
     init(message: KafkaMessage, isSource: Bool = false) {
-        self.message = message
-        self.payload = isSource ? .source(Self.decode(message.value)) : .request(Self.decode(message.value))
+        self =
+            isSource
+            ? .source(message, Self.decode(message.value)) : .request(message, Self.decode(message.value))
     }
 
     static func decode<Event: EncoreEvent>(_ value: [UInt8]) -> Result<Event, EventValidationError> {

@@ -78,8 +78,10 @@ final class WorkerExecutor {
     }
 
     /// Handles a batch of inputs, then what the batch as a whole decides.
-    func handle(_ batch: [ProcessorInput]) {
-        for input in batch { feed(input) }
+    func handle(_ batch: consuming [ProcessorInput]) {
+        // Each input is moved out, in order (reversed, then popped): the worker moves its records on.
+        batch.reverse()
+        while let input = batch.popLast() { feed(input) }
         worker.endBatch(now: clock.now, nowMs: currentTimeMs())
         execute()
         // A hand-over or drain may have started calls that were answered at once.
@@ -89,7 +91,7 @@ final class WorkerExecutor {
         }
     }
 
-    private func feed(_ input: ProcessorInput) {
+    private func feed(_ input: consuming ProcessorInput) {
         switch input {
         case .attemptFinished(let id, let attempt, _, _) where running[id]?.attempt == attempt: running[id] = nil
         // Returned: only a commit still in flight when the worker finishes is awaited.

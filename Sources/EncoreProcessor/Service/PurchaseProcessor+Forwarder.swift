@@ -14,11 +14,11 @@ extension PurchaseProcessor {
         for await event in consumer.events {
             switch event {
             case .messages(let messages):
-                let records = messages.map {
-                    IncomingRecord(message: $0, isSource: $0.topic == configuration.sourcesTopic)
-                }
-                for (worker, part) in router.split(records, by: { $0.message.partition }) {
-                    inboxes[worker].post(.records(part))
+                for (worker, part) in router.split(messages, by: { $0.partition }) {
+                    inboxes[worker].post(
+                        .records(
+                            part.map { IncomingRecord(message: $0, isSource: $0.topic == configuration.sourcesTopic) }
+                        ))
                 }
             case .partitionsAssigned(let partitions):
                 vitals.update { $0.assignments += 1 }

@@ -125,7 +125,7 @@ struct Worker {
     // MARK: Inputs
 
     /// Handles one input at `now`; its decisions wait in ``actions``.
-    mutating func handle(_ input: ProcessorInput, now: ContinuousClock.Instant, nowMs: Int64) {
+    mutating func handle(_ input: consuming ProcessorInput, now: ContinuousClock.Instant, nowMs: Int64) {
         (self.now, self.nowMs) = (now, nowMs)
         ledger.nowMs = nowMs
         handle(input)
@@ -175,11 +175,13 @@ struct Worker {
         emit(.produce(unsent))
     }
 
-    mutating func handle(_ event: ProcessorInput) {
-        switch event {
-        case .records(let records):
-            // Admitted by the reader of the consumer already.
-            for record in records { receive(record.message, record.payload) }
+    mutating func handle(_ event: consuming ProcessorInput) {
+        switch consume event {
+        case .records(var records):
+            // Admitted by the reader of the consumer already. Each record is moved out, in order
+            // (reversed, then popped), to be moved into its work item.
+            records.reverse()
+            while let record = records.popLast() { receive(record) }
         case .assigned(let partitions, let finished, let restored, let committed):
             // The ledger knows the partitions' users before any of their records is handled. A
             // partition still owned keeps what the loop knows: newer than what was read.
@@ -238,7 +240,45 @@ struct Worker {
 
     // MARK: Intake
 
-    mutating func receive(_ message: KafkaMessage, _ payload: IncomingRecord.Payload) {
+    mutating func receive(_ record: consuming IncomingRecord) {
+        switch consume record {
+        case .request(let message, let request):
+            guard let ref = admit(message) else { return }
+            switch consume request {
+            case .success(let request):
+                let item = WorkItem(ref: ref, request: request, message: message)
+                if let ready = scheduler.enqueue(item, lane: item.lane) { start(ready) }
+            case .failure(let error): reject(message, ref, error)
+            }
+        case .source(let message, let event):
+            guard let ref = admit(message) else { return }
+            switch consume event {
+            case .success(let event):
+                // Applied in offset order, on the loop: the ledger is this loop's state.
+                statistics.sourceEvents += 1
+                if let update = ledger.apply(source: event, partition: message.partition, nowMs: nowMs) {
+                    ownership.beginWork(ref)
+                    outputs.publish(update, for: ref, trace: Self.traceHeaders(message.headers))
+                } else {
+                    finish(ref)
+                }
+            case .failure(let error): reject(message, ref, error)
+            }
+        }
+    }
+
+    /// A record that did not decode: its dead letter.
+    private mutating func reject(_ message: KafkaMessage, _ ref: RecordRef, _ error: EventValidationError) {
+        ownership.beginWork(ref)
+        statistics.invalid += 1
+        publishDeadLetter(
+            for: message, ref: ref, failure: DeadLetterEvent.Failure(error),
+            requestID: PurchaseRequestEvent.requestIDHint(message.value)
+        )
+    }
+
+    /// The record's reference, when it is to be handled (nil: it is not, and it is released).
+    private mutating func admit(_ message: borrowing KafkaMessage) -> RecordRef? {
         // After a revoke or during shutdown, records are left for the next owner (offsets not stored).
         // A record handed out again (around a pause and resume) is already being handled.
         // (Not through a method of `self`: that copied the whole worker here.)
@@ -247,7 +287,7 @@ struct Worker {
             !tracker.hasReceived(partition, offset: message.offset)
         else {
             released += 1
-            return
+            return nil
         }
         let ref = RecordRef(partition: partition, offset: message.offset, generation: generation)
         tracker.received(partition, offset: message.offset)
@@ -258,29 +298,9 @@ struct Worker {
             // Done before a rebalance or restart (its outputs were acknowledged): not again.
             statistics.alreadyFinished += 1
             finish(ref)
-            return
+            return nil
         }
-        switch payload {
-        case .request(.success(let request)):
-            let item = WorkItem(ref: ref, request: request, message: message)
-            if let ready = scheduler.enqueue(item, lane: item.lane) { start(ready) }
-        case .source(.success(let event)):
-            // Applied in offset order, on the loop: the ledger is this loop's state.
-            statistics.sourceEvents += 1
-            if let update = ledger.apply(source: event, partition: message.partition, nowMs: nowMs) {
-                ownership.beginWork(ref)
-                outputs.publish(update, for: ref, trace: Self.traceHeaders(message.headers))
-            } else {
-                finish(ref)
-            }
-        case .request(.failure(let error)), .source(.failure(let error)):
-            ownership.beginWork(ref)
-            statistics.invalid += 1
-            publishDeadLetter(
-                for: message, ref: ref, failure: DeadLetterEvent.Failure(error),
-                requestID: PurchaseRequestEvent.requestIDHint(message.value)
-            )
-        }
+        return ref
     }
 
     // MARK: Calls
