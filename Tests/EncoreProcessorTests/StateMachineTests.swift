@@ -195,6 +195,23 @@ struct PolicyTests {
         #expect(handedOut.allSatisfy { $0() == nil }, "an element outlived its queue's hold on it")
     }
 
+    @Test("an array reversed by moving, then popped, hands out every element once, in its first order")
+    func reversedByMoving() {
+        final class Box {
+            let value: Int
+            init(_ value: Int) { self.value = value }
+        }
+        for count in [0, 1, 2, 7, 64] {
+            var boxes = (0..<count).map { Box($0) }
+            let watched = boxes.map { box in { [weak box] in box } }
+            boxes.reverseByMoving()
+            var order: [Int] = []
+            while let box = boxes.popLast() { order.append(box.value) }
+            #expect(order == Array(0..<count), "\(count) elements")
+            #expect(watched.allSatisfy { $0() == nil }, "an element outlived the array (\(count) elements)")
+        }
+    }
+
     @Test("the histogram's percentiles are within 2% of the true values")
     func histogram() {
         var histogram = LatencyHistogram()

@@ -33,8 +33,9 @@ struct OutputEncoder: Sendable {
         deadLetterHeaders = HeaderTemplate(source: configuration.source, type: .deadLetter)
     }
 
-    func record(for output: UnsentOutput) -> KafkaProducerRecord {
-        switch output {
+    func record(for output: consuming UnsentOutput) -> KafkaProducerRecord {
+        // (Consumed: bound from a borrowed output, its payload was copied.)
+        switch consume output {
         case .outcome(let outcome, let trace): traced(record(for: outcome), trace)
         case .change(let change, let trace): traced(record(for: change), trace)
         case .state(let state, let partition): record(forState: state, partition: partition)

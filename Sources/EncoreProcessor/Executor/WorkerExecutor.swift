@@ -1,6 +1,7 @@
 import Dispatch
 import EncoreEvents
 import Kafka
+import Synchronization
 
 /// Runs one ``Worker``: feeds it its inbox with the time, and carries out what it decides (calls,
 /// outputs, commits, pauses, hand-overs, log lines), posting every effect's result back to the
@@ -18,6 +19,8 @@ final class WorkerExecutor {
     let encoder: OutputEncoder
     /// Outputs are encoded and produced here, in order, off the worker's thread.
     let outputQueue = DispatchQueue(label: "encore.processor.outputs")
+    /// The batches handed to the output queue, taken there in the order they were put.
+    private let handedOver = OutputHandOver()
     let clock = ContinuousClock()
     /// The running attempt of each call, to cancel it.
     private var running: [Int: (attempt: Int, task: Task<Void, Never>)] = [:]
@@ -80,7 +83,7 @@ final class WorkerExecutor {
     /// Handles a batch of inputs, then what the batch as a whole decides.
     func handle(_ batch: consuming [ProcessorInput]) {
         // Each input is moved out, in order (reversed, then popped): the worker moves its records on.
-        batch.reverse()
+        batch.reverseByMoving()
         while let input = batch.popLast() { feed(input) }
         worker.endBatch(now: clock.now, nowMs: currentTimeMs())
         execute()
@@ -119,16 +122,21 @@ final class WorkerExecutor {
     /// Carries out the worker's actions, in order.
     private func execute() {
         worker.takeActions(into: &actions)
-        // (By index: a for-in loop would copy each action, and every string of its payload, out of
-        // the array; a case pattern still copies what it binds.)
-        for index in actions.indices {
-            switch actions[index] {
+        // Each action is moved out, in order (reversed, then popped): a for-in loop, or a case
+        // pattern on an element, copied its payload and every string in it.
+        actions.reverseByMoving()
+        while let action = actions.popLast() {
+            switch consume action {
             case .call(let id, let attempt, let request, let controller): call(id, attempt, request, controller)
             case .cancelCall(let id): running[id]?.task.cancel()
             case .produce(let outputs):
-                let (encoder, producer, inbox) = (self.encoder, self.producer, self.inbox)
-                outputQueue.async(execute: { Self.produce(outputs, encoder: encoder, producer: producer, inbox: inbox) }
-                )
+                // (Through the hand-over, not captured: the output queue then owns the batch alone
+                // and moves each output into its record.)
+                handedOver.put(outputs)
+                let (handedOver, encoder, producer, inbox) = (self.handedOver, self.encoder, self.producer, self.inbox)
+                outputQueue.async(execute: {
+                    Self.produce(handedOver.take(), encoder: encoder, producer: producer, inbox: inbox)
+                })
             case .pause(let partitions):
                 do {
                     try consumer.pause(partitions)
@@ -205,13 +213,15 @@ final class WorkerExecutor {
     }
 
     static func produce(
-        _ outputs: [(token: UInt, output: UnsentOutput)], encoder: OutputEncoder, producer: any OutputProducer,
-        inbox: Inbox<ProcessorInput>
+        _ outputs: consuming [(token: UInt, output: UnsentOutput)], encoder: OutputEncoder,
+        producer: any OutputProducer, inbox: Inbox<ProcessorInput>
     ) {
         var refused: [KafkaDelivery] = []
-        // (By index: a for-in loop would copy each output, and every string it holds.)
-        for index in outputs.indices {
-            let (token, record) = (outputs[index].token, encoder.record(for: outputs[index].output))
+        // Each output is moved into its record, in order (reversed, then popped): read in place, its
+        // payload was copied with every string it holds.
+        outputs.reverseByMoving()
+        while let (token, output) = outputs.popLast() {
+            let record = encoder.record(for: output)
             do {
                 try producer.produce(record, token: token)
             } catch {
@@ -257,3 +267,18 @@ protocol TransactionCommitter: Sendable {
 
 extension KafkaConsumer: ConsumerControl {}
 extension KafkaProducer: OutputProducer {}
+
+/// The executor's output batches on their way to the output queue: put in order on the worker's
+/// task, taken in the same order on the queue, one take per put.
+private final class OutputHandOver: Sendable {
+    private let batches = Mutex(FIFO<[(token: UInt, output: UnsentOutput)]>())
+
+    func put(_ batch: consuming [(token: UInt, output: UnsentOutput)]) {
+        batches.withLock { $0.append(batch) }
+    }
+
+    func take() -> [(token: UInt, output: UnsentOutput)] {
+        // (Each take follows its put: the queue runs the blocks in the order they were added.)
+        batches.withLock { $0.popFirst() } ?? []
+    }
+}

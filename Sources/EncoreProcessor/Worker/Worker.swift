@@ -180,7 +180,7 @@ struct Worker {
         case .records(var records):
             // Admitted by the reader of the consumer already. Each record is moved out, in order
             // (reversed, then popped), to be moved into its work item.
-            records.reverse()
+            records.reverseByMoving()
             while let record = records.popLast() { receive(record) }
         case .assigned(let partitions, let finished, let restored, let committed):
             // The ledger knows the partitions' users before any of their records is handled. A
