@@ -82,9 +82,10 @@ final class WorkerExecutor {
 
     /// Handles a batch of inputs, then what the batch as a whole decides.
     func handle(_ batch: consuming [ProcessorInput]) {
-        // Each input is moved out, in order (reversed, then popped): the worker moves its records on.
+        // Each input is moved out, in order (reversed, then taken from the end): the worker moves
+        // its records on.
         batch.reverseByMoving()
-        while let input = batch.popLast() { feed(input) }
+        while !batch.isEmpty { feed(batch.removeLast()) }
         worker.endBatch(now: clock.now, nowMs: currentTimeMs())
         execute()
         // A hand-over or drain may have started calls that were answered at once.
@@ -122,11 +123,11 @@ final class WorkerExecutor {
     /// Carries out the worker's actions, in order.
     private func execute() {
         worker.takeActions(into: &actions)
-        // Each action is moved out, in order (reversed, then popped): a for-in loop, or a case
-        // pattern on an element, copied its payload and every string in it.
+        // Each action is moved out, in order (reversed, then taken from the end): a for-in loop, or
+        // a case pattern on an element, copied its payload and every string in it.
         actions.reverseByMoving()
-        while let action = actions.popLast() {
-            switch consume action {
+        while !actions.isEmpty {
+            switch actions.removeLast() {
             case .call(let id, let attempt, let request, let controller): call(id, attempt, request, controller)
             case .cancelCall(let id): running[id]?.task.cancel()
             case .produce(let outputs):
@@ -217,10 +218,12 @@ final class WorkerExecutor {
         producer: any OutputProducer, inbox: Inbox<ProcessorInput>
     ) {
         var refused: [KafkaDelivery] = []
-        // Each output is moved into its record, in order (reversed, then popped): read in place, its
-        // payload was copied with every string it holds.
+        // Each output is moved into its record, in order (reversed, then taken from the end): read
+        // in place, its payload was copied with every string it holds. (`removeLast()`, not
+        // `popLast()`: binding the popped optional copied it.)
         outputs.reverseByMoving()
-        while let (token, output) = outputs.popLast() {
+        while !outputs.isEmpty {
+            let (token, output) = outputs.removeLast()
             let record = encoder.record(for: output)
             do {
                 try producer.produce(record, token: token)

@@ -179,9 +179,9 @@ struct Worker {
         switch consume event {
         case .records(var records):
             // Admitted by the reader of the consumer already. Each record is moved out, in order
-            // (reversed, then popped), to be moved into its work item.
+            // (reversed, then taken from the end), to be moved into its work item.
             records.reverseByMoving()
-            while let record = records.popLast() { receive(record) }
+            while !records.isEmpty { receive(records.removeLast()) }
         case .assigned(let partitions, let finished, let restored, let committed):
             // The ledger knows the partitions' users before any of their records is handled. A
             // partition still owned keeps what the loop knows: newer than what was read.
