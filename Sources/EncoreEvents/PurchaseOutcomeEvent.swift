@@ -61,9 +61,9 @@ public struct PurchaseOutcomeEvent: EncoreEvent, Hashable {
         self.pendingReason = pendingReason ?? (result == .pending ? .deferred : nil)
     }
 
-    /// The outcome of `request`, copying the fields the two events share (borrowed: copied whole,
-    /// it would retain the fields an outcome does not take).
+    /// The outcome of `request`, copying the fields the two events share.
     public init(
+        // (Borrowed: copied whole, the request's other fields were retained and released again.)
         request: borrowing PurchaseRequestEvent, result: OutcomeResult, attempts: Int, completedAtMs: Int64,
         controller: String? = nil, transactionID: String? = nil, error: Failure? = nil,
         pendingReason: PendingReason? = nil

@@ -99,9 +99,7 @@ enum BenchCommand {
             }
             benchmark.residentUsers = try options.integer("state-cache-users", range: 1...1_000_000_000)
         }
-        benchmark.guarantee =
-            DeliveryGuarantee(rawValue: try options.choice("guarantee", DeliveryGuarantee.allCases.map(\.rawValue)))
-            ?? .atLeastOnce
+        benchmark.guarantee = try CommonOptions.guarantee(options)
         benchmark.workers =
             options.isSet("workers")
             ? try options.integer("workers", range: 1...64)

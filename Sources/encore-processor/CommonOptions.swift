@@ -52,6 +52,12 @@ enum CommonOptions {
         return count
     }
 
+    /// `--guarantee`: at-least-once or exactly-once.
+    static func guarantee(_ options: ParsedOptions) throws(UsageError) -> DeliveryGuarantee {
+        // (`choice` admits only the raw values.)
+        DeliveryGuarantee(rawValue: try options.choice("guarantee", DeliveryGuarantee.allCases.map(\.rawValue)))!
+    }
+
     /// ``kafkaConfiguration(_:)`` for a command that needs a running cluster: brokers are required.
     static func clusterConfiguration(_ options: ParsedOptions) throws(UsageError) -> KafkaConfiguration {
         let configuration = try kafkaConfiguration(options)

@@ -182,9 +182,7 @@ enum RunCommand {
             retentionMs: try options.duration("dedupe-retention", range: 60_000...(3650 * 86_400_000)),
             perUserCap: try options.integer(
                 "dedupe-per-user", range: 1...EntitlementStateRecord.RequestEntry.maximumCount))
-        configuration.guarantee =
-            DeliveryGuarantee(rawValue: try options.choice("guarantee", DeliveryGuarantee.allCases.map(\.rawValue)))
-            ?? .atLeastOnce
+        configuration.guarantee = try CommonOptions.guarantee(options)
         configuration.retry = RetryPolicy(
             maxAttempts: try options.integer("max-attempts", range: 1...100),
             initialBackoff: try options.milliseconds("retry-backoff-ms", minimum: 1))

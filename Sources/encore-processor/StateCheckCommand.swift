@@ -45,8 +45,7 @@ enum StateCheckCommand {
         let group = options.string("group-id")!
         guard !group.isEmpty else { throw UsageError("--group-id must not be empty") }
         let topic = options.string("state-topic")!
-        let guarantee =
-            DeliveryGuarantee(rawValue: try options.choice("guarantee", DeliveryGuarantee.allCases.map(\.rawValue)))!
+        let guarantee = try CommonOptions.guarantee(options)
         let timeout = try options.milliseconds("timeout-ms", minimum: 1)
         let directory = RunCommand.stateDirectory(stateDir, group: group)!
         if options.endsAtCheck() { return 0 }

@@ -195,8 +195,8 @@ struct PolicyTests {
         #expect(handedOut.allSatisfy { $0() == nil }, "an element outlived its queue's hold on it")
     }
 
-    @Test("an array reversed by moving, then popped, hands out every element once, in its first order")
-    func reversedByMoving() {
+    @Test("an array emptied in order hands out every element once, in its first order, and keeps none")
+    func removedInOrder() {
         final class Box {
             let value: Int
             init(_ value: Int) { self.value = value }
@@ -204,10 +204,9 @@ struct PolicyTests {
         for count in [0, 1, 2, 7, 64] {
             var boxes = (0..<count).map { Box($0) }
             let watched = boxes.map { box in { [weak box] in box } }
-            boxes.reverseByMoving()
             var order: [Int] = []
-            while let box = boxes.popLast() { order.append(box.value) }
-            #expect(order == Array(0..<count), "\(count) elements")
+            boxes.removeAllInOrder { order.append($0.value) }
+            #expect(order == Array(0..<count) && boxes.isEmpty, "\(count) elements")
             #expect(watched.allSatisfy { $0() == nil }, "an element outlived the array (\(count) elements)")
         }
     }

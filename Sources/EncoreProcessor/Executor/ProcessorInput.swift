@@ -94,8 +94,8 @@ func mixedHash(_ value: UInt64) -> Int {
     return Int(bitPattern: UInt(z ^ (z >> 31)))
 }
 
-/// A record of an input topic and what decoding it gave. An enum, so that the worker moves the
-/// message and the decoded event out of it (a struct's fields were copied, with every string).
+/// A record of an input topic and what decoding it gave.
+// (An enum: the worker moves the message and the event out of it; a struct's fields were copied.)
 enum IncomingRecord: Sendable {
     case request(KafkaMessage, Result<PurchaseRequestEvent, EventValidationError>)
     case source(KafkaMessage, Result<EntitlementSourceEvent, EventValidationError>)

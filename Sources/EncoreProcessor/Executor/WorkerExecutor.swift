@@ -82,10 +82,8 @@ final class WorkerExecutor {
 
     /// Handles a batch of inputs, then what the batch as a whole decides.
     func handle(_ batch: consuming [ProcessorInput]) {
-        // Each input is moved out, in order (reversed, then taken from the end): the worker moves
-        // its records on.
-        batch.reverseByMoving()
-        while !batch.isEmpty { feed(batch.removeLast()) }
+        // (Moved out: the worker moves the records on into their work items.)
+        batch.removeAllInOrder { feed($0) }
         worker.endBatch(now: clock.now, nowMs: currentTimeMs())
         execute()
         // A hand-over or drain may have started calls that were answered at once.
@@ -123,17 +121,14 @@ final class WorkerExecutor {
     /// Carries out the worker's actions, in order.
     private func execute() {
         worker.takeActions(into: &actions)
-        // Each action is moved out, in order (reversed, then taken from the end): a for-in loop, or
-        // a case pattern on an element, copied its payload and every string in it.
-        actions.reverseByMoving()
-        while !actions.isEmpty {
-            switch actions.removeLast() {
+        actions.removeAllInOrder { action in
+            switch consume action {
             case .call(let id, let attempt, let request, let controller): call(id, attempt, request, controller)
             case .cancelCall(let id): running[id]?.task.cancel()
             case .produce(let outputs):
                 // (Through the hand-over, not captured: the output queue then owns the batch alone
                 // and moves each output into its record.)
-                handedOver.put(outputs)
+                handedOver.put(consume outputs)
                 let (handedOver, encoder, producer, inbox) = (self.handedOver, self.encoder, self.producer, self.inbox)
                 outputQueue.async(execute: {
                     Self.produce(handedOver.take(), encoder: encoder, producer: producer, inbox: inbox)
@@ -218,14 +213,11 @@ final class WorkerExecutor {
         producer: any OutputProducer, inbox: Inbox<ProcessorInput>
     ) {
         var refused: [KafkaDelivery] = []
-        // Each output is moved into its record, in order (reversed, then taken from the end): read
-        // in place, its payload was copied with every string it holds. (`removeLast()`, not
-        // `popLast()`: binding the popped optional copied it.)
-        outputs.reverseByMoving()
-        while !outputs.isEmpty {
-            let (token, output) = outputs.removeLast()
+        // Each output is moved into its record.
+        outputs.removeAllInOrder { next in
+            let (token, output) = next
             let record = encoder.record(for: output)
-            do {
+            do throws(KafkaError) {
                 try producer.produce(record, token: token)
             } catch {
                 // Reported like a failed delivery: a full local queue is tried again, anything else stops.
@@ -281,7 +273,11 @@ private final class OutputHandOver: Sendable {
     }
 
     func take() -> [(token: UInt, output: UnsentOutput)] {
-        // (Each take follows its put: the queue runs the blocks in the order they were added.)
-        batches.withLock { $0.popFirst() } ?? []
+        // Each take follows its put: the queue runs the blocks in the order they were added. A take
+        // with nothing put would lose outputs: a defect, stopped here.
+        guard let batch = batches.withLock({ $0.popFirst() }) else {
+            preconditionFailure("an output batch taken that was never handed over")
+        }
+        return batch
     }
 }

@@ -63,9 +63,3 @@ struct FIFO<Element> {
 }
 
 extension FIFO: Sendable where Element: Sendable {}
-
-extension Array {
-    /// Reverses the array by moving its elements (`reverse()` copies each element it swaps, with
-    /// every reference it holds): so that `removeLast()` then moves them out in their first order.
-    mutating func reverseByMoving() { withUnsafeMutableBufferPointer { $0.reverse() } }
-}

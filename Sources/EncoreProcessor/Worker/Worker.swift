@@ -178,10 +178,8 @@ struct Worker {
     mutating func handle(_ event: consuming ProcessorInput) {
         switch consume event {
         case .records(var records):
-            // Admitted by the reader of the consumer already. Each record is moved out, in order
-            // (reversed, then taken from the end), to be moved into its work item.
-            records.reverseByMoving()
-            while !records.isEmpty { receive(records.removeLast()) }
+            // Admitted by the reader of the consumer already. Each record is moved on into its work item.
+            records.removeAllInOrder { receive($0) }
         case .assigned(let partitions, let finished, let restored, let committed):
             // The ledger knows the partitions' users before any of their records is handled. A
             // partition still owned keeps what the loop knows: newer than what was read.
