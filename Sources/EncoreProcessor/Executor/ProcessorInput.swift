@@ -95,8 +95,8 @@ func mixedHash(_ value: UInt64) -> Int {
 }
 
 /// A record of an input topic and what decoding it gave.
-// (An enum: the worker moves the message and the event out of it; a struct's fields were copied.)
 enum IncomingRecord: Sendable {
+    // (An enum: the worker moves the message and the event out of it; a struct's fields were copied.)
     case request(KafkaMessage, Result<PurchaseRequestEvent, EventValidationError>)
     case source(KafkaMessage, Result<EntitlementSourceEvent, EventValidationError>)
 

@@ -2,8 +2,8 @@ import EncoreEvents
 import Kafka
 
 extension PurchaseProcessor {
-    /// Reads the consumer's events and hands them to the dispatch loops: records split by
-    /// partition and decoded, assignments with what the previous owner finished and the users' ledger state
+    /// Reads the consumer's events and hands them to the dispatch loops: records split by partition
+    /// and decoded, assignments with what the previous owner finished and the users' ledger state
     /// (read before any record of those partitions), revocations shared out among the loops.
     static func forward(
         from consumer: KafkaConsumer, to inboxes: [Inbox<ProcessorInput>], configuration: ProcessorConfiguration,
