@@ -175,13 +175,12 @@ struct OutputTracker<Item> {
         updateOrder[key, default: FIFO()].append(id)
         // The changelog record is counted now, so the record cannot finish before it is written.
         if let ref { count(ref, item: item) }
-        while !alongside.isEmpty {
-            let (output, unsent) = alongside.removeFirst()
+        alongside.removeAllInOrder { next in
+            let (output, unsent) = next
             if let ref { count(ref, item: item) }
             enqueue(output, unsent, for: ref, update: id)
         }
-        while !changes.isEmpty {
-            let change = changes.removeFirst()
+        changes.removeAllInOrder { change in
             if let ref { count(ref, item: item) }
             enqueue(.entitlementChange(update: id), .change(change, trace: trace), for: ref, update: id)
         }
@@ -301,8 +300,7 @@ struct OutputTracker<Item> {
                 // The state is durable: the journal records that claim it follow (moved out, in order).
                 var journal: [JournalRecord] = []
                 swap(&journal, &record.deferredJournal)
-                while !journal.isEmpty {
-                    let entry = journal.removeFirst()
+                journal.removeAllInOrder { entry in
                     enqueue(
                         .entitlementState(update: id), .journal(entry, partition: record.partition), for: nil,
                         update: nil)
@@ -397,8 +395,7 @@ struct OutputTracker<Item> {
                 .entitlementState(update: last), .journal(first, partition: written.partition), for: nil,
                 update: nil)
         } else {
-            while !laterJournal.isEmpty {
-                let record = laterJournal.removeFirst()
+            laterJournal.removeAllInOrder { record in
                 enqueue(
                     .entitlementState(update: last), .journal(record, partition: written.partition), for: nil,
                     update: nil)
