@@ -988,7 +988,9 @@ def main():
     parser.add_argument("--outage-s", type=float, default=0,
                         help="billing's outage: it charges and answers nothing for this long")
     parser.add_argument("--outage-at", type=float, default=0.35, help="when the outage starts, as a fraction of production")
-    parser.add_argument("--member-log-level", default="warning", help="the members' --log-level (their logs stay in the work directory)")
+    parser.add_argument("--member-log-level", default="info",
+                        help="the members' --log-level (their logs stay in the work directory); info or debug log "
+                             "each member's operations endpoint, which a stalled run reads to say why it stalls")
     parser.add_argument("--no-kill", action="store_true", help="graceful chaos only: members stopped with SIGTERM")
     parser.add_argument("--settle", action=argparse.BooleanOptionalAction, default=None,
                         help="before each kill, restart, addition or removal, wait until the group is settled "
