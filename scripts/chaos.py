@@ -63,6 +63,8 @@ import json
 import os
 import random
 import re
+import resource
+import select
 import shutil
 import signal
 import socket
@@ -155,15 +157,22 @@ class Billing:
         until = start + self.delay_ms(request_id, recovery) / 1000
         # When the caller was last seen connected: a hang-up happened after it, before the next check.
         hung_up, connected_at, seen_connected = False, start, False
-        # The outage: billing works on a held call until it ends, whatever the caller does.
-        while time.monotonic() < until or (held and self.in_outage(time.monotonic())):
-            if not hung_up and client_gone():
-                hung_up = True
-                if not held:
-                    break
-            if not hung_up:
-                connected_at, seen_connected = time.monotonic(), True
-            time.sleep(0.005)
+        try:
+            # The outage: billing works on a held call until it ends, whatever the caller does.
+            while time.monotonic() < until or (held and self.in_outage(time.monotonic())):
+                if not hung_up and client_gone():
+                    hung_up = True
+                    if not held:
+                        break
+                if not hung_up:
+                    connected_at, seen_connected = time.monotonic(), True
+                time.sleep(0.005)
+        except BaseException:
+            # Billing no longer works on a call whose handling failed: left marked, every later
+            # call of the request would be answered 409 for good.
+            with self.lock:
+                self.stop_working(request_id, arrival)
+            raise
         end = time.monotonic()
         if held and self.outage_ended_at is not None:
             # Billing's work on a held call ended with the outage (or at its own end, if later): not
@@ -173,19 +182,24 @@ class Billing:
             user = f"{request['app_id']}:{request['app_user_id']}"
             self.calls.append((request_id, user, instance, attempt, recovery, start, end, hung_up,
                                connected_at, arrival, seen_connected, held))
-            working = self.working[request_id]
-            working.discard(arrival)
             # Billing still works on an earlier call of this request (one held in the outage, which
             # runs to its own end past the outage's; a call not held ends when billing notices the
             # hang-up): no answer yet, as Stripe's 409 idempotency_key_in_use says. Answering the result now would let the processor start
             # the user's next request while billing still works on this one.
-            busy = any(other < arrival for other in working)
-            if not working:
-                del self.working[request_id]
+            busy = any(other < arrival for other in self.stop_working(request_id, arrival))
             if busy:
                 self.busy_answers += 1
                 return None
         return result
+
+    def stop_working(self, request_id, arrival):
+        """Marks call `arrival` of the request as no longer worked on (under the lock); the
+        request's calls still worked on."""
+        working = self.working[request_id]
+        working.discard(arrival)
+        if not working:
+            del self.working[request_id]
+        return working
 
 
 def watch_in_doubt(bootstrap, billing, stop):
@@ -216,14 +230,14 @@ def serve_billing(billing):
         def do_POST(self):
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             def client_gone():
-                # A peek that does not wait, not select(): select() refuses a descriptor numbered
-                # past 1,023 (ValueError), and a long outage keeps that many held calls connected.
-                # The handler failed after billing had charged and marked the request as worked
-                # on, so every later call of it was answered 409 for good.
+                # poll(), not select(): select() refuses a descriptor numbered past 1,023, and a
+                # long outage keeps each held call connected.
+                readable = select.poll()
+                readable.register(self.connection, select.POLLIN)
+                if not readable.poll(0):
+                    return False
                 try:
-                    return self.connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-                except BlockingIOError:
-                    return False  # connected, nothing sent
+                    return self.connection.recv(1, socket.MSG_PEEK) == b""
                 except OSError:
                     return True
 
@@ -445,7 +459,8 @@ def self_test():
             failures.append(f"after a broker hold, {name}: expected {expected}")
     failures += billing_self_test()
     failures += billing_many_connections_self_test()
-    cases = len(calls_cases) + len(overlap_cases) + len(hold_cases) + 2
+    failures += billing_hang_up_self_test()
+    cases = len(calls_cases) + len(overlap_cases) + len(hold_cases) + 3
     print("\n".join(failures) or f"self-test: {cases} cases pass")
     sys.exit(1 if failures else 0)
 
@@ -474,57 +489,91 @@ def billing_self_test():
     expected = {1: billing.answer("r"), 2: None, 3: billing.answer("r")}
     if answers != expected or billing.busy_answers != 1:
         return [f"billing: answers {answers}, {billing.busy_answers} busy; expected {expected}, 1 busy"]
+    # A call whose handling fails is no longer worked on: the next call of the request is answered.
+    def failing():
+        raise RuntimeError("the connection's check failed")
+
+    try:
+        billing.handle("i1", request, {"Idempotency-Key": "f"}, failing)
+    except RuntimeError:
+        pass
+    answer = billing.handle("i1", request, {"Idempotency-Key": "f", "Encore-Attempt": "2",
+                                            "Encore-Recovery": "true"}, lambda: False)
+    if answer != billing.answer("f") or billing.working:
+        return [f"billing after a call whose handling failed: answered {answer}, still works on {billing.working}"]
     return []
 
 
-def billing_many_connections_self_test():
-    """Billing answers over HTTP with more than 1,024 descriptors open, as in a long outage on a
-    loaded machine (every held call keeps its connection): a descriptor numbered past select()'s
-    limit must be served like any other, and a call whose handling failed must not leave its
-    request marked as worked on (every later call of it would be answered 409 for good)."""
-    billing = Billing(1000)
+def billing_over_http(billing, request_id, user, attempt, hang_up_after=None):
+    """One call to billing's HTTP server, as the processor makes it: the answer's bytes, or b""
+    when the caller hangs up after `hang_up_after` seconds."""
     server = serve_billing(billing)
-    held_open = [socket.socket() for _ in range(1100)]
-    failures = []
     try:
-        for attempt in (1, 2):
-            connection = socket.create_connection(server.server_address, 5)
-            body = json.dumps({"app_id": "a", "app_user_id": "u"}).encode()
-            connection.sendall(
-                b"POST /i1 HTTP/1.1\r\nHost: billing\r\nIdempotency-Key: r\r\nEncore-Attempt: %d\r\n"
-                b"Encore-Recovery: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
-                % (attempt, b"true" if attempt > 1 else b"false", len(body), body))
-            answer = b""
+        connection = socket.create_connection(server.server_address, 5)
+        body = json.dumps({"app_id": "a", "app_user_id": user}).encode()
+        connection.sendall(
+            b"POST /i1 HTTP/1.1\r\nHost: billing\r\nIdempotency-Key: %s\r\nEncore-Attempt: %d\r\n"
+            b"Encore-Recovery: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+            % (request_id.encode(), attempt, b"true" if attempt > 1 else b"false", len(body), body))
+        answer = b""
+        if hang_up_after is not None:
+            time.sleep(hang_up_after)
+        else:
             while chunk := connection.recv(4096):
                 answer += chunk
-            connection.close()
-            status = answer.split(b"\r\n", 1)[0]
-            if not answer.endswith(json.dumps({"result": billing.answer("r")}).encode()):
-                failures.append(f"billing with {len(held_open)} more descriptors open, attempt {attempt}: "
-                                f"answered {status!r} {answer[-80:]!r}, expected 200 and the result")
-        if billing.working:
-            failures.append(f"billing still works on {billing.working} after every call returned")
-        # A caller that hangs up is seen gone: billing stops working on its call (not held) early.
-        billing.delay_ms = lambda request_id, recovery: 3000
-        connection = socket.create_connection(server.server_address, 5)
-        body = json.dumps({"app_id": "a", "app_user_id": "v"}).encode()
-        connection.sendall(b"POST /i1 HTTP/1.1\r\nHost: billing\r\nIdempotency-Key: s\r\n"
-                           b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        time.sleep(0.2)
         connection.close()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not any(call[0] == "s" for call in billing.calls):
-            time.sleep(0.05)
-        hang_up = [call for call in billing.calls if call[0] == "s"]
-        if not hang_up or not hang_up[0][7] or hang_up[0][6] - hang_up[0][5] > 2.5:
-            failures.append(f"a caller that hung up after 0.2 s of a 3 s call: recorded {hang_up}, "
-                            f"expected hung up and ended early")
+        if hang_up_after is not None:
+            # Recorded once billing saw the hang-up (or its call's own end).
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not any(call[0] == request_id for call in billing.calls):
+                time.sleep(0.05)
+        return answer
     finally:
         server.shutdown()
         server.server_close()
+
+
+def billing_many_connections_self_test():
+    """Billing answers over HTTP with more than 1,024 descriptors open, as in a long outage (every
+    held call keeps its connection): a descriptor numbered past select()'s limit is served like any
+    other, its caller seen connected, and no call is left marked as worked on."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        return []  # (this machine cannot open that many: nothing to check)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200) if soft != resource.RLIM_INFINITY else soft, hard))
+    billing = Billing(1000)
+    billing.delay_ms = lambda request_id, recovery: 300  # long enough to be checked for a hang-up
+    failures, held_open = [], []
+    try:
+        held_open = [socket.socket() for _ in range(1100)]
+        for attempt in (1, 2):
+            answer = billing_over_http(billing, "r", "u", attempt)
+            if not answer.endswith(json.dumps({"result": billing.answer("r")}).encode()):
+                failures.append(f"billing with {len(held_open)} more descriptors open, attempt {attempt}: answered "
+                                f"{answer[:15]!r}…{answer[-40:]!r}, expected 200 and the result")
+        calls = [call for call in billing.calls if call[0] == "r"]
+        if len(calls) != 2 or any(call[7] or not call[10] for call in calls):
+            failures.append(f"billing's calls of r: {calls}; expected two, neither hung up, both seen connected")
+        if billing.working:
+            failures.append(f"billing still works on {billing.working} after every call returned")
+    finally:
         for extra in held_open:
             extra.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     return failures
+
+
+def billing_hang_up_self_test():
+    """A caller that hangs up is seen gone: billing stops working on a call not held in an outage
+    then, not at its own end."""
+    billing = Billing(1000)
+    billing.delay_ms = lambda request_id, recovery: 3000
+    billing_over_http(billing, "s", "v", 1, hang_up_after=0.3)
+    calls = [call for call in billing.calls if call[0] == "s"]
+    if len(calls) != 1 or not calls[0][7] or not 0.25 <= calls[0][6] - calls[0][5] <= 2.5:
+        return [f"a caller that hung up after 0.3 s of a 3 s call: recorded {calls}; expected hung up, "
+                f"ended between 0.25 and 2.5 s"]
+    return []
 
 
 def wait_port(port, timeout=30):
