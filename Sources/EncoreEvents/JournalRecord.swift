@@ -22,16 +22,21 @@ public struct JournalRecord: EncoreEvent, Hashable {
     /// A state record's key (`{app_id}:{app_user_id}`) never starts with `:` (an `app_id` is never
     /// empty and holds no `:`), so the two kinds never share a key.
     public func key(slotCount: Int) -> [UInt8] {
-        let slot = seq % Int64(max(1, slotCount))
         var key: [UInt8] = []
         key.reserveCapacity(3 + 20 + appID.utf8.count + appUserID.utf8.count)
+        appendKey(slotCount: slotCount, to: &key)
+        return key
+    }
+
+    /// Appends ``key(slotCount:)`` to `key`.
+    public func appendKey(slotCount: Int, to key: inout [UInt8]) {
+        let slot = seq % Int64(max(1, slotCount))
         key.append(UInt8(ascii: ":"))
         JSONWriter.appendDecimal(slot, to: &key)
         key.append(UInt8(ascii: ":"))
         key.append(contentsOf: appID.utf8)
         key.append(UInt8(ascii: ":"))
         key.append(contentsOf: appUserID.utf8)
-        return key
     }
 
     /// Whether a changelog record's key is a journal entry's, `:{digits}:…` (else it is a user's
@@ -57,8 +62,14 @@ public struct JournalRecord: EncoreEvent, Hashable {
 
     /// The record as compact JSON, fields in schema order: the bytes of `Self.table.encode(self)`.
     public func jsonBytes() -> [UInt8] {
-        // Field by field, not through the table's closures: written twice per request.
         var writer = JSONWriter(capacity: 200 + (entry.error?.message.utf8.count ?? 0))
+        write(to: &writer)
+        return writer.bytes
+    }
+
+    /// Writes ``jsonBytes()``'s JSON into `writer` (a reused buffer). Field by field, not through
+    /// the table's closures: written twice per request.
+    public func write(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.field("app_id", appID)
         writer.field("app_user_id", appUserID)
@@ -77,7 +88,6 @@ public struct JournalRecord: EncoreEvent, Hashable {
         writer.field("in_doubt_since_ms", entry.inDoubtSinceMs)
         writer.field("digest", entry.digest)
         writer.endObject()
-        return writer.bytes
     }
 }
 

@@ -88,8 +88,14 @@ public struct PurchaseOutcomeEvent: EncoreEvent, Hashable {
     }
 
     public func jsonBytes() -> [UInt8] {
-        // Field by field, not through the table's closures: one per request (the same bytes, tested).
         var writer = JSONWriter(capacity: 384 + (error?.message.utf8.count ?? 0))
+        write(to: &writer)
+        return writer.bytes
+    }
+
+    /// Writes ``jsonBytes()``'s JSON into `writer` (a reused buffer). Field by field, not through
+    /// the table's closures: one per request (the same bytes, tested).
+    public func write(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.field("request_id", requestID)
         writer.field("app_id", appID)
@@ -111,7 +117,6 @@ public struct PurchaseOutcomeEvent: EncoreEvent, Hashable {
         }
         writer.field("pending_reason", pendingReason)
         writer.endObject()
-        return writer.bytes
     }
 }
 

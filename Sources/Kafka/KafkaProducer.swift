@@ -61,6 +61,14 @@ public final class KafkaProducer: Sendable {
         if let error = enqueue(record, opaque: RDKafkaOpaque.token(token)) { throw error }
     }
 
+    /// Enqueues the record in `buffer` as the record variant does, from
+    /// the buffer's bytes (copied by librdkafka: the buffer may be reused at once).
+    public func produce(_ buffer: borrowing KafkaRecordBuffer, token: UInt) throws(KafkaError) {
+        precondition(client.callbacks.deliveries != nil, "produce(_:token:) needs a producer made with onDeliveries")
+        precondition(token <= RDKafkaOpaque.largestToken, "delivery token too large")
+        if let error = enqueue(buffer, opaque: RDKafkaOpaque.token(token)) { throw error }
+    }
+
     /// Produces `record` and returns once the broker acknowledged it; throws the delivery error.
     ///
     /// A full local queue is waited out rather than reported.
@@ -207,43 +215,73 @@ public final class KafkaProducer: Sendable {
                 }
             }
         }
-        let error: OpaquePointer? = record.topic.withCString { topic in
-            record.value.withUnsafeBytes { value in
-                withOptionalBytes(record.key) { key in
-                    // On the stack: a produce allocates nothing of its own.
-                    withUnsafeTemporaryAllocation(of: rd_kafka_vu_t.self, capacity: 7) { fields in
-                        fields.initialize(repeating: rd_kafka_vu_t())
-                        fields[0].vtype = RD_KAFKA_VTYPE_TOPIC
-                        fields[0].u.cstr = topic
-                        fields[1].vtype = RD_KAFKA_VTYPE_VALUE
-                        fields[1].u.mem.ptr = UnsafeMutableRawPointer(mutating: value.baseAddress)
-                        fields[1].u.mem.size = value.count
-                        fields[2].vtype = RD_KAFKA_VTYPE_KEY
-                        fields[2].u.mem.ptr = UnsafeMutableRawPointer(mutating: key?.baseAddress)
-                        fields[2].u.mem.size = key?.count ?? 0
-                        fields[3].vtype = RD_KAFKA_VTYPE_MSGFLAGS
-                        fields[3].u.i = RD_KAFKA_MSG_F_COPY
-                        fields[4].vtype = RD_KAFKA_VTYPE_OPAQUE
-                        fields[4].u.ptr = opaque
-                        var count = 5
-                        if let partition = record.partition {
-                            fields[count].vtype = RD_KAFKA_VTYPE_PARTITION
-                            fields[count].u.i32 = partition
-                            count += 1
-                        }
-                        if let headers {
-                            fields[count].vtype = RD_KAFKA_VTYPE_HEADERS
-                            fields[count].u.headers = headers
-                            count += 1
-                        }
-                        return rd_kafka_produceva(client.handle, fields.baseAddress, count)
-                    }
+        return record.value.withUnsafeBytes { value in
+            withOptionalBytes(record.key) { key in
+                enqueue(
+                    topic: record.topic, partition: record.partition, key: key, value: value, headers: headers,
+                    opaque: opaque)
+            }
+        }
+    }
+
+    private func enqueue(_ buffer: borrowing KafkaRecordBuffer, opaque: UnsafeMutableRawPointer) -> KafkaError? {
+        var headers: OpaquePointer? = nil
+        if !buffer.headers.isEmpty {
+            headers = rd_kafka_headers_new(buffer.headers.count)
+            buffer.headers.forEach { key, value in
+                _ = rd_kafka_header_add(
+                    headers, key.baseAddress?.assumingMemoryBound(to: CChar.self), key.count, value?.baseAddress,
+                    value?.count ?? 0)
+            }
+        }
+        return buffer.value.withUnsafeBytes { value in
+            withOptionalBytes(buffer.hasKey ? buffer.key : nil) { key in
+                enqueue(
+                    topic: buffer.topic, partition: buffer.partition, key: key, value: value, headers: headers,
+                    opaque: opaque)
+            }
+        }
+    }
+
+    /// Enqueues a record of borrowed parts (librdkafka copies them); `headers`, when given, is
+    /// handed to librdkafka on success and destroyed here otherwise.
+    private func enqueue(
+        topic: String, partition: Int32?, key: UnsafeRawBufferPointer?, value: UnsafeRawBufferPointer,
+        headers: OpaquePointer?, opaque: UnsafeMutableRawPointer
+    ) -> KafkaError? {
+        let error: OpaquePointer? = topic.withCString { topic in
+            // On the stack: a produce allocates nothing of its own.
+            withUnsafeTemporaryAllocation(of: rd_kafka_vu_t.self, capacity: 7) { fields in
+                fields.initialize(repeating: rd_kafka_vu_t())
+                fields[0].vtype = RD_KAFKA_VTYPE_TOPIC
+                fields[0].u.cstr = topic
+                fields[1].vtype = RD_KAFKA_VTYPE_VALUE
+                fields[1].u.mem.ptr = UnsafeMutableRawPointer(mutating: value.baseAddress)
+                fields[1].u.mem.size = value.count
+                fields[2].vtype = RD_KAFKA_VTYPE_KEY
+                fields[2].u.mem.ptr = UnsafeMutableRawPointer(mutating: key?.baseAddress)
+                fields[2].u.mem.size = key?.count ?? 0
+                fields[3].vtype = RD_KAFKA_VTYPE_MSGFLAGS
+                fields[3].u.i = RD_KAFKA_MSG_F_COPY
+                fields[4].vtype = RD_KAFKA_VTYPE_OPAQUE
+                fields[4].u.ptr = opaque
+                var count = 5
+                if let partition {
+                    fields[count].vtype = RD_KAFKA_VTYPE_PARTITION
+                    fields[count].u.i32 = partition
+                    count += 1
                 }
+                if let headers {
+                    fields[count].vtype = RD_KAFKA_VTYPE_HEADERS
+                    fields[count].u.headers = headers
+                    count += 1
+                }
+                return rd_kafka_produceva(client.handle, fields.baseAddress, count)
             }
         }
         guard let error else { return nil }
         if let headers { rd_kafka_headers_destroy(headers) }
-        return KafkaError(consuming: error, context: "produce to topic '\(record.topic)'")
+        return KafkaError(consuming: error, context: "produce to topic '\(topic)'")
     }
 }
 

@@ -384,6 +384,49 @@ struct KafkaErrorTests {
         await producer.close(timeout: .seconds(1))
     }
 
+    @Test("records produced from one reused buffer arrive as written: key or none, value, headers, partition")
+    func bufferRoundTrip() async throws {
+        let broker = try TestCluster(topics: ["buf": 2])
+        let delivered = Mutex<[KafkaDelivery]>([])
+        let producer = try KafkaProducer(configuration: broker.producerConfiguration) { batch in
+            delivered.withLock { $0 += batch }
+        }
+        // Long, keyed, many headers first; then shorter, without a key, with a null and an empty
+        // value: what the buffer held before must not leak into the next record.
+        var records: [KafkaProducerRecord] = []
+        for index in 0..<40 {
+            var headers = (0..<(index % 5)).map { KafkaHeader(key: "h\($0)", string: "value-\(index)-\($0)") }
+            headers += [KafkaHeader(key: "null", value: nil), KafkaHeader(key: "empty", value: [])]
+            let key: [UInt8]? = index % 3 == 0 ? nil : Array("key-\(index)".utf8)
+            let value = Array(("\(index)|" + String(repeating: "x", count: 400 - index * 10)).utf8)
+            records.append(
+                KafkaProducerRecord(topic: "buf", partition: Int32(index % 2), key: key, value: value, headers: headers)
+            )
+        }
+        var buffer = KafkaRecordBuffer()
+        for (index, record) in records.enumerated() {
+            buffer.begin(with: record)
+            try producer.produce(buffer, token: UInt(index))
+        }
+        #expect(await eventually { delivered.withLock { $0.count } == records.count })
+        #expect(delivered.withLock { $0.allSatisfy { $0.error == nil } })
+        let probe = ConsumerProbe(consumer: try KafkaConsumer(configuration: broker.consumerConfiguration(group: "gb")))
+        try probe.consumer.subscribe(topics: ["buf"])
+        let messages = await probe.waitForMessages(records.count)
+        #expect(messages.count == records.count)
+        for message in messages {
+            let index = try #require(
+                Int(String(decoding: message.value.prefix { $0 != UInt8(ascii: "|") }, as: UTF8.self)))
+            let record = records[index]
+            #expect(message.partition == record.partition)
+            #expect(message.key == record.key)
+            #expect(message.value == record.value)
+            #expect(message.headers == record.headers)
+        }
+        await probe.close()
+        await producer.close()
+    }
+
     @Test("an injected produce error surfaces with librdkafka's code and name")
     func injectedError() async throws {
         let broker = try TestCluster(topics: ["inj": 1])

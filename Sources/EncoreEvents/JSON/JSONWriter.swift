@@ -7,6 +7,21 @@ public struct JSONWriter: Sendable {
         bytes.reserveCapacity(capacity)
     }
 
+    /// A writer into `buffer`, emptied first with its capacity kept: a buffer reused record after
+    /// record allocates nothing once it has grown to their size. ``takeBytes()`` hands it back.
+    public init(reusing buffer: consuming [UInt8]) {
+        bytes = buffer
+        bytes.removeAll(keepingCapacity: true)
+    }
+
+    /// The bytes written, moved out (the writer is left empty).
+    public mutating func takeBytes() -> [UInt8] {
+        needsComma = false
+        var taken: [UInt8] = []
+        swap(&taken, &bytes)
+        return taken
+    }
+
     public mutating func beginObject() {
         separate()
         bytes.append(UInt8(ascii: "{"))
@@ -98,7 +113,7 @@ public struct JSONWriter: Sendable {
     }
 
     /// Appends `value`'s decimal digits (and sign) to `bytes`, with no String between.
-    static func appendDecimal(_ value: Int64, to bytes: inout [UInt8]) {
+    public static func appendDecimal(_ value: Int64, to bytes: inout [UInt8]) {
         guard value != 0 else {
             bytes.append(UInt8(ascii: "0"))
             return

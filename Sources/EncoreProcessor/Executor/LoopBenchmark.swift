@@ -177,6 +177,10 @@ private final class AcknowledgingProducer: OutputProducer {
         pending.withLock { $0.append(token) }
     }
 
+    func produce(_ buffer: borrowing KafkaRecordBuffer, token: UInt) throws(KafkaError) {
+        pending.withLock { $0.append(token) }
+    }
+
     func stop() { stopped.store(true, ordering: .relaxed) }
 }
 

@@ -33,53 +33,70 @@ struct OutputEncoder: Sendable {
         deadLetterHeaders = HeaderTemplate(source: configuration.source, type: .deadLetter)
     }
 
-    func record(for output: consuming UnsentOutput) -> KafkaProducerRecord {
+    /// Encodes `output` into `buffer`, whose bytes are reused record after record (the producer
+    /// copies them): an output's encoding allocates nothing once the buffer has grown.
+    func encode(_ output: consuming UnsentOutput, into buffer: inout KafkaRecordBuffer) {
         // (Consumed: bound from a borrowed output, its payload was copied.)
         switch consume output {
-        case .outcome(let outcome, let trace): traced(record(for: outcome), trace)
-        case .change(let change, let trace): traced(record(for: change), trace)
-        case .state(let state, let partition): record(forState: state, partition: partition)
-        case .journal(let entry, let partition): record(forJournal: entry, partition: partition)
-        case .deadLetter(let letter, let key, let trace): traced(record(for: letter, key: key), trace)
-        case .record(let record): record
+        case .outcome(let outcome, let trace):
+            encode(outcome, into: &buffer)
+            append(trace, to: &buffer)
+        case .change(let change, let trace):
+            encode(change, into: &buffer)
+            append(trace, to: &buffer)
+        case .state(let state, let partition): encode(state, partition: partition, into: &buffer)
+        case .journal(let entry, let partition): encode(journal: entry, partition: partition, into: &buffer)
+        case .deadLetter(let letter, let key, let trace):
+            encode(letter, key: key, into: &buffer)
+            append(trace, to: &buffer)
+        case .record(let record): buffer.begin(with: record)
         }
     }
 
-    private func traced(_ record: KafkaProducerRecord, _ trace: [KafkaHeader]) -> KafkaProducerRecord {
-        guard !trace.isEmpty else { return record }
-        var record = record
-        record.headers += trace
-        return record
+    private func append(_ trace: [KafkaHeader], to buffer: inout KafkaRecordBuffer) {
+        for index in trace.indices { buffer.headers.append(trace[index]) }
     }
 
-    func record(for outcome: PurchaseOutcomeEvent) -> KafkaProducerRecord {
-        KafkaProducerRecord(
-            topic: outcomesTopic, key: Self.bytes(outcome.appID, ":", outcome.appUserID), value: outcome.jsonBytes(),
-            headers: headers(
-                outcomeHeaders, id: Self.bytes("outcome:", outcome.requestID), timeMs: outcome.completedAtMs))
+    private func encode(_ outcome: PurchaseOutcomeEvent, into buffer: inout KafkaRecordBuffer) {
+        buffer.begin(topic: outcomesTopic, partition: nil)
+        Self.appendKey(outcome.appID, outcome.appUserID, to: &buffer)
+        var writer = JSONWriter(reusing: buffer.takeValue())
+        outcome.write(to: &writer)
+        buffer.value = writer.takeBytes()
+        appendHeaders(outcomeHeaders, to: &buffer, timeMs: outcome.completedAtMs) { id in
+            id.append(contentsOf: "outcome:".utf8)
+            id.append(contentsOf: outcome.requestID.utf8)
+        }
     }
 
-    func record(for letter: DeadLetterEvent, key: [UInt8]?) -> KafkaProducerRecord {
-        KafkaProducerRecord(
-            topic: deadLetterTopic, key: key, value: letter.jsonBytes(),
-            headers: headers(
-                deadLetterHeaders,
-                id: Array(
-                    "deadletter:\(letter.originalTopic)/\(letter.originalPartition)/\(letter.originalOffset)".utf8),
-                timeMs: letter.failedAtMs))
+    private func encode(_ letter: DeadLetterEvent, key: [UInt8]?, into buffer: inout KafkaRecordBuffer) {
+        buffer.begin(topic: deadLetterTopic, partition: nil)
+        if let key {
+            buffer.hasKey = true
+            buffer.key.append(contentsOf: key)
+        }
+        buffer.value.append(contentsOf: letter.jsonBytes())
+        appendHeaders(deadLetterHeaders, to: &buffer, timeMs: letter.failedAtMs) { id in
+            id.append(
+                contentsOf: "deadletter:\(letter.originalTopic)/\(letter.originalPartition)/\(letter.originalOffset)"
+                    .utf8)
+        }
     }
 
     /// `ce_id` is `entitlement:{user key}:{sequence}:{digest}`, the digest (64-bit FNV-1a, hex) of
     /// the event's JSON: equal ids mean equal content. A change published again unchanged (its
     /// changelog record was lost in a crash) keeps its id; a redo whose content differs (another
     /// time, another grant) under the same sequence number gets another id, so a reader can tell.
-    func record(for change: EntitlementChangeEvent) -> KafkaProducerRecord {
-        let value = change.jsonBytes()
-        return KafkaProducerRecord(
-            topic: entitlementsTopic, key: Array(change.key.utf8), value: value,
-            headers: headers(
-                changeHeaders, id: Array("entitlement:\(change.key):\(change.sequence):\(Self.digest(value))".utf8),
-                timeMs: change.effectiveAtMs))
+    private func encode(_ change: EntitlementChangeEvent, into buffer: inout KafkaRecordBuffer) {
+        buffer.begin(topic: entitlementsTopic, partition: nil)
+        let key = change.key
+        buffer.hasKey = true
+        buffer.key.append(contentsOf: key.utf8)
+        buffer.value.append(contentsOf: change.jsonBytes())
+        let digest = Self.digest(buffer.value)
+        appendHeaders(changeHeaders, to: &buffer, timeMs: change.effectiveAtMs) { id in
+            id.append(contentsOf: "entitlement:\(key):\(change.sequence):\(digest)".utf8)
+        }
     }
 
     /// 64-bit FNV-1a of `bytes`, as 16 hex digits.
@@ -94,69 +111,78 @@ struct OutputEncoder: Sendable {
     }
 
     /// The user's whole state, to the partition of the user's requests (co-partitioned).
-    func record(forState state: EntitlementStateRecord, partition: Int32) -> KafkaProducerRecord {
-        let key = Self.bytes(state.appID, ":", state.appUserID)
-        var id: [UInt8] = []
-        id.reserveCapacity(key.count + 48)
-        id.append(contentsOf: "state:".utf8)
-        id.append(contentsOf: key)
-        id.append(UInt8(ascii: ":"))
-        id.append(contentsOf: String(state.sequence).utf8)
-        id.append(UInt8(ascii: ":"))
-        id.append(contentsOf: String(state.updatedAtMs).utf8)
-        return KafkaProducerRecord(
-            topic: stateTopic, partition: partition, key: key, value: state.jsonBytes(),
-            headers: headers(stateHeaders, id: id, timeMs: state.updatedAtMs))
+    private func encode(_ state: EntitlementStateRecord, partition: Int32, into buffer: inout KafkaRecordBuffer) {
+        buffer.begin(topic: stateTopic, partition: partition)
+        Self.appendKey(state.appID, state.appUserID, to: &buffer)
+        buffer.value.append(contentsOf: state.jsonBytes())
+        appendHeaders(stateHeaders, to: &buffer, timeMs: state.updatedAtMs) { id in
+            id.append(contentsOf: "state:".utf8)
+            id.append(contentsOf: state.appID.utf8)
+            id.append(UInt8(ascii: ":"))
+            id.append(contentsOf: state.appUserID.utf8)
+            id.append(UInt8(ascii: ":"))
+            JSONWriter.appendDecimal(state.sequence, to: &id)
+            id.append(UInt8(ascii: ":"))
+            JSONWriter.appendDecimal(state.updatedAtMs, to: &id)
+        }
     }
 
     /// A request's journal entry, keyed by the user's slot, to the partition of the user's requests.
     /// `ce_id` is `journal:{request_id}:{attempts}`, with `:{result}` once it has one.
-    func record(forJournal record: JournalRecord, partition: Int32) -> KafkaProducerRecord {
-        var id: [UInt8] = []
-        id.reserveCapacity(record.entry.requestID.utf8.count + 32)
-        id.append(contentsOf: "journal:".utf8)
-        id.append(contentsOf: record.entry.requestID.utf8)
-        id.append(UInt8(ascii: ":"))
-        id.append(contentsOf: String(record.entry.attempts).utf8)
-        if let result = record.entry.result {
+    private func encode(journal record: JournalRecord, partition: Int32, into buffer: inout KafkaRecordBuffer) {
+        buffer.begin(topic: stateTopic, partition: partition)
+        buffer.hasKey = true
+        record.appendKey(slotCount: journalSlots, to: &buffer.key)
+        var writer = JSONWriter(reusing: buffer.takeValue())
+        record.write(to: &writer)
+        buffer.value = writer.takeBytes()
+        appendHeaders(journalHeaders, to: &buffer, timeMs: record.entry.completedAtMs ?? record.entry.startedAtMs) {
+            id in
+            id.append(contentsOf: "journal:".utf8)
+            id.append(contentsOf: record.entry.requestID.utf8)
             id.append(UInt8(ascii: ":"))
-            id.append(contentsOf: result.rawValue.utf8)
+            JSONWriter.appendDecimal(Int64(record.entry.attempts), to: &id)
+            if let result = record.entry.result {
+                id.append(UInt8(ascii: ":"))
+                id.append(contentsOf: result.rawValue.utf8)
+            }
         }
-        return KafkaProducerRecord(
-            topic: stateTopic, partition: partition, key: record.key(slotCount: journalSlots),
-            value: record.jsonBytes(),
-            headers: headers(
-                journalHeaders, id: id, timeMs: record.entry.completedAtMs ?? record.entry.startedAtMs))
     }
 
-    private func headers(_ template: HeaderTemplate, id: [UInt8], timeMs: Int64) -> [KafkaHeader] {
-        var headers = template.headers
-        headers[template.id].value = id
-        headers[template.time].value = lastTime.rfc3339(ms: timeMs)
-        return headers
+    /// The template's headers, in order, with the record's `ce_id` (written by `id`) and `ce_time`.
+    private func appendHeaders(
+        _ template: HeaderTemplate, to buffer: inout KafkaRecordBuffer, timeMs: Int64,
+        id: (inout [UInt8]) -> Void
+    ) {
+        for index in 0..<template.headers.count {
+            if index == template.id {
+                buffer.headers.append(key: "ce_id", writing: id)
+            } else if index == template.time {
+                buffer.headers.append(key: "ce_time") { lastTime.append(ms: timeMs, to: &$0) }
+            } else {
+                buffer.headers.append(template.headers, at: index)
+            }
+        }
     }
 
-    /// The UTF-8 bytes of the strings one after the other, in one allocation (no variadic array).
-    private static func bytes(_ first: String, _ second: String, _ third: String = "") -> [UInt8] {
-        var bytes: [UInt8] = []
-        bytes.reserveCapacity(first.utf8.count + second.utf8.count + third.utf8.count)
-        bytes.append(contentsOf: first.utf8)
-        bytes.append(contentsOf: second.utf8)
-        bytes.append(contentsOf: third.utf8)
-        return bytes
+    /// `{app_id}:{app_user_id}` as the record's key.
+    private static func appendKey(_ appID: String, _ appUserID: String, to buffer: inout KafkaRecordBuffer) {
+        buffer.hasKey = true
+        buffer.key.append(contentsOf: appID.utf8)
+        buffer.key.append(UInt8(ascii: ":"))
+        buffer.key.append(contentsOf: appUserID.utf8)
     }
 }
 
 /// One event type's CloudEvents headers, with where its per-record `ce_id` and `ce_time` go.
 private struct HeaderTemplate: Sendable {
-    let headers: [KafkaHeader]
+    let headers: KafkaHeaderBuffer
     let id: Int
     let time: Int
 
     init(source: String, type: EventType) {
-        headers = CloudEventHeaders(id: "", source: source, type: type, timeMs: 0).headers.map {
-            KafkaHeader(key: $0.key, string: $0.value)
-        }
+        let headers = CloudEventHeaders(id: "", source: source, type: type, timeMs: 0).headers
+        self.headers = KafkaHeaderBuffer(headers.map { KafkaHeader(key: $0.key, string: $0.value) })
         // (Both are always there: the id and time are given.)
         id = headers.firstIndex { $0.key == "ce_id" }!
         time = headers.firstIndex { $0.key == "ce_time" }!
@@ -167,10 +193,11 @@ private struct HeaderTemplate: Sendable {
 private final class LastTime: Sendable {
     private let last = Mutex<(ms: Int64, bytes: [UInt8])>((-1, []))
 
-    func rfc3339(ms: Int64) -> [UInt8] {
+    /// Appends the `ce_time` value of `ms` to `bytes`.
+    func append(ms: Int64, to bytes: inout [UInt8]) {
         last.withLock { last in
             if last.ms != ms { last = (ms, CloudEventHeaders.rfc3339Bytes(ms: ms)) }
-            return last.bytes
+            bytes.append(contentsOf: last.bytes)
         }
     }
 }

@@ -21,6 +21,8 @@ final class WorkerExecutor {
     let outputQueue = DispatchQueue(label: "encore.processor.outputs")
     /// The batches handed to the output queue, taken there in the order they were put.
     private let handedOver = OutputHandOver()
+    /// The output queue's record buffer.
+    private let scratch = RecordScratch()
     let clock = ContinuousClock()
     /// The running attempt of each call, to cancel it.
     private var running: [Int: (attempt: Int, task: Task<Void, Never>)] = [:]
@@ -129,9 +131,12 @@ final class WorkerExecutor {
                 // (Through the hand-over, not captured: the output queue then owns the batch alone
                 // and moves each output into its record.)
                 handedOver.put(consume outputs)
-                let (handedOver, encoder, producer, inbox) = (self.handedOver, self.encoder, self.producer, self.inbox)
+                let (handedOver, encoder, scratch, producer, inbox) = (
+                    self.handedOver, self.encoder, self.scratch, self.producer, self.inbox
+                )
                 outputQueue.async(execute: {
-                    Self.produce(handedOver.take(), encoder: encoder, producer: producer, inbox: inbox)
+                    Self.produce(
+                        handedOver.take(), encoder: encoder, scratch: scratch, producer: producer, inbox: inbox)
                 })
             case .pause(let partitions):
                 do {
@@ -210,21 +215,24 @@ final class WorkerExecutor {
 
     static func produce(
         _ outputs: consuming [(token: UInt, output: UnsentOutput)], encoder: OutputEncoder,
-        producer: any OutputProducer, inbox: Inbox<ProcessorInput>
+        scratch: RecordScratch, producer: any OutputProducer, inbox: Inbox<ProcessorInput>
     ) {
+        var outputs = outputs
         var refused: [KafkaDelivery] = []
-        // Each output is moved into its record.
-        outputs.removeAllInOrder { next in
-            let (token, output) = next
-            let record = encoder.record(for: output)
-            do throws(KafkaError) {
-                try producer.produce(record, token: token)
-            } catch {
-                // Reported like a failed delivery: a full local queue is tried again, anything else stops.
-                let failure = KafkaError(
-                    code: error.code, message: "cannot enqueue output: \(error.message)",
-                    isRetriable: error.isRetriable, isFatal: error.isFatal)
-                refused.append(KafkaDelivery(token: token, error: failure, record: record))
+        // Each output is moved into the one buffer the queue reuses for every record.
+        scratch.buffer.withLock { buffer in
+            outputs.removeAllInOrder { next in
+                let (token, output) = next
+                encoder.encode(output, into: &buffer)
+                do throws(KafkaError) {
+                    try producer.produce(buffer, token: token)
+                } catch {
+                    // Reported like a failed delivery: a full local queue is tried again, anything else stops.
+                    let failure = KafkaError(
+                        code: error.code, message: "cannot enqueue output: \(error.message)",
+                        isRetriable: error.isRetriable, isFatal: error.isFatal)
+                    refused.append(KafkaDelivery(token: token, error: failure, record: buffer.record))
+                }
             }
         }
         if !refused.isEmpty { inbox.post(.delivered(refused)) }
@@ -250,6 +258,15 @@ protocol ConsumerControl: Sendable {
 /// worker's inbox as ``ProcessorInput/delivered(_:)`` batches, with the token.
 protocol OutputProducer: Sendable {
     func produce(_ record: KafkaProducerRecord, token: UInt) throws(KafkaError)
+    /// Produces the record in `buffer`, which is reused as soon as this returns.
+    func produce(_ buffer: borrowing KafkaRecordBuffer, token: UInt) throws(KafkaError)
+}
+
+extension OutputProducer {
+    /// A producer that keeps what it is handed takes the record as a value.
+    func produce(_ buffer: borrowing KafkaRecordBuffer, token: UInt) throws(KafkaError) {
+        try produce(buffer.record, token: token)
+    }
 }
 
 /// Commits the transaction in progress with the group's offsets and begins the next one, or aborts
@@ -262,6 +279,12 @@ protocol TransactionCommitter: Sendable {
 
 extension KafkaConsumer: ConsumerControl {}
 extension KafkaProducer: OutputProducer {}
+
+/// The output queue's record buffer, reused for every record it encodes: only that queue takes
+/// the lock, so it is never contended.
+final class RecordScratch: Sendable {
+    let buffer = Mutex(KafkaRecordBuffer())
+}
 
 /// The executor's output batches on their way to the output queue: put in order on the worker's
 /// task, taken in the same order on the queue, one take per put.

@@ -28,6 +28,10 @@ struct WorkerProducer: OutputProducer {
         try producer.produce(record, token: token * UInt(workers) + UInt(worker))
     }
 
+    func produce(_ buffer: borrowing KafkaRecordBuffer, token: UInt) throws(KafkaError) {
+        try producer.produce(buffer, token: token * UInt(workers) + UInt(worker))
+    }
+
     /// Deliveries by worker, with the worker's own tokens.
     static func split(_ deliveries: [KafkaDelivery], workers: Int) -> [(worker: Int, items: [KafkaDelivery])] {
         guard workers > 1 else { return [(0, deliveries)] }
