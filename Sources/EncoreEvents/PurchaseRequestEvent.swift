@@ -80,7 +80,11 @@ public struct PurchaseRequestEvent: EncoreEvent, Hashable {
         digest.add(offerID)
         digest.add(entitlement.map { "\($0.type.rawValue)/\($0.value)/\($0.unit.rawValue)" })
         digest.add(deadlineAtMs.map(String.init))
-        if let attributes {
+        if let attributes, attributes.count == 1, let (key, value) = attributes.first {
+            // (One attribute needs no sorted copy.)
+            digest.add(key)
+            digest.add(value)
+        } else if let attributes {
             for (key, value) in attributes.sorted(by: { $0.key < $1.key }) {
                 digest.add(key)
                 digest.add(value)
