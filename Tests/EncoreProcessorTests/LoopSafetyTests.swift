@@ -217,7 +217,7 @@ struct LoopSafetyTests {
         #expect(!harness.hasEnded, "the loop ended with a call running")
         gate.open()
         #expect(await harness.ended() == nil)
-        // Handed to the output queue before the loop ended; produced from there.
+        // Produced before the loop ended; acknowledged after.
         #expect(await eventually { harness.producer.outcomes().map(\.requestID) == ["req-0"] })
     }
 

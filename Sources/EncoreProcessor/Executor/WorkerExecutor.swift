@@ -1,4 +1,3 @@
-import Dispatch
 import EncoreEvents
 import Kafka
 import Synchronization
@@ -17,12 +16,8 @@ final class WorkerExecutor {
     let logger: Logger
     let committer: (any TransactionCommitter)?
     let encoder: OutputEncoder
-    /// Outputs are encoded and produced here, in order, off the worker's thread.
-    let outputQueue = DispatchQueue(label: "encore.processor.outputs")
-    /// The batches handed to the output queue, taken there in the order they were put.
-    private let handedOver = OutputHandOver()
-    /// The output queue's record buffer.
-    private let scratch = RecordScratch()
+    /// The buffer every output is encoded into, in turn (the producer copies it).
+    private var recordBuffer = KafkaRecordBuffer()
     let clock = ContinuousClock()
     /// The running attempt of each call, to cancel it.
     private var running: [Int: (attempt: Int, task: Task<Void, Never>)] = [:]
@@ -61,7 +56,6 @@ final class WorkerExecutor {
         while !worker.isFinished { handle(await inbox.next()) }
         stopped()
         for call in running.values { call.task.cancel() }
-        await waitForOutputs()
         await commitTask?.value
         // (`.some(nil)`: a commit was in flight and committed; `nil`: none was.)
         var commit: KafkaError?? = nil
@@ -127,17 +121,7 @@ final class WorkerExecutor {
             switch consume action {
             case .call(let id, let attempt, let request, let controller): call(id, attempt, request, controller)
             case .cancelCall(let id): running[id]?.task.cancel()
-            case .produce(let outputs):
-                // (Through the hand-over, not captured: the output queue then owns the batch alone
-                // and moves each output into its record.)
-                handedOver.put(consume outputs)
-                let (handedOver, encoder, scratch, producer, inbox) = (
-                    self.handedOver, self.encoder, self.scratch, self.producer, self.inbox
-                )
-                outputQueue.async(execute: {
-                    Self.produce(
-                        handedOver.take(), encoder: encoder, scratch: scratch, producer: producer, inbox: inbox)
-                })
+            case .produce(let outputs): produce(outputs)
             case .pause(let partitions):
                 do {
                     try consumer.pause(partitions)
@@ -213,37 +197,31 @@ final class WorkerExecutor {
         }
     }
 
-    static func produce(
-        _ outputs: consuming [(token: UInt, output: UnsentOutput)], encoder: OutputEncoder,
-        scratch: RecordScratch, producer: any OutputProducer, inbox: Inbox<ProcessorInput>
-    ) {
+    /// Encodes each output into the record buffer and hands its bytes to the producer, in order,
+    /// on the worker's task: librdkafka copies them, so the buffer serves the next output at once.
+    private func produce(_ outputs: consuming [(token: UInt, output: UnsentOutput)]) {
         var outputs = outputs
         var refused: [KafkaDelivery] = []
-        // Each output is moved into the one buffer the queue reuses for every record.
-        scratch.buffer.withLock { buffer in
-            outputs.removeAllInOrder { next in
-                let (token, output) = next
-                encoder.encode(output, into: &buffer)
-                do throws(KafkaError) {
-                    try producer.produce(buffer, token: token)
-                } catch {
-                    // Reported like a failed delivery: a full local queue is tried again, anything else stops.
-                    let failure = KafkaError(
-                        code: error.code, message: "cannot enqueue output: \(error.message)",
-                        isRetriable: error.isRetriable, isFatal: error.isFatal)
-                    refused.append(KafkaDelivery(token: token, error: failure, record: buffer.record))
-                }
+        // (Taken out of the executor for the batch: no exclusivity check per output.)
+        var buffer = KafkaRecordBuffer()
+        swap(&buffer, &recordBuffer)
+        defer { swap(&buffer, &recordBuffer) }
+        outputs.removeAllInOrder { next in
+            let (token, output) = next
+            encoder.encode(output, into: &buffer)
+            do throws(KafkaError) {
+                try producer.produce(buffer, token: token)
+            } catch {
+                // Reported like a failed delivery: a full local queue is tried again, anything else stops.
+                let failure = KafkaError(
+                    code: error.code, message: "cannot enqueue output: \(error.message)",
+                    isRetriable: error.isRetriable, isFatal: error.isFatal)
+                refused.append(KafkaDelivery(token: token, error: failure, record: buffer.record))
             }
         }
         if !refused.isEmpty { inbox.post(.delivered(refused)) }
     }
 
-    /// Waits until every output handed to the output queue has been given to the producer.
-    func waitForOutputs() async {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            outputQueue.async(execute: { continuation.resume() })
-        }
-    }
 }
 
 /// What the executor needs of the consumer: pausing partitions (a revocation or the drain; the
@@ -279,28 +257,3 @@ protocol TransactionCommitter: Sendable {
 
 extension KafkaConsumer: ConsumerControl {}
 extension KafkaProducer: OutputProducer {}
-
-/// The output queue's record buffer, reused for every record it encodes: only that queue takes
-/// the lock, so it is never contended.
-final class RecordScratch: Sendable {
-    let buffer = Mutex(KafkaRecordBuffer())
-}
-
-/// The executor's output batches on their way to the output queue: put in order on the worker's
-/// task, taken in the same order on the queue, one take per put.
-private final class OutputHandOver: Sendable {
-    private let batches = Mutex(FIFO<[(token: UInt, output: UnsentOutput)]>())
-
-    func put(_ batch: consuming [(token: UInt, output: UnsentOutput)]) {
-        batches.withLock { $0.append(batch) }
-    }
-
-    func take() -> [(token: UInt, output: UnsentOutput)] {
-        // Each take follows its put: the queue runs the blocks in the order they were added. A take
-        // with nothing put would lose outputs: a defect, stopped here.
-        guard let batch = batches.withLock({ $0.popFirst() }) else {
-            preconditionFailure("an output batch taken that was never handed over")
-        }
-        return batch
-    }
-}

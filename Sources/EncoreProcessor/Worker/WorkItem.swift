@@ -2,7 +2,7 @@ import EncoreEvents
 import Foundation
 import Kafka
 
-/// An output as the loop hands it to the output queue, which encodes it off the loop.
+/// An output as the worker decides it; its executor encodes it and hands its bytes to the producer.
 enum UnsentOutput: Sendable {
     /// `trace`: the request record's W3C trace context headers, copied onto the output.
     case outcome(PurchaseOutcomeEvent, trace: [KafkaHeader] = [])
