@@ -1,5 +1,5 @@
 /// Headers written into one reused byte buffer: a record's headers are appended, produced, and
-/// removed again, and after the first few records nothing is allocated (a `[KafkaHeader]` costs an
+/// removed again, and once the buffer has grown nothing is allocated (a `[KafkaHeader]` costs an
 /// array, and a retain and release of each key and value, per record).
 public struct KafkaHeaderBuffer: Sendable {
     private struct Entry: Sendable {
@@ -13,14 +13,20 @@ public struct KafkaHeaderBuffer: Sendable {
     private var storage: [UInt8] = []
     private var entries: [Entry] = []
 
+    /// An empty buffer.
     public init() {}
 
+    /// A buffer holding `headers`, in order.
     public init(_ headers: [KafkaHeader]) {
         for header in headers { append(header) }
     }
 
+    /// How many headers it holds.
     public var count: Int { entries.count }
     public var isEmpty: Bool { entries.isEmpty }
+
+    /// The bytes it holds room for (keys and values together).
+    public var capacity: Int { storage.capacity }
 
     /// Empties the buffer, keeping its capacity.
     public mutating func removeAll() {
@@ -38,9 +44,7 @@ public struct KafkaHeaderBuffer: Sendable {
 
     /// Appends a header whose value is `value` (`nil`: no value).
     public mutating func append(key: String, value: UnsafeRawBufferPointer?) {
-        let keyStart = storage.count
-        var key = key
-        key.withUTF8 { storage.append(contentsOf: $0) }
+        let keyStart = appendKey(key)
         let valueStart = storage.count
         if let value { storage.append(contentsOf: value) }
         entries.append(
@@ -52,9 +56,7 @@ public struct KafkaHeaderBuffer: Sendable {
     /// Appends a header whose value `write` appends to the bytes it is handed (written in place:
     /// no array of its own).
     public mutating func append(key: String, writing write: (inout [UInt8]) -> Void) {
-        let keyStart = storage.count
-        var key = key
-        key.withUTF8 { storage.append(contentsOf: $0) }
+        let keyStart = appendKey(key)
         let valueStart = storage.count
         write(&storage)
         entries.append(
@@ -82,12 +84,6 @@ public struct KafkaHeaderBuffer: Sendable {
             Entry(keyStart: keyStart, keyCount: entry.keyCount, valueStart: valueStart, valueCount: entry.valueCount))
     }
 
-    /// Header `index`'s key, as text.
-    public func key(at index: Int) -> String {
-        let entry = entries[index]
-        return String(decoding: storage[entry.keyStart..<entry.keyStart + entry.keyCount], as: UTF8.self)
-    }
-
     /// Hands `body` each header's key and value (`nil`: no value), in order, borrowed from the buffer.
     public func forEach(_ body: (UnsafeRawBufferPointer, UnsafeRawBufferPointer?) -> Void) {
         storage.withUnsafeBytes { bytes in
@@ -102,8 +98,8 @@ public struct KafkaHeaderBuffer: Sendable {
         }
     }
 
-    /// The headers as values.
-    public var headers: [KafkaHeader] {
+    /// The headers as values, in order.
+    public var values: [KafkaHeader] {
         var headers: [KafkaHeader] = []
         headers.reserveCapacity(entries.count)
         forEach { key, value in
@@ -111,22 +107,37 @@ public struct KafkaHeaderBuffer: Sendable {
         }
         return headers
     }
+
+    private mutating func appendKey(_ key: String) -> Int {
+        let start = storage.count
+        var key = key
+        key.withUTF8 { storage.append(contentsOf: $0) }
+        return start
+    }
 }
 
 /// A record to produce, encoded into buffers that are reused record after record: the producer
-/// copies what it is handed (`KafkaProducer.produce(_:token:)`), so one
-/// buffer serves every record of a thread, and encoding a record allocates nothing once the
-/// buffers have grown to the records' size.
+/// copies what it is handed (``KafkaProducer/produce(_:token:)``), so one buffer serves every
+/// record of a worker, and encoding a record allocates nothing once the buffers have grown to the
+/// records' size.
 public struct KafkaRecordBuffer: Sendable {
+    /// Buffers grown beyond this many bytes by one large record (a dead letter of a large record)
+    /// are let go after it (``shrink()``), rather than held for the rest of the process.
+    public static let retainedCapacity = 64 * 1024
+
+    /// The record's topic.
     public var topic = ""
     /// `nil` lets the partitioner choose by key.
     public var partition: Int32? = nil
     /// The key's bytes; meaningful only when `hasKey` (a record with an empty key is not one without).
     public var key: [UInt8] = []
     public var hasKey = false
+    /// The value's bytes.
     public var value: [UInt8] = []
+    /// The record's headers, in order.
     public var headers = KafkaHeaderBuffer()
 
+    /// An empty buffer.
     public init() {}
 
     /// Starts the next record: its topic and partition, everything else emptied (capacity kept).
@@ -157,9 +168,16 @@ public struct KafkaRecordBuffer: Sendable {
         return taken
     }
 
+    /// Lets go of buffers grown beyond ``retainedCapacity``: the next record starts them anew.
+    public mutating func shrink() {
+        if key.capacity > Self.retainedCapacity { key = [] }
+        if value.capacity > Self.retainedCapacity { value = [] }
+        if headers.capacity > Self.retainedCapacity { headers = KafkaHeaderBuffer() }
+    }
+
     /// The record as a value (for a failure report, or a producer that keeps what it is handed).
     public var record: KafkaProducerRecord {
         KafkaProducerRecord(
-            topic: topic, partition: partition, key: hasKey ? key : nil, value: value, headers: headers.headers)
+            topic: topic, partition: partition, key: hasKey ? key : nil, value: value, headers: headers.values)
     }
 }

@@ -43,6 +43,7 @@ final class FakeConsumer: ConsumerControl {
 final class FakeProducer: OutputProducer {
     private let records = Mutex<[KafkaProducerRecord]>([])
     private let failures = Mutex<[KafkaError]>([])
+    private let refusals = Mutex<[KafkaError]>([])
     private let calls = Mutex<[KafkaProducerRecord]>([])
     private let queue = DispatchQueue(label: "fake.producer")
     private let onDeliveries: @Sendable ([KafkaDelivery]) -> Void
@@ -54,6 +55,12 @@ final class FakeProducer: OutputProducer {
     }
 
     func failNext(_ errors: [KafkaError]) { failures.withLock { $0 += errors } }
+
+    /// The next `count` produce calls throw `error` (a full local queue, say): the record is not
+    /// taken at all.
+    func refuseNext(_ count: Int, with error: KafkaError) {
+        refusals.withLock { $0 += Array(repeating: error, count: count) }
+    }
 
     /// Holds back the broker's acknowledgement of records of `topic` until ``release(_:)``.
     func hold(_ topic: String) { held.withLock { _ = $0.topics.insert(topic) } }
@@ -68,7 +75,9 @@ final class FakeProducer: OutputProducer {
         queue.async { [self] in onDeliveries(deliveries.map { acknowledge($0.0, token: $0.1, failure: nil) }) }
     }
 
-    func produce(_ record: KafkaProducerRecord, token: UInt) throws(KafkaError) {
+    func produce(_ buffer: borrowing KafkaRecordBuffer, token: UInt) throws(KafkaError) {
+        if let refusal = refusals.withLock({ $0.isEmpty ? nil : $0.removeFirst() }) { throw refusal }
+        let record = buffer.record
         calls.withLock { $0.append(record) }
         let failure = failures.withLock { $0.isEmpty ? nil : $0.removeFirst() }
         let holding = held.withLock { held in

@@ -207,6 +207,39 @@ struct LoopSafetyTests {
         await harness.stop()
     }
 
+    @Test(
+        "outputs librdkafka refuses to enqueue (a full local queue) are produced again, whole and in order; the next outputs are unharmed"
+    )
+    func refusedProduce() async throws {
+        let controller = RecordingController()
+        let harness = LoopHarness(router: router(controller))
+        // The first two outputs handed to the producer (req-0's intent, then req-1's) are refused.
+        harness.producer.refuseNext(
+            2, with: KafkaError(code: .queueFull, message: "local queue full", isRetriable: true))
+        harness.assign(partitions: 1)
+        let events = (0..<4).map { request($0, user: $0 % 2 == 0 ? "u" : "v") }
+        for event in events { harness.feed(event) }
+        #expect(await harness.waitForFinished(4))
+        #expect(controller.snapshot.overlaps == [])
+        // Every output arrived as its contract record: the refused ones rebuilt from the buffer,
+        // the ones after them in a buffer the refused records did not disturb.
+        let outcomes = harness.producer.outcomes()
+        #expect(outcomes.filter { $0.appUserID == "u" }.map(\.requestID) == ["req-0", "req-2"])
+        #expect(outcomes.filter { $0.appUserID == "v" }.map(\.requestID) == ["req-1", "req-3"])
+        for record in harness.producer.produced where record.topic == "encore.purchase-outcomes" {
+            let outcome = try PurchaseOutcomeEvent(jsonBytes: record.value)
+            #expect(record.key == Array(outcome.key.utf8))
+            #expect(record.headers.first { $0.key == "ce_id" }?.stringValue == "outcome:\(outcome.requestID)")
+        }
+        let journal = harness.producer.journal()
+        #expect(Set(journal.map(\.entry.requestID)) == Set(events.map(\.requestID)))
+        #expect(journal.filter { $0.entry.result == nil }.count == 4, "one intent each, produced once")
+        // The refused two never reached the producer's queue: handed over as many times as acknowledged.
+        #expect(harness.producer.handedOver.count == harness.producer.produced.count)
+        #expect(await eventually { harness.consumer.snapshot.stored.values.first == 4 })
+        await harness.stop()
+    }
+
     @Test("shutdown never ends with a call alive: past the drain deadline it cancels and waits for the call")
     func shutdownWaitsForTheCall() async throws {
         let (gate, controller, harness) = harnessWithStuckCall()

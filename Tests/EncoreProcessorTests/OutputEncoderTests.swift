@@ -80,12 +80,12 @@ struct OutputEncoderTests {
                     headers: headers(.entitlementState, id: "state:app:u7:12:1796000000400", timeMs: 1_796_000_000_400))
             ),
             (
-                "change", .change(change, trace: []),
+                "change", .change(change, trace: trace),
                 KafkaProducerRecord(
                     topic: configuration.entitlementsTopic, key: Array("app:u7".utf8), value: change.jsonBytes(),
                     headers: headers(
                         .entitlementChanged, id: "entitlement:app:u7:13:\(OutputEncoder.digest(change.jsonBytes()))",
-                        timeMs: 1_796_000_000_500))
+                        timeMs: 1_796_000_000_500, trace: trace))
             ),
             (
                 "dead letter without a key", .deadLetter(letter, key: nil, trace: []),
@@ -95,11 +95,12 @@ struct OutputEncoderTests {
                         .deadLetter, id: "deadletter:encore.purchase-requests/2/41", timeMs: 1_796_000_000_600))
             ),
             (
-                "dead letter with an empty key", .deadLetter(letter, key: [], trace: []),
+                "dead letter with an empty key", .deadLetter(letter, key: [], trace: trace),
                 KafkaProducerRecord(
                     topic: configuration.deadLetterTopic, key: [], value: letter.jsonBytes(),
                     headers: headers(
-                        .deadLetter, id: "deadletter:encore.purchase-requests/2/41", timeMs: 1_796_000_000_600))
+                        .deadLetter, id: "deadletter:encore.purchase-requests/2/41", timeMs: 1_796_000_000_600,
+                        trace: trace))
             ),
         ]
     }

@@ -173,10 +173,6 @@ private final class AcknowledgingProducer: OutputProducer {
         }.start()
     }
 
-    func produce(_ record: KafkaProducerRecord, token: UInt) throws(KafkaError) {
-        pending.withLock { $0.append(token) }
-    }
-
     func produce(_ buffer: borrowing KafkaRecordBuffer, token: UInt) throws(KafkaError) {
         pending.withLock { $0.append(token) }
     }

@@ -2,8 +2,9 @@ import EncoreEvents
 import Kafka
 import Synchronization
 
-/// Turns outcomes and dead letters into records with their CloudEvents headers. Pure and
-/// `Sendable`, so encoding runs beside the processor's loop rather than on it.
+/// Turns outputs (outcomes, change events, states, journal records, dead letters) into records
+/// with their CloudEvents headers, written into a reused ``KafkaRecordBuffer``. Pure but for the
+/// shared `ce_time` of the latest millisecond.
 struct OutputEncoder: Sendable {
     let outcomesTopic: String
     let deadLetterTopic: String

@@ -1,6 +1,5 @@
 import EncoreEvents
 import Kafka
-import Synchronization
 
 /// Runs one ``Worker``: feeds it its inbox with the time, and carries out what it decides (calls,
 /// outputs, commits, pauses, hand-overs, log lines), posting every effect's result back to the
@@ -49,8 +48,8 @@ final class WorkerExecutor {
 
     /// The one driver of a worker, in production, the tests and `bench --no-kafka`: handles its
     /// inbox until the worker is finished, then ends it as every worker ends: calls still running
-    /// are cancelled, the outputs handed over reach the producer, the commit in flight returns, and
-    /// an open transaction aborts. `stopped` runs as soon as inputs are no longer handled, and
+    /// are cancelled (their outputs were produced as they were decided), the commit in flight
+    /// returns, and an open transaction aborts. `stopped` runs as soon as inputs are no longer handled, and
     /// `beforeAbort` before the transaction's abort (which may wait on the broker).
     func run(stopped: () -> Void = {}, beforeAbort: () -> Void = {}) async {
         while !worker.isFinished { handle(await inbox.next()) }
@@ -205,7 +204,11 @@ final class WorkerExecutor {
         // (Taken out of the executor for the batch: no exclusivity check per output.)
         var buffer = KafkaRecordBuffer()
         swap(&buffer, &recordBuffer)
-        defer { swap(&buffer, &recordBuffer) }
+        defer {
+            // (A record larger than most, such as a large record's dead letter, is not held on to.)
+            buffer.shrink()
+            swap(&buffer, &recordBuffer)
+        }
         outputs.removeAllInOrder { next in
             let (token, output) = next
             encoder.encode(output, into: &buffer)
@@ -221,7 +224,6 @@ final class WorkerExecutor {
         }
         if !refused.isEmpty { inbox.post(.delivered(refused)) }
     }
-
 }
 
 /// What the executor needs of the consumer: pausing partitions (a revocation or the drain; the
@@ -235,16 +237,9 @@ protocol ConsumerControl: Sendable {
 /// What the executor needs of the producer. ``KafkaProducer`` provides it; the answers reach the
 /// worker's inbox as ``ProcessorInput/delivered(_:)`` batches, with the token.
 protocol OutputProducer: Sendable {
-    func produce(_ record: KafkaProducerRecord, token: UInt) throws(KafkaError)
-    /// Produces the record in `buffer`, which is reused as soon as this returns.
+    /// Produces the record in `buffer`, which is reused as soon as this returns (a producer that
+    /// keeps what it is handed takes ``KafkaRecordBuffer/record``).
     func produce(_ buffer: borrowing KafkaRecordBuffer, token: UInt) throws(KafkaError)
-}
-
-extension OutputProducer {
-    /// A producer that keeps what it is handed takes the record as a value.
-    func produce(_ buffer: borrowing KafkaRecordBuffer, token: UInt) throws(KafkaError) {
-        try produce(buffer.record, token: token)
-    }
 }
 
 /// Commits the transaction in progress with the group's offsets and begins the next one, or aborts

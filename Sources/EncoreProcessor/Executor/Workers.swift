@@ -24,10 +24,6 @@ struct WorkerProducer: OutputProducer {
     let worker: Int
     let workers: Int
 
-    func produce(_ record: KafkaProducerRecord, token: UInt) throws(KafkaError) {
-        try producer.produce(record, token: token * UInt(workers) + UInt(worker))
-    }
-
     func produce(_ buffer: borrowing KafkaRecordBuffer, token: UInt) throws(KafkaError) {
         try producer.produce(buffer, token: token * UInt(workers) + UInt(worker))
     }
