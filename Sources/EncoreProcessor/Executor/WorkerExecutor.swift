@@ -48,9 +48,9 @@ final class WorkerExecutor {
 
     /// The one driver of a worker, in production, the tests and `bench --no-kafka`: handles its
     /// inbox until the worker is finished, then ends it as every worker ends: calls still running
-    /// are cancelled (their outputs were produced as they were decided), the commit in flight
-    /// returns, and an open transaction aborts. `stopped` runs as soon as inputs are no longer handled, and
-    /// `beforeAbort` before the transaction's abort (which may wait on the broker).
+    /// are cancelled (its outputs were produced as they were decided), the commit in flight
+    /// returns, and an open transaction aborts. `stopped` runs as soon as inputs are no longer
+    /// handled, and `beforeAbort` before the transaction's abort (which may wait on the broker).
     func run(stopped: () -> Void = {}, beforeAbort: () -> Void = {}) async {
         while !worker.isFinished { handle(await inbox.next()) }
         stopped()
