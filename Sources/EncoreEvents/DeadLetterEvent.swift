@@ -169,6 +169,9 @@ public struct DeadLetterEvent: EncoreEvent, Hashable {
 
     public func jsonBytes() -> [UInt8] { Self.table.encode(self) }
 
+    /// Writes ``jsonBytes()``'s JSON into `writer` (a reused buffer).
+    public func write(to writer: inout JSONWriter) { Self.table.write(self, to: &writer) }
+
     /// The original key's two wire fields; the table reads the text before its encoding.
     var originalKeyText: String? {
         get { originalKey?.text }

@@ -67,6 +67,9 @@ public struct EntitlementChangeEvent: EncoreEvent, Hashable {
     }
 
     public func jsonBytes() -> [UInt8] { Self.table.encode(self) }
+
+    /// Writes ``jsonBytes()``'s JSON into `writer` (a reused buffer).
+    public func write(to writer: inout JSONWriter) { Self.table.write(self, to: &writer) }
 }
 
 extension EntitlementChangeEvent: FieldTabled {

@@ -165,6 +165,9 @@ public struct EntitlementStateRecord: EncoreEvent, Hashable {
 
     public func jsonBytes() -> [UInt8] { Self.table.encode(self) }
 
+    /// Writes ``jsonBytes()``'s JSON into `writer` (a reused buffer).
+    public func write(to writer: inout JSONWriter) { Self.table.write(self, to: &writer) }
+
     /// One access rule's last answer, as the record holds it.
     struct AccessAnswer: FieldTabled {
         var rule: String

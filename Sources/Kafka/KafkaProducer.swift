@@ -61,8 +61,8 @@ public final class KafkaProducer: Sendable {
         if let error = enqueue(record, opaque: RDKafkaOpaque.token(token)) { throw error }
     }
 
-    /// Enqueues the record in `buffer` as the record variant does, from
-    /// the buffer's bytes (copied by librdkafka: the buffer may be reused at once).
+    /// Enqueues the record in `buffer`, as ``produce(_:token:)`` does a record value: librdkafka
+    /// copies the buffer's bytes, so the buffer may be reused at once.
     public func produce(_ buffer: borrowing KafkaRecordBuffer, token: UInt) throws(KafkaError) {
         precondition(client.callbacks.deliveries != nil, "produce(_:token:) needs a producer made with onDeliveries")
         precondition(token <= RDKafkaOpaque.largestToken, "delivery token too large")

@@ -44,25 +44,13 @@ public struct KafkaHeaderBuffer: Sendable {
 
     /// Appends a header whose value is `value` (`nil`: no value).
     public mutating func append(key: String, value: UnsafeRawBufferPointer?) {
-        let keyStart = appendKey(key)
-        let valueStart = storage.count
-        if let value { storage.append(contentsOf: value) }
-        entries.append(
-            Entry(
-                keyStart: keyStart, keyCount: valueStart - keyStart, valueStart: valueStart,
-                valueCount: value?.count ?? -1))
+        append(key: key, isNull: value == nil) { if let value { $0.append(contentsOf: value) } }
     }
 
     /// Appends a header whose value `write` appends to the bytes it is handed (written in place:
     /// no array of its own).
     public mutating func append(key: String, writing write: (inout [UInt8]) -> Void) {
-        let keyStart = appendKey(key)
-        let valueStart = storage.count
-        write(&storage)
-        entries.append(
-            Entry(
-                keyStart: keyStart, keyCount: valueStart - keyStart, valueStart: valueStart,
-                valueCount: storage.count - valueStart))
+        append(key: key, isNull: false, write)
     }
 
     /// Appends header `index` of `other`.
@@ -108,11 +96,16 @@ public struct KafkaHeaderBuffer: Sendable {
         return headers
     }
 
-    private mutating func appendKey(_ key: String) -> Int {
-        let start = storage.count
+    private mutating func append(key: String, isNull: Bool, _ write: (inout [UInt8]) -> Void) {
+        let keyStart = storage.count
         var key = key
         key.withUTF8 { storage.append(contentsOf: $0) }
-        return start
+        let valueStart = storage.count
+        write(&storage)
+        entries.append(
+            Entry(
+                keyStart: keyStart, keyCount: valueStart - keyStart, valueStart: valueStart,
+                valueCount: isNull ? -1 : storage.count - valueStart))
     }
 }
 

@@ -61,9 +61,7 @@ struct OutputEncoder: Sendable {
     private func encode(_ outcome: PurchaseOutcomeEvent, into buffer: inout KafkaRecordBuffer) {
         buffer.begin(topic: outcomesTopic, partition: nil)
         Self.appendKey(outcome.appID, outcome.appUserID, to: &buffer)
-        var writer = JSONWriter(reusing: buffer.takeValue())
-        outcome.write(to: &writer)
-        buffer.value = writer.takeBytes()
+        Self.writeValue(into: &buffer) { outcome.write(to: &$0) }
         appendHeaders(outcomeHeaders, to: &buffer, timeMs: outcome.completedAtMs) { id in
             id.append(contentsOf: "outcome:".utf8)
             id.append(contentsOf: outcome.requestID.utf8)
@@ -76,7 +74,7 @@ struct OutputEncoder: Sendable {
             buffer.hasKey = true
             buffer.key.append(contentsOf: key)
         }
-        buffer.value.append(contentsOf: letter.jsonBytes())
+        Self.writeValue(into: &buffer) { letter.write(to: &$0) }
         appendHeaders(deadLetterHeaders, to: &buffer, timeMs: letter.failedAtMs) { id in
             id.append(
                 contentsOf: "deadletter:\(letter.originalTopic)/\(letter.originalPartition)/\(letter.originalOffset)"
@@ -93,7 +91,7 @@ struct OutputEncoder: Sendable {
         let key = change.key
         buffer.hasKey = true
         buffer.key.append(contentsOf: key.utf8)
-        buffer.value.append(contentsOf: change.jsonBytes())
+        Self.writeValue(into: &buffer) { change.write(to: &$0) }
         let digest = Self.digest(buffer.value)
         appendHeaders(changeHeaders, to: &buffer, timeMs: change.effectiveAtMs) { id in
             id.append(contentsOf: "entitlement:\(key):\(change.sequence):\(digest)".utf8)
@@ -115,7 +113,7 @@ struct OutputEncoder: Sendable {
     private func encode(_ state: EntitlementStateRecord, partition: Int32, into buffer: inout KafkaRecordBuffer) {
         buffer.begin(topic: stateTopic, partition: partition)
         Self.appendKey(state.appID, state.appUserID, to: &buffer)
-        buffer.value.append(contentsOf: state.jsonBytes())
+        Self.writeValue(into: &buffer) { state.write(to: &$0) }
         appendHeaders(stateHeaders, to: &buffer, timeMs: state.updatedAtMs) { id in
             id.append(contentsOf: "state:".utf8)
             id.append(contentsOf: state.appID.utf8)
@@ -134,9 +132,7 @@ struct OutputEncoder: Sendable {
         buffer.begin(topic: stateTopic, partition: partition)
         buffer.hasKey = true
         record.appendKey(slotCount: journalSlots, to: &buffer.key)
-        var writer = JSONWriter(reusing: buffer.takeValue())
-        record.write(to: &writer)
-        buffer.value = writer.takeBytes()
+        Self.writeValue(into: &buffer) { record.write(to: &$0) }
         appendHeaders(journalHeaders, to: &buffer, timeMs: record.entry.completedAtMs ?? record.entry.startedAtMs) {
             id in
             id.append(contentsOf: "journal:".utf8)
@@ -164,6 +160,13 @@ struct OutputEncoder: Sendable {
                 buffer.headers.append(template.headers, at: index)
             }
         }
+    }
+
+    /// The record's value: JSON written by `write` straight into the buffer's value bytes.
+    private static func writeValue(into buffer: inout KafkaRecordBuffer, _ write: (inout JSONWriter) -> Void) {
+        var writer = JSONWriter(reusing: buffer.takeValue())
+        write(&writer)
+        buffer.value = writer.takeBytes()
     }
 
     /// `{app_id}:{app_user_id}` as the record's key.
