@@ -86,7 +86,15 @@ struct FaultTests {
         let calls = controller.snapshot
         #expect(calls.repeated.isEmpty && calls.overlaps.isEmpty && calls.calls == valid.count)
         let outcomes = try await readTopic(bootstrap: bootstrap, topic: Topics.outcomes, partitions: 4)
-        #expect(outcomes.count == valid.count, "\(outcomes.count - valid.count) repeated outcomes")
+        // On a mismatch: which requests have no outcome, and how many outcomes the processor saw
+        // acknowledged (all of them: the broker or the client lost an acknowledged record; fewer:
+        // the processor finished a record without its outcome). Seen once, beside stress-ng and the
+        // whole suite: 2,999 of 3,000; not again in 15 runs of this test alone nor 7 of the suite.
+        let published = Set(try outcomes.map { try PurchaseOutcomeEvent(jsonBytes: $0.value).requestID })
+        #expect(
+            outcomes.count == valid.count,
+            "\(outcomes.count - valid.count) outcomes more than requests; without one: \(valid.compactMap(\.requestID).filter { !published.contains($0) }.prefix(5)); acknowledged: \(processor.statistics.outcomes.values.reduce(0, +)), produced again: \(processor.statistics.redelivered)"
+        )
         let requested = try requestIDsByUser(
             try await readTopic(bootstrap: bootstrap, topic: Topics.requests, partitions: 4))
         let reordered = requested.filter { try! requestIDsByUser(outcomes)[$0.key] != $0.value }
