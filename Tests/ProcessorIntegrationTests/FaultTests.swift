@@ -59,9 +59,17 @@ struct FaultTests {
         let produced = try await produceRequests(bootstrap: bootstrap, count: 3000, options: options)
         let valid = produced.filter { $0.requestID != nil }
         let controller = RecordingController(latency: { _ in .milliseconds(2) })
+        // One produce request in flight at a time: librdkafka's mock cluster (2.0.2 and 2.16)
+        // takes an idempotent producer's batch that follows a refused one out of sequence, where a
+        // broker answers OUT_OF_ORDER_SEQUENCE_NUMBER, and the client then counts the refused
+        // batch as acknowledged by the later one: of 40 records produced to one partition with one
+        // request refused, all 40 were reported delivered and 39 were in the log, in 30 of 30 runs
+        // (none lost with one request in flight). When the outage ends between two such requests,
+        // an outcome the processor saw acknowledged is not on the topic (once in a full suite run
+        // beside stress-ng: 2,999 of 3,000).
         let processor = try processor(
             bootstrap: bootstrap, group: "long-outage", maxInFlight: 20, controller: controller,
-            kafka: ["message.timeout.ms": "1500"])
+            kafka: ["message.timeout.ms": "1500", "max.in.flight.requests.per.connection": "1"])
         async let running: Void = processor.run()
         #expect(await eventually { processor.statistics.finished >= 300 })
         // Every produce refused (NOT_ENOUGH_REPLICAS, nothing written) for longer than
@@ -88,8 +96,7 @@ struct FaultTests {
         let outcomes = try await readTopic(bootstrap: bootstrap, topic: Topics.outcomes, partitions: 4)
         // On a mismatch: which requests have no outcome, and how many outcomes the processor saw
         // acknowledged (all of them: the broker or the client lost an acknowledged record; fewer:
-        // the processor finished a record without its outcome). Seen once, beside stress-ng and the
-        // whole suite: 2,999 of 3,000; not again in 15 runs of this test alone nor 7 of the suite.
+        // the processor finished a record without its outcome).
         let published = Set(try outcomes.map { try PurchaseOutcomeEvent(jsonBytes: $0.value).requestID })
         #expect(
             outcomes.count == valid.count,
