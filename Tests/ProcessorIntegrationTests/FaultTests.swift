@@ -100,7 +100,7 @@ struct FaultTests {
         let published = Set(try outcomes.map { try PurchaseOutcomeEvent(jsonBytes: $0.value).requestID })
         #expect(
             outcomes.count == valid.count,
-            "\(outcomes.count - valid.count) outcomes more than requests; without one: \(valid.compactMap(\.requestID).filter { !published.contains($0) }.prefix(5)); acknowledged: \(processor.statistics.outcomes.values.reduce(0, +)), produced again: \(processor.statistics.redelivered)"
+            "\(outcomes.count) outcomes for \(valid.count) requests; without one: \(valid.compactMap(\.requestID).filter { !published.contains($0) }.prefix(5)); acknowledged: \(processor.statistics.outcomes.values.reduce(0, +)), produced again: \(processor.statistics.redelivered)"
         )
         let requested = try requestIDsByUser(
             try await readTopic(bootstrap: bootstrap, topic: Topics.requests, partitions: 4))
