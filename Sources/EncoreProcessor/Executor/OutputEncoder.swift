@@ -3,7 +3,7 @@ import Kafka
 import Synchronization
 
 /// Turns outputs (outcomes, change events, states, journal records, dead letters) into records
-/// with their CloudEvents headers, written into a reused ``KafkaRecordBuffer``. Pure but for the
+/// with their CloudEvents headers (the journal's records without), written into a reused ``KafkaRecordBuffer``. Pure but for the
 /// shared `ce_time` of the latest millisecond.
 struct OutputEncoder: Sendable {
     let outcomesTopic: String
@@ -14,7 +14,6 @@ struct OutputEncoder: Sendable {
     private let outcomeHeaders: HeaderTemplate
     private let changeHeaders: HeaderTemplate
     private let stateHeaders: HeaderTemplate
-    private let journalHeaders: HeaderTemplate
     /// Journal slots per user (`--dedupe-per-user`): a journal record's key is its slot's.
     let journalSlots: Int
     private let deadLetterHeaders: HeaderTemplate
@@ -29,7 +28,6 @@ struct OutputEncoder: Sendable {
         outcomeHeaders = HeaderTemplate(source: configuration.source, type: .purchaseOutcome)
         changeHeaders = HeaderTemplate(source: configuration.source, type: .entitlementChanged)
         stateHeaders = HeaderTemplate(source: configuration.source, type: .entitlementState)
-        journalHeaders = HeaderTemplate(source: configuration.source, type: .requestJournal)
         journalSlots = configuration.journal.perUserCap
         deadLetterHeaders = HeaderTemplate(source: configuration.source, type: .deadLetter)
     }
@@ -127,23 +125,14 @@ struct OutputEncoder: Sendable {
     }
 
     /// A request's journal entry, keyed by the user's slot, to the partition of the user's requests.
-    /// `ce_id` is `journal:{request_id}:{attempts}`, with `:{result}` once it has one.
+    /// No CloudEvents headers: the journal is the processor's own bookkeeping, read only by it (the
+    /// key tells its records from the users' states), and written twice per request, where six
+    /// headers would be nearly half of each record's bytes for the broker to store.
     private func encode(journal record: JournalRecord, partition: Int32, into buffer: inout KafkaRecordBuffer) {
         buffer.begin(topic: stateTopic, partition: partition)
         buffer.hasKey = true
         record.appendKey(slotCount: journalSlots, to: &buffer.key)
         Self.writeValue(into: &buffer) { record.write(to: &$0) }
-        appendHeaders(journalHeaders, to: &buffer, timeMs: record.entry.completedAtMs ?? record.entry.startedAtMs) {
-            id in
-            id.append(contentsOf: "journal:".utf8)
-            id.append(contentsOf: record.entry.requestID.utf8)
-            id.append(UInt8(ascii: ":"))
-            JSONWriter.appendDecimal(Int64(record.entry.attempts), to: &id)
-            if let result = record.entry.result {
-                id.append(UInt8(ascii: ":"))
-                id.append(contentsOf: result.rawValue.utf8)
-            }
-        }
     }
 
     /// The template's headers, in order, with the record's `ce_id` (written by `id`) and `ce_time`.
