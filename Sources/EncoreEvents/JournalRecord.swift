@@ -3,6 +3,8 @@
 /// (`journal_seq` modulo the per-user cap), so that compaction keeps the user's latest entries and
 /// a new entry replaces the one `slotCount` requests older. `schemas/request-journal.schema.json`.
 public struct JournalRecord: EncoreEvent, Hashable {
+    /// The event's type, though no journal record carries it as a header: the processor writes its
+    /// journal without CloudEvents headers (its own bookkeeping; the key tells it apart).
     public static let eventType = EventType.requestJournal
 
     public var appID: String

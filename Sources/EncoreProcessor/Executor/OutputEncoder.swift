@@ -3,8 +3,8 @@ import Kafka
 import Synchronization
 
 /// Turns outputs (outcomes, change events, states, journal records, dead letters) into records
-/// with their CloudEvents headers (the journal's records without), written into a reused ``KafkaRecordBuffer``. Pure but for the
-/// shared `ce_time` of the latest millisecond.
+/// with their CloudEvents headers (the journal's records without), written into a reused
+/// ``KafkaRecordBuffer``. Pure but for the shared `ce_time` of the latest millisecond.
 struct OutputEncoder: Sendable {
     let outcomesTopic: String
     let deadLetterTopic: String
