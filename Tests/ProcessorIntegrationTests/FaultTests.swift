@@ -98,10 +98,14 @@ struct FaultTests {
         // acknowledged (all of them: the broker or the client lost an acknowledged record; fewer:
         // the processor finished a record without its outcome).
         let published = Set(try outcomes.map { try PurchaseOutcomeEvent(jsonBytes: $0.value).requestID })
+        let without = valid.compactMap(\.requestID).filter { !published.contains($0) }.prefix(5)
+        let acknowledged = processor.statistics.outcomes.values.reduce(0, +)
         #expect(
             outcomes.count == valid.count,
-            "\(outcomes.count) outcomes for \(valid.count) requests; without one: \(valid.compactMap(\.requestID).filter { !published.contains($0) }.prefix(5)); acknowledged: \(processor.statistics.outcomes.values.reduce(0, +)), produced again: \(processor.statistics.redelivered)"
-        )
+            """
+            \(outcomes.count) outcomes for \(valid.count) requests; without one: \(without); \
+            acknowledged: \(acknowledged), produced again: \(processor.statistics.redelivered)
+            """)
         let requested = try requestIDsByUser(
             try await readTopic(bootstrap: bootstrap, topic: Topics.requests, partitions: 4))
         let reordered = requested.filter { try! requestIDsByUser(outcomes)[$0.key] != $0.value }
