@@ -75,7 +75,7 @@ import threading
 import time
 import urllib.request
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 REQUESTS = "encore.purchase-requests"
 OUTCOMES = "encore.purchase-outcomes"
@@ -868,10 +868,39 @@ def read_topic(bootstrap, topic, committed_only):
     return records
 
 
-def lost_examples(lost, records, everything, calls_by_id, started):
+def lost_trail(bootstrap, lost, request_offsets):
+    """Read while the broker runs, for each lost request: where its record stands in the requests
+    topic (`request_at`), the group's committed offset of that partition at the end
+    (`group_committed`), and its journal records on the changelog (`journal`: partition, offset,
+    attempts, result; no result is an open intent). They tell apart an outcome the broker
+    acknowledged and does not hold (a journaled result), a record a commit passed unfinished (an
+    open intent below the committed offset) and one never read again."""
+    trail = {request_id: {"request_at": request_offsets.get(request_id), "journal": []} for request_id in lost}
+    for message in read_topic(bootstrap, STATE, False):
+        if (message.key() or b"").startswith(b":") and message.value():
+            entry = json.loads(message.value())
+            if entry.get("request_id") in trail:
+                trail[entry["request_id"]]["journal"].append(
+                    [message.partition(), message.offset(), entry.get("attempts"), entry.get("result")])
+    group = Consumer({"bootstrap.servers": bootstrap, "group.id": "chaos", "enable.auto.commit": False})
+    try:
+        partitions = sorted({at[0] for at in (t["request_at"] for t in trail.values()) if at})
+        committed = {tp.partition: tp.offset for tp in
+                     group.committed([TopicPartition(REQUESTS, p) for p in partitions], timeout=10)}
+    except KafkaException as error:
+        committed = {"error": str(error)}
+    finally:
+        group.close()
+    for entry in trail.values():
+        at = entry["request_at"]
+        entry["group_committed"] = committed.get(at[0]) if at and "error" not in committed else committed
+    return trail
+
+
+def lost_examples(lost, records, everything, calls_by_id, started, trail):
     """Each lost request's calls, and where its outcome stands in the topic read without isolation
     (`uncommitted_at`: partition and offset; none when it was never written) beside how far the
-    committed read got in that partition."""
+    committed read got in that partition, with its trail (``lost_trail``)."""
     reached = {}
     for message in records:
         reached[message.partition()] = max(reached.get(message.partition(), -1), message.offset())
@@ -883,7 +912,8 @@ def lost_examples(lost, records, everything, calls_by_id, started):
             "request_id": request_id, "uncommitted_at": found,
             "committed_read_to": {p: reached.get(p) for p, _ in found},
             "calls": [[c[2], c[3], c[4], round(c[5] - started, 3), round(c[6] - started, 3), c[7]]
-                      for c in calls_by_id.get(request_id, [])]})
+                      for c in calls_by_id.get(request_id, [])],
+            **trail.get(request_id, {})})
     return examples
 
 
@@ -1129,10 +1159,14 @@ def main():
     started, started_wall = time.monotonic(), time.time()
     # The partition of each request (its changelog partition too: co-partitioned).
     request_partitions = {}
+    # And its offset there (a lost request's trail).
+    request_offsets = {}
 
     def note_partition(error, message):
         if error is None:
-            request_partitions[json.loads(message.value())["request_id"]] = message.partition()
+            request_id = json.loads(message.value())["request_id"]
+            request_partitions[request_id] = message.partition()
+            request_offsets.setdefault(request_id, [message.partition(), message.offset()])
 
     watching = threading.Event()
     if args.outage_s > 0:
@@ -1233,6 +1267,9 @@ def main():
         # What a read_committed reader missed is told apart: never written, or written and not
         # (yet) visible as committed.
         everything = read_topic(cluster.bootstrap, OUTCOMES, False) if committed_only else records
+        # (Before the broker stops: a lost request's trail is read from it.)
+        missing = set(ids) - request_ids(everything)
+        trail = lost_trail(cluster.bootstrap, missing, request_offsets) if missing else {}
         held = None
         journal = {}
         if committed_only and args.broker == "tansu":
@@ -1346,7 +1383,7 @@ def main():
         "billing_calls": len(billing.calls), "recovery_calls": sum(1 for c in billing.calls if c[4]),
         "charged": len(billing.charged), "outcome_records": len(records), "change_records": len(changes),
         "lost": len(set(ids) - set(outcomes)),
-        "lost_examples": lost_examples(set(ids) - set(outcomes), records, everything, calls_by_id, started),
+        "lost_examples": lost_examples(set(ids) - set(outcomes), records, everything, calls_by_id, started, trail),
         "undeclared_repeats": len(undeclared),
         "undeclared_examples": [{"request_id": i, "outcomes": [[a["result"], a["attempts"]] for a in outcomes.get(i, [])],
                                  "calls": [[c[2], c[3], c[4], round(c[5] - started, 3), round(c[6] - started, 3), c[7]]
