@@ -278,9 +278,15 @@ extension Dictionary: FieldValue where Key == String, Value == String {
 
     func write(to writer: inout JSONWriter, _ rule: MapRule) {
         writer.beginObject()
-        for (name, value) in sorted(by: { $0.key < $1.key }) {
+        if count == 1, let (name, value) = first {
+            // (One entry needs no sorted copy.)
             writer.key(dynamic: name)
             writer.string(value)
+        } else {
+            for (name, value) in sorted(by: { $0.key < $1.key }) {
+                writer.key(dynamic: name)
+                writer.string(value)
+            }
         }
         writer.endObject()
     }

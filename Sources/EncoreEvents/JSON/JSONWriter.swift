@@ -10,8 +10,10 @@ public struct JSONWriter: Sendable {
     /// A writer into `buffer`, emptied first with its capacity kept: a buffer reused record after
     /// record allocates nothing once it has grown to their size. ``takeBytes()`` hands it back.
     public init(reusing buffer: consuming [UInt8]) {
+        // Emptied before it is stored: stored first, the parameter still held a reference when
+        // `removeAll` checked the array for uniqueness, so every "reused" buffer was reallocated.
+        buffer.removeAll(keepingCapacity: true)
         bytes = buffer
-        bytes.removeAll(keepingCapacity: true)
     }
 
     /// The bytes written, moved out (the writer is left empty).
