@@ -209,9 +209,13 @@ final class WorkerExecutor {
             buffer.shrink()
             swap(&buffer, &recordBuffer)
         }
-        outputs.removeAllInOrder { next in
-            let (token, output) = next
-            encoder.encode(output, into: &buffer)
+        // (A loop, not a closure: the buffer captured by a closure was copied for each produce, and
+        // each output destructured from the closure's argument.)
+        // (Reversed in the buffer: `Array.reverse()` copied each element it swapped.)
+        outputs.withUnsafeMutableBufferPointer { $0.reverse() }
+        while let token = outputs.last?.token {
+            // (Projected from the removed element, the output is moved into the encoder, not copied.)
+            encoder.encode(outputs.removeLast().output, into: &buffer)
             do throws(KafkaError) {
                 try producer.produce(buffer, token: token)
             } catch {

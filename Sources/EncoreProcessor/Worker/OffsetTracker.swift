@@ -55,9 +55,11 @@ struct OffsetTracker<Partition: Hashable> {
 
     /// The record at `offset` is finished; returns the new commit offset if the prefix advanced.
     mutating func finished(_ partition: Partition, offset: Int64) -> Int64? {
-        guard partitions[partition] != nil else { return nil }
+        // (Through the index: `partitions[partition] != nil` copied the state, its collections
+        // retained and released, for every record.)
+        guard let index = partitions.index(forKey: partition) else { return nil }
         pendingCount -= 1
-        return partitions[partition]!.finished(offset)
+        return partitions.values[index].finished(offset)
     }
 
     /// Where `partition` may be committed: the first unfinished offset (one past the last record
@@ -76,8 +78,9 @@ struct OffsetTracker<Partition: Hashable> {
     /// Whether `offset` of `partition` was received already (librdkafka may hand a record out
     /// again around a pause and resume).
     func hasReceived(_ partition: Partition, offset: Int64) -> Bool {
-        guard let state = partitions[partition] else { return false }
-        return offset <= state.lastReceived
+        // (Read in place, as in ``finished(_:offset:)``: asked for every record.)
+        guard let index = partitions.index(forKey: partition) else { return false }
+        return offset <= partitions.values[index].lastReceived
     }
 
     /// Records of `partition` received and not finished.
