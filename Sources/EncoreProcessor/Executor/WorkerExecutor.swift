@@ -209,12 +209,11 @@ final class WorkerExecutor {
             buffer.shrink()
             swap(&buffer, &recordBuffer)
         }
-        // (A loop, not a closure: the buffer captured by a closure was copied for each produce, and
-        // each output destructured from the closure's argument.)
-        // (Reversed in the buffer: `Array.reverse()` copied each element it swapped.)
+        // In order, each output moved out of the batch into the encoder. (A loop, not a closure: the
+        // buffer captured by a closure was copied for each produce, and each output destructured
+        // from the closure's argument. Reversed in place: `Array.reverse()` copies what it swaps.)
         outputs.withUnsafeMutableBufferPointer { $0.reverse() }
         while let token = outputs.last?.token {
-            // (Projected from the removed element, the output is moved into the encoder, not copied.)
             encoder.encode(outputs.removeLast().output, into: &buffer)
             do throws(KafkaError) {
                 try producer.produce(buffer, token: token)
