@@ -156,9 +156,7 @@ public struct EntitlementLedger: Sendable {
     /// Whether the user must stay in memory whatever the limit: an open request in its journal,
     /// an earlier version's journal in its state, or an expiry due soon.
     func mustStay(_ key: String, partition: Int32) -> Bool {
-        if let index = journals.index(forKey: partition), journals.values[index].hasOpenRequest(ofUser: key) {
-            return true
-        }
+        if journals[partition]?.hasOpenRequest(ofUser: key) == true { return true }
         if legacySettled[key] != nil || legacyCleanups.contains(key) { return true }
         guard let entry = users[key] else { return false }
         if !entry.state.journal.isEmpty { return true }
@@ -215,10 +213,11 @@ public struct EntitlementLedger: Sendable {
         if let partition { load(key, partition: partition) }
         let requestKey = requestKey ?? RequestMemory.Key(userKey: key, requestID: requestID)
         if let partition {
-            // (Read in place: `journals[partition]?` copied the whole memory, a retain and release of
-            // each of its buffers, for every lookup.)
+            // (Read in place, through the dictionary's modify accessor: `journals[partition]?`, like
+            // any getter, copied the whole memory, a retain and release of each of its buffers, for
+            // every lookup.)
             guard let index = journals.index(forKey: partition) else { return nil }
-            return journals.values[index].entry(requestKey, requestID: requestID)
+            return inPlace(&journals.values[index]) { $0.entry(requestKey, requestID: requestID) }
         }
         for memory in journals.values {
             if let entry = memory.entry(requestKey, requestID: requestID) { return entry }

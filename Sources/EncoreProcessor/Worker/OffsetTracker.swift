@@ -77,10 +77,11 @@ struct OffsetTracker<Partition: Hashable> {
 
     /// Whether `offset` of `partition` was received already (librdkafka may hand a record out
     /// again around a pause and resume).
-    func hasReceived(_ partition: Partition, offset: Int64) -> Bool {
-        // (Read in place, as in ``finished(_:offset:)``: asked for every record.)
+    mutating func hasReceived(_ partition: Partition, offset: Int64) -> Bool {
+        // (Read in place, through the dictionary's modify accessor, as in ``finished(_:offset:)``:
+        // asked for every record, and a getter copies the state.)
         guard let index = partitions.index(forKey: partition) else { return false }
-        return offset <= partitions.values[index].lastReceived
+        return inPlace(&partitions.values[index]) { offset <= $0.lastReceived }
     }
 
     /// Records of `partition` received and not finished.
