@@ -34,9 +34,9 @@ struct LaneScheduler<Item, LaneKey: Hashable> {
     /// Adds `item` at the end of `lane`; returns the item to start now, if any.
     mutating func enqueue(_ item: Item, lane key: LaneKey) -> Item? {
         count += 1
-        // Lanes are mutated in place: copying one out would copy its queue.
-        if lanes[key] != nil {
-            lanes[key]!.queue.append(item)
+        // Lanes are read and mutated in place: copying one out would copy its queue.
+        if let index = lanes.index(forKey: key) {
+            lanes.values[index].queue.append(item)
             return nil
         }
         if inFlight < maxInFlight {
@@ -54,22 +54,22 @@ struct LaneScheduler<Item, LaneKey: Hashable> {
     /// The running item of `lane` needs its slot no more (its call returned); the lane stays held
     /// until ``releaseLane(_:)``. Returns the item of another lane to start now, if any.
     mutating func endCall(lane key: LaneKey) -> Item? {
-        precondition(lanes[key]?.phase == .running, "endCall(lane:) for a lane with no running item")
+        let index = lane(key, in: .running, "endCall(lane:) for a lane with no running item")
         inFlight -= 1
-        lanes[key]!.phase = .finishing
+        lanes.values[index].phase = .finishing
         return startNextWaiting()
     }
 
     /// The item of `lane` is done with its lane (its outputs acknowledged, or as far as the caller
     /// needs); the lane's next item queues for a slot. Returns the item to start now, if any.
     mutating func releaseLane(_ key: LaneKey) -> Item? {
-        precondition(lanes[key]?.phase == .finishing, "releaseLane(_:) for a lane whose call has not ended")
+        let index = lane(key, in: .finishing, "releaseLane(_:) for a lane whose call has not ended")
         count -= 1
-        if lanes[key]!.queue.isEmpty {
-            lanes[key] = nil
+        if inPlace(&lanes.values[index], { $0.queue.isEmpty }) {
+            lanes.remove(at: index)
             return nil
         }
-        lanes[key]!.phase = .waitingForSlot
+        lanes.values[index].phase = .waitingForSlot
         waiting.append(key)
         return startNextWaiting()
     }
@@ -78,16 +78,26 @@ struct LaneScheduler<Item, LaneKey: Hashable> {
     /// abandoned call): ``endCall(lane:)`` and ``releaseLane(_:)`` at once. The one slot freed
     /// starts at most one item.
     mutating func finish(lane key: LaneKey) -> Item? {
-        precondition(lanes[key]?.phase == .running, "finish(lane:) for a lane with no running item")
+        let index = lane(key, in: .running, "finish(lane:) for a lane with no running item")
         inFlight -= 1
         count -= 1
-        if lanes[key]!.queue.isEmpty {
-            lanes[key] = nil
+        if inPlace(&lanes.values[index], { $0.queue.isEmpty }) {
+            lanes.remove(at: index)
         } else {
-            lanes[key]!.phase = .waitingForSlot
+            lanes.values[index].phase = .waitingForSlot
             waiting.append(key)
         }
         return startNextWaiting()
+    }
+
+    /// Where `key`'s lane is, checked to be in `phase` (read in place: a copy of the lane would
+    /// copy its queue).
+    private mutating func lane(
+        _ key: LaneKey, in phase: Phase, _ message: @autoclosure () -> String
+    ) -> [LaneKey: Lane].Index {
+        let index = lanes.index(forKey: key)
+        precondition(index.map { inPlace(&lanes.values[$0]) { $0.phase == phase } } ?? false, message())
+        return index!
     }
 
     /// Removes items not yet started that match `predicate`; returns them.
