@@ -75,7 +75,7 @@ import threading
 import time
 import urllib.request
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 REQUESTS = "encore.purchase-requests"
 OUTCOMES = "encore.purchase-outcomes"
@@ -868,32 +868,46 @@ def read_topic(bootstrap, topic, committed_only):
     return records
 
 
-def lost_trail(bootstrap, lost, request_offsets):
-    """Read while the broker runs, for each lost request: where its record stands in the requests
-    topic (`request_at`), the group's committed offset of that partition at the end
-    (`group_committed`), and its journal records on the changelog (`journal`: partition, offset,
-    attempts, result; no result is an open intent). They tell apart an outcome the broker
-    acknowledged and does not hold (a journaled result), a record a commit passed unfinished (an
-    open intent below the committed offset) and one never read again."""
-    trail = {request_id: {"request_at": request_offsets.get(request_id), "journal": []} for request_id in lost}
+def journal_records(bootstrap, wanted=None):
+    """The request journal's records on the changelog, read without isolation: request id to its
+    records (partition, offset, the entry), for the request ids in `wanted` (all when None)."""
+    found = {}
     for message in read_topic(bootstrap, STATE, False):
         if (message.key() or b"").startswith(b":") and message.value():
             entry = json.loads(message.value())
-            if entry.get("request_id") in trail:
-                trail[entry["request_id"]]["journal"].append(
-                    [message.partition(), message.offset(), entry.get("attempts"), entry.get("result")])
-    group = Consumer({"bootstrap.servers": bootstrap, "group.id": "chaos", "enable.auto.commit": False})
+            if wanted is None or entry.get("request_id") in wanted:
+                found.setdefault(entry["request_id"], []).append((message.partition(), message.offset(), entry))
+    return found
+
+
+def lost_trail(bootstrap, lost, request_offsets):
+    """Read while the broker runs, for each request with no outcome: where its record stands in the
+    requests topic (`request_at`), the group's committed offset of that partition at the end
+    (`group_committed`), and its journal records on the changelog (`journal`: partition, offset,
+    attempts, result; no result is an open intent). They tell apart an outcome the broker
+    acknowledged and does not hold (a journaled result), a record a commit passed unfinished (an
+    open intent below the committed offset) and one never read again. A failed read is reported
+    in the trail (`error`), not raised: the run's report comes first."""
+    trail = {request_id: {"request_at": request_offsets.get(request_id), "journal": []} for request_id in lost}
     try:
-        partitions = sorted({at[0] for at in (t["request_at"] for t in trail.values()) if at})
-        committed = {tp.partition: tp.offset for tp in
-                     group.committed([TopicPartition(REQUESTS, p) for p in partitions], timeout=10)}
-    except KafkaException as error:
-        committed = {"error": str(error)}
-    finally:
-        group.close()
-    for entry in trail.values():
-        at = entry["request_at"]
-        entry["group_committed"] = committed.get(at[0]) if at and "error" not in committed else committed
+        for request_id, records in journal_records(bootstrap, trail).items():
+            trail[request_id]["journal"] = [[partition, offset, entry.get("attempts"), entry.get("result")]
+                                            for partition, offset, entry in records]
+        partitions = sorted({entry["request_at"][0] for entry in trail.values() if entry["request_at"]})
+        committed = {}
+        if partitions:
+            group = Consumer({"bootstrap.servers": bootstrap, "group.id": "chaos", "enable.auto.commit": False})
+            try:
+                committed = {tp.partition: tp.offset for tp in
+                             group.committed([TopicPartition(REQUESTS, p) for p in partitions], timeout=10)}
+            finally:
+                group.close()
+        for entry in trail.values():
+            at = entry["request_at"]
+            entry["group_committed"] = committed.get(at[0]) if at else None
+    except Exception as error:  # (Any failure: the trail is a diagnosis, the report must still print.)
+        for entry in trail.values():
+            entry["error"] = f"{type(error).__name__}: {error}"
     return trail
 
 
@@ -1267,8 +1281,9 @@ def main():
         # What a read_committed reader missed is told apart: never written, or written and not
         # (yet) visible as committed.
         everything = read_topic(cluster.bootstrap, OUTCOMES, False) if committed_only else records
-        # (Before the broker stops: a lost request's trail is read from it.)
-        missing = set(ids) - request_ids(everything)
+        # (Before the broker stops: a lost request's trail is read from it. Exactly-once, from the
+        # committed read: one whose outcome is written and not committed is lost there too.)
+        missing = set(ids) - request_ids(records)
         trail = lost_trail(cluster.bootstrap, missing, request_offsets) if missing else {}
         held = None
         journal = {}
@@ -1276,11 +1291,8 @@ def main():
             records, changes, held = settle_held(
                 cluster.bootstrap, records, changes, everything, members.transactional_ids())
             # Each request's journal records, as written (where a repeat after a broker hold is told apart).
-            for message in read_topic(cluster.bootstrap, STATE, False):
-                if (message.key() or b"").startswith(b":") and message.value():
-                    entry = json.loads(message.value())
-                    journal.setdefault(entry["request_id"], []).append(
-                        (message.partition(), message.offset(), entry["attempts"]))
+            journal = {request_id: [(partition, offset, entry["attempts"]) for partition, offset, entry in found]
+                       for request_id, found in journal_records(cluster.bootstrap).items()}
     except BaseException:
         # Named first: a broker that died takes every later read down with it.
         died = cluster.died()

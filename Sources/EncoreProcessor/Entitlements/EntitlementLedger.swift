@@ -213,9 +213,7 @@ public struct EntitlementLedger: Sendable {
         if let partition { load(key, partition: partition) }
         let requestKey = requestKey ?? RequestMemory.Key(userKey: key, requestID: requestID)
         if let partition {
-            // (Read in place, through the dictionary's modify accessor: `journals[partition]?`, like
-            // any getter, copied the whole memory, a retain and release of each of its buffers, for
-            // every lookup.)
+            // (Read in place, ``inPlace(_:_:)``: a getter copies the whole memory.)
             guard let index = journals.index(forKey: partition) else { return nil }
             return inPlace(&journals.values[index]) { $0.entry(requestKey, requestID: requestID) }
         }

@@ -209,10 +209,10 @@ final class WorkerExecutor {
             buffer.shrink()
             swap(&buffer, &recordBuffer)
         }
-        // In order, each output moved out of the batch into the encoder. (A loop, not a closure: the
-        // buffer captured by a closure was copied for each produce, and each output destructured
-        // from the closure's argument. Reversed in place: `Array.reverse()` copies what it swaps.)
-        outputs.withUnsafeMutableBufferPointer { $0.reverse() }
+        // In order, each output moved out of the batch into the encoder. (A loop, not
+        // `removeAllInOrder`: a closure's capture of the buffer copies it for each produce, and an
+        // output destructured from the closure's argument is copied.)
+        outputs.reverseMovingElements()
         while let token = outputs.last?.token {
             encoder.encode(outputs.removeLast().output, into: &buffer)
             do throws(KafkaError) {

@@ -4,7 +4,13 @@ extension Array {
     /// in place through its buffer, whose swaps move; `reverse()` copies each element it swaps.
     /// `removeLast()`, not `popLast()`: binding the popped optional copied it.)
     mutating func removeAllInOrder(_ body: (consuming Element) -> Void) {
-        withUnsafeMutableBufferPointer { $0.reverse() }
+        reverseMovingElements()
         while !isEmpty { body(removeLast()) }
+    }
+
+    /// Reverses the array through its buffer, whose swaps move the elements (`reverse()` copies
+    /// each element it swaps).
+    mutating func reverseMovingElements() {
+        withUnsafeMutableBufferPointer { $0.reverse() }
     }
 }

@@ -34,7 +34,7 @@ struct LaneScheduler<Item, LaneKey: Hashable> {
     /// Adds `item` at the end of `lane`; returns the item to start now, if any.
     mutating func enqueue(_ item: Item, lane key: LaneKey) -> Item? {
         count += 1
-        // Lanes are read and mutated in place: copying one out would copy its queue.
+        // Lanes are read and mutated in place (``inPlace(_:_:)``): a copy of one copies its queue.
         if let index = lanes.index(forKey: key) {
             lanes.values[index].queue.append(item)
             return nil
@@ -54,7 +54,7 @@ struct LaneScheduler<Item, LaneKey: Hashable> {
     /// The running item of `lane` needs its slot no more (its call returned); the lane stays held
     /// until ``releaseLane(_:)``. Returns the item of another lane to start now, if any.
     mutating func endCall(lane key: LaneKey) -> Item? {
-        let index = lane(key, in: .running, "endCall(lane:) for a lane with no running item")
+        let index = index(ofLane: key, in: .running, "endCall(lane:) for a lane with no running item")
         inFlight -= 1
         lanes.values[index].phase = .finishing
         return startNextWaiting()
@@ -63,7 +63,7 @@ struct LaneScheduler<Item, LaneKey: Hashable> {
     /// The item of `lane` is done with its lane (its outputs acknowledged, or as far as the caller
     /// needs); the lane's next item queues for a slot. Returns the item to start now, if any.
     mutating func releaseLane(_ key: LaneKey) -> Item? {
-        let index = lane(key, in: .finishing, "releaseLane(_:) for a lane whose call has not ended")
+        let index = index(ofLane: key, in: .finishing, "releaseLane(_:) for a lane whose call has not ended")
         count -= 1
         if inPlace(&lanes.values[index], { $0.queue.isEmpty }) {
             lanes.remove(at: index)
@@ -78,7 +78,7 @@ struct LaneScheduler<Item, LaneKey: Hashable> {
     /// abandoned call): ``endCall(lane:)`` and ``releaseLane(_:)`` at once. The one slot freed
     /// starts at most one item.
     mutating func finish(lane key: LaneKey) -> Item? {
-        let index = lane(key, in: .running, "finish(lane:) for a lane with no running item")
+        let index = index(ofLane: key, in: .running, "finish(lane:) for a lane with no running item")
         inFlight -= 1
         count -= 1
         if inPlace(&lanes.values[index], { $0.queue.isEmpty }) {
@@ -90,14 +90,19 @@ struct LaneScheduler<Item, LaneKey: Hashable> {
         return startNextWaiting()
     }
 
-    /// Where `key`'s lane is, checked to be in `phase` (read in place: a copy of the lane would
-    /// copy its queue).
-    private mutating func lane(
-        _ key: LaneKey, in phase: Phase, _ message: @autoclosure () -> String
+    /// Where `key`'s lane is, checked to be in `phase`.
+    private mutating func index(
+        ofLane key: LaneKey, in phase: Phase, _ message: @autoclosure () -> String
     ) -> [LaneKey: Lane].Index {
         let index = lanes.index(forKey: key)
-        precondition(index.map { inPlace(&lanes.values[$0]) { $0.phase == phase } } ?? false, message())
+        precondition(index.map { found in inPlace(&lanes.values[found]) { $0.phase == phase } } ?? false, message())
         return index!
+    }
+
+    /// Whether `key`'s lane waits for a slot.
+    private mutating func isWaitingForSlot(_ key: LaneKey) -> Bool {
+        guard let index = lanes.index(forKey: key) else { return false }
+        return inPlace(&lanes.values[index]) { $0.phase == .waitingForSlot }
     }
 
     /// Removes items not yet started that match `predicate`; returns them.
@@ -122,7 +127,7 @@ struct LaneScheduler<Item, LaneKey: Hashable> {
         guard inFlight < maxInFlight else { return nil }
         while let key = waiting.popFirst() {
             // A lane emptied by removeWaiting may still be listed here.
-            guard lanes[key]?.phase == .waitingForSlot, let item = lanes[key]!.queue.popFirst() else { continue }
+            guard isWaitingForSlot(key), let item = lanes[key]!.queue.popFirst() else { continue }
             lanes[key]!.phase = .running
             inFlight += 1
             return item

@@ -55,8 +55,7 @@ struct OffsetTracker<Partition: Hashable> {
 
     /// The record at `offset` is finished; returns the new commit offset if the prefix advanced.
     mutating func finished(_ partition: Partition, offset: Int64) -> Int64? {
-        // (Through the index: `partitions[partition] != nil` copied the state, its collections
-        // retained and released, for every record.)
+        // (Through the index and the modify accessor: a getter copies the state, ``inPlace(_:_:)``.)
         guard let index = partitions.index(forKey: partition) else { return nil }
         pendingCount -= 1
         return partitions.values[index].finished(offset)
@@ -78,8 +77,7 @@ struct OffsetTracker<Partition: Hashable> {
     /// Whether `offset` of `partition` was received already (librdkafka may hand a record out
     /// again around a pause and resume).
     mutating func hasReceived(_ partition: Partition, offset: Int64) -> Bool {
-        // (Read in place, through the dictionary's modify accessor, as in ``finished(_:offset:)``:
-        // asked for every record, and a getter copies the state.)
+        // (Read in place, ``inPlace(_:_:)``: asked for every record.)
         guard let index = partitions.index(forKey: partition) else { return false }
         return inPlace(&partitions.values[index]) { offset <= $0.lastReceived }
     }
