@@ -10,8 +10,8 @@ public struct JSONWriter: Sendable {
     /// A writer into `buffer`, emptied first with its capacity kept: a buffer reused record after
     /// record allocates nothing once it has grown to their size. ``takeBytes()`` hands it back.
     public init(reusing buffer: consuming [UInt8]) {
-        // Emptied before it is stored: stored first, the parameter still held a reference when
-        // `removeAll` checked the array for uniqueness, so every "reused" buffer was reallocated.
+        // Emptied before it is stored: once stored, the parameter is a second reference to the
+        // array, and `removeAll` finds it shared and allocates a new one instead of reusing it.
         buffer.removeAll(keepingCapacity: true)
         bytes = buffer
     }
