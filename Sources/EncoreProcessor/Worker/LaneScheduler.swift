@@ -99,12 +99,6 @@ struct LaneScheduler<Item, LaneKey: Hashable> {
         return index!
     }
 
-    /// Whether `key`'s lane waits for a slot.
-    private mutating func isWaitingForSlot(_ key: LaneKey) -> Bool {
-        guard let index = lanes.index(forKey: key) else { return false }
-        return inPlace(&lanes.values[index]) { $0.phase == .waitingForSlot }
-    }
-
     /// Removes items not yet started that match `predicate`; returns them.
     mutating func removeWaiting(where predicate: (Item) -> Bool) -> [Item] {
         var removed: [Item] = []
@@ -127,8 +121,10 @@ struct LaneScheduler<Item, LaneKey: Hashable> {
         guard inFlight < maxInFlight else { return nil }
         while let key = waiting.popFirst() {
             // A lane emptied by removeWaiting may still be listed here.
-            guard isWaitingForSlot(key), let item = lanes[key]!.queue.popFirst() else { continue }
-            lanes[key]!.phase = .running
+            guard let index = lanes.index(forKey: key), inPlace(&lanes.values[index], { $0.phase == .waitingForSlot }),
+                let item = lanes.values[index].queue.popFirst()
+            else { continue }
+            lanes.values[index].phase = .running
             inFlight += 1
             return item
         }
