@@ -46,6 +46,8 @@ def parse(path):
     rows = {}
     with open(path, encoding="utf-8") as log:
         lines = log.read().splitlines()
+    # Logs of earlier releases' bench.sh have no broker column.
+    has_broker = any(re.match(r"^broker\s+scenario\s.*\sbroker µs$", line) for line in lines)
     for line in lines:
         match = re.match(r"^(mock|tansu)\s+(.*)$", line)
         if not match:
@@ -60,6 +62,8 @@ def parse(path):
             sys.exit(f"{path}: two rows for {broker} {key}: {line}")
         tokens = rest.split()
         fields = {}
+        if has_broker:
+            fields["broker"] = number(tokens.pop())
         if key.startswith("half_"):
             # 10 seconds of the offered rate (bench.sh's steady_row); "?" answered when the run failed.
             counted = re.search(r"\s(\S+) of (\d+)\s", rest)
@@ -141,6 +145,9 @@ class Table:
     def cpu(self, broker, key):
         return spread(self.figures(broker, key, "cpu"), thousands)
 
+    def broker_cpu(self, broker, key):
+        return spread(self.figures(broker, key, "broker"), one_place) if any(self.figures(broker, key, "broker")) else ""
+
     def rss(self, broker, key):
         return spread(self.figures(broker, key, "rss"), thousands, " MB")
 
@@ -163,18 +170,22 @@ class Table:
 
     def steady(self, broker, shown, key, scenario):
         return [shown, scenario, self.offered(broker, key), "", self.latency(broker, key, "p50"),
-                self.latency(broker, key, "p99"), self.cpu(broker, key), self.rss(broker, key)]
+                self.latency(broker, key, "p99"), self.cpu(broker, key), self.broker_cpu(broker, key),
+                self.rss(broker, key)]
 
     def backlog(self, broker, key, scenario, ratio):
-        return [broker, scenario, self.rate(broker, key), ratio, "", "", self.cpu(broker, key), self.rss(broker, key)]
+        return [broker, scenario, self.rate(broker, key), ratio, "", "", self.cpu(broker, key),
+                self.broker_cpu(broker, key), self.rss(broker, key)]
 
     def peers(self, broker, journal_scenario):
         return [
-            [broker, "limit.c consume→produce→commit", self.rate(broker, "limit"), "", "", "", "", ""],
+            [broker, "limit.c consume→produce→commit", self.rate(broker, "limit"), "", "", "", "",
+             self.broker_cpu(broker, "limit"), ""],
             [broker, "Python peer (confluent-kafka, no lanes, no ledger)" if broker == "mock" else "Python peer",
-             self.rate(broker, "peer"), self.of_limit(broker, "peer"), "", "", self.cpu(broker, "peer"), ""],
+             self.rate(broker, "peer"), self.of_limit(broker, "peer"), "", "", self.cpu(broker, "peer"),
+             self.broker_cpu(broker, "peer"), ""],
             [broker, journal_scenario, self.rate(broker, "journal_peer"), self.of_limit(broker, "journal_peer"), "",
-             "", self.cpu(broker, "journal_peer"), ""],
+             "", self.cpu(broker, "journal_peer"), self.broker_cpu(broker, "journal_peer"), ""],
         ]
 
     def rows(self):
@@ -200,11 +211,11 @@ class Table:
             self.steady(tansu, tansu, "half_peer", "Python peer at the same rate: the broker's own⁴"),
             self.backlog(tansu, "backlog", "0 ms controller, at-least-once, 1,000,000 backlog (default settings)", ""),
             [tansu, "scale-out⁶: 1 instance, 12 partitions", self.rate(tansu, "scale1"), self.of_limit(tansu, "scale1"),
-             "", "", self.cpu(tansu, "scale1"), ""],
+             "", "", self.cpu(tansu, "scale1"), "", ""],
         ] + [
             [tansu, f"scale-out⁶: {n} instances", self.rate(tansu, f"scale{n}"),
              "rebalance pause " + spread(self.figures(tansu, f"scale{n}", "pause"), one_place, " s"), "", "",
-             self.cpu(tansu, f"scale{n}"), ""]
+             self.cpu(tansu, f"scale{n}"), "", ""]
             for n in (2, 3)
         ]
 
@@ -213,8 +224,8 @@ def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     table = Table([parse(path) for path in sys.argv[1:]])
-    print("| broker | scenario | throughput | ratio | p50 | p99 | CPU µs/request | peak RSS |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| broker | scenario | throughput | ratio | p50 | p99 | CPU µs/request | broker's CPU µs/request | peak RSS |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for cells in table.rows():
         print("| " + " | ".join(cells) + " |")
 
