@@ -201,6 +201,7 @@ broker_mark
 noop=$($B bench --bootstrap-servers "127.0.0.1:$PORT" --prefilled-topic bench.requests --count "$N_TANSU" \
   --partitions "$PARTS" $W --json)
 noop_rate=$(echo "$noop" | field 'd["throughput"]')
+noop_tansu=$noop
 backlog_row tansu "processor, 0 ms, at-least-once ($N_TANSU backlog)" "$noop" "$(broker_us "$N_TANSU")"
 # Exactly-once on the same backlog (a group and transactional.ids of its own). Its latency under
 # steady load is not measured on Tansu: a read_committed reader stalls there (see README).
@@ -266,3 +267,16 @@ echo "(p50/p99: latency under a steady offered load, from the request's time to 
 printf '%-8s %-52s %14s %22s %9s %9s %9s %9s %9s %9s\n' broker scenario throughput ratio "p50 ms" "p99 ms" "CPU s" \
   "CPU µs/r" "RSS MB" "broker µs"
 printf '%s\n' "${rows[@]}"
+# Where the Tansu at-least-once row's requests spent their time in the processor, and what that
+# allows (Little's law): the processor holds at most --buffer-size records (5000) at once, each for
+# about the stages' total, so it finishes at most 5000 ÷ that total a second.
+echo "$noop_tansu" | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+s = d.get("stages_ms") or {}
+names = ["waiting_for_user", "intent", "outputs", "result_record"]
+if all(n in s for n in names):
+    total = sum(s[n] for n in names)
+    held = ", ".join(n.replace("_", " ") + f" {s[n]:.1f} ms" for n in names)
+    print(f"time held (tansu, 0 ms, at-least-once), mean: {held}; {total:.1f} ms in all: 5000 records held allow {5000 / total * 1000:,.0f}/s")'
+

@@ -61,6 +61,8 @@ public enum Benchmark {
         public var joinSeconds: Double
         public var ledger: Bool
         public var entitlementChanges: Int
+        /// The mean time of a request in each stage, milliseconds (``RequestStages``).
+        public var stagesMs: [(String, Double)]
 
         public var fields: [(String, String)] {
             [
@@ -82,6 +84,15 @@ public enum Benchmark {
                 ("all offsets committed", allCommitted ? "yes" : "NO"),
                 ("group join", String(format: "%.1f s", joinSeconds)),
                 ("entitlement ledger", ledger ? "on (\(entitlementChanges) changes)" : "off"),
+                (
+                    "time held, mean",
+                    stagesMs.isEmpty
+                        ? "-"
+                        : stagesMs.map {
+                            String(format: "%@ %.1f ms", $0.0.replacingOccurrences(of: "_", with: " "), $0.1)
+                        }
+                        .joined(separator: ", ")
+                ),
             ]
         }
 
@@ -95,6 +106,7 @@ public enum Benchmark {
                 "cpu_us_per_request": cpuMicrosecondsPerRequest,
                 "peak_rss_mb": peakRSSMegabytes, "all_committed": allCommitted, "join_s": joinSeconds,
                 "ledger": ledger, "entitlement_changes": entitlementChanges,
+                "stages_ms": Dictionary(stagesMs, uniquingKeysWith: { $1 }),
             ]
             let data = try! JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
             return String(decoding: data, as: UTF8.self)
@@ -236,7 +248,7 @@ public enum Benchmark {
             cpuSeconds: cpu, cpuMicrosecondsPerRequest: cpuPerRequest, peakRSSMegabytes: peakRSSMegabytes(),
             allCommitted: committed == Int64(options.count),
             joinSeconds: Double(first) / 1000 - started.timeIntervalSince1970, ledger: options.ledger,
-            entitlementChanges: statistics.entitlementChanges)
+            entitlementChanges: statistics.entitlementChanges, stagesMs: statistics.stages.meanMilliseconds)
     }
 
     private static func committedTotal(

@@ -31,6 +31,10 @@ struct WorkerTests {
 
         /// Handles `inputs` as one batch `elapsed` after the last; returns what they decided.
         mutating func step(_ inputs: ProcessorInput..., after elapsed: Duration = .zero) -> [WorkerAction] {
+            step(inputs, after: elapsed)
+        }
+
+        mutating func step(_ inputs: [ProcessorInput], after elapsed: Duration = .zero) -> [WorkerAction] {
             now = now.advanced(by: elapsed)
             nowMs += Int64(elapsed.milliseconds)
             var decided: [WorkerAction] = []
@@ -99,6 +103,13 @@ struct WorkerTests {
         }
         #expect(batches.count == 1, "the batch's outputs in one hand-off")
         return batches.first ?? []
+    }
+
+    /// The outputs of every `.produce` among `actions` (none, one or several hand-offs).
+    static func producedOutputs(_ actions: [WorkerAction]) -> [(token: UInt, output: UnsentOutput)] {
+        actions.flatMap { action -> [(token: UInt, output: UnsentOutput)] in
+            if case .produce(let outputs) = action { outputs } else { [] }
+        }
     }
 
     static func acknowledged(_ outputs: [(token: UInt, output: UnsentOutput)]) -> ProcessorInput {

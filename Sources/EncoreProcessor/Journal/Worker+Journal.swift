@@ -17,6 +17,7 @@ extension Worker {
         var ready: WorkItem? = first
         while let item = ready {
             ready = nil
+            if item.startedAt == nil { item.startedAt = now }
             let journaled = ledger.journalEntry(
                 ofUser: item.lane.key, requestID: item.request.requestID, partition: item.ref.partition.number,
                 requestKey: item.identity.requestKey)
@@ -156,6 +157,7 @@ extension Worker {
     /// The item's intent is durable (exactly-once: in the transaction, whose commit makes it so),
     /// or its decided failure: that is published now.
     mutating func intentWritten(_ item: WorkItem) {
+        if item.intentDurableAt == nil { item.intentDurableAt = now }
         if item.decidedFailure != nil {
             publishDecidedFailure(item)
         } else if transactions != nil {

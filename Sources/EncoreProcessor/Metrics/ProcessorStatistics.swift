@@ -85,6 +85,8 @@ public struct ProcessorStatistics: Sendable {
     public var changesByKind: [String: Int] = [:]
     /// How long controller calls took, in microseconds.
     public var callDuration = LatencyHistogram()
+    /// Where the time of requests in the processor went, stage by stage.
+    public var stages = RequestStages()
     /// Controller calls running now.
     public var inFlight = 0
     /// Offset commits that failed (retried at the next interval).
@@ -157,6 +159,7 @@ public struct ProcessorStatistics: Sendable {
             total.deadLettersByClass.merge(part.deadLettersByClass, uniquingKeysWith: +)
             total.changesByKind.merge(part.changesByKind, uniquingKeysWith: +)
             total.callDuration.merge(part.callDuration)
+            total.stages.merge(part.stages)
             total.inFlight += part.inFlight
             total.commitFailures += part.commitFailures
             // The stalest worker says whether the process is alive.
@@ -177,6 +180,59 @@ final class StatisticsRecorder: Sendable {
     }
 
     var snapshot: ProcessorStatistics { state.withLock { $0 } }
+}
+
+/// Where the time of requests in the processor went, summed over the requests that passed every
+/// stage (a duplicate, a dead letter before its call or a request handed over mid-way passes
+/// some only): from the record's arrival to its start (waiting behind its user's earlier
+/// request), to its first intent durable, to its outputs acknowledged (its call, retries and
+/// reconciliation included, and the outcome's delivery), to its result durable in the journal
+/// (then its offset may be committed). A request's record is held for all four, so the records a
+/// processor holds at most (`--buffer-size`) over the total is about the most it finishes a second.
+public struct RequestStages: Sendable, Hashable {
+    public private(set) var count = 0
+    public private(set) var waitingForUser: Duration = .zero
+    public private(set) var intent: Duration = .zero
+    public private(set) var outputs: Duration = .zero
+    public private(set) var resultRecord: Duration = .zero
+
+    public init() {}
+
+    init(count: Int, waitingForUser: Duration, intent: Duration, outputs: Duration, resultRecord: Duration) {
+        (self.count, self.waitingForUser, self.intent) = (count, waitingForUser, intent)
+        (self.outputs, self.resultRecord) = (outputs, resultRecord)
+    }
+
+    mutating func record(_ item: WorkItem, doneAt: ContinuousClock.Instant) {
+        guard let started = item.startedAt, let durable = item.intentDurableAt, let ready = item.resultReadyAt
+        else { return }
+        count += 1
+        waitingForUser += item.receivedAt.duration(to: started)
+        intent += started.duration(to: durable)
+        outputs += durable.duration(to: ready)
+        resultRecord += ready.duration(to: doneAt)
+    }
+
+    mutating func merge(_ other: RequestStages) {
+        count += other.count
+        waitingForUser += other.waitingForUser
+        intent += other.intent
+        outputs += other.outputs
+        resultRecord += other.resultRecord
+    }
+
+    /// Each stage's mean in milliseconds, by name (`waiting_for_user`, `intent`, `outputs`,
+    /// `result_record`); empty before a request passed them all.
+    public var meanMilliseconds: [(String, Double)] {
+        guard count > 0 else { return [] }
+        func mean(_ total: Duration) -> Double {
+            (Double(total.components.seconds) * 1e3 + Double(total.components.attoseconds) / 1e15) / Double(count)
+        }
+        return [
+            ("waiting_for_user", mean(waitingForUser)), ("intent", mean(intent)), ("outputs", mean(outputs)),
+            ("result_record", mean(resultRecord)),
+        ]
+    }
 }
 
 /// Intents found too old to start their call (``ProcessorStatistics/lateIntents``).

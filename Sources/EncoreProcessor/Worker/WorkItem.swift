@@ -65,9 +65,19 @@ final class WorkItem {
     /// The user's lane was handed to the next request when this one's outputs were acknowledged,
     /// before its changelog record (``Worker/resultReady(_:)``).
     var laneReleased = false
+    /// When the record arrived, when its user's lane let it start, when its first intent was
+    /// durable and when its outputs were acknowledged (``ProcessorStatistics/stages``).
+    let receivedAt: ContinuousClock.Instant
+    var startedAt: ContinuousClock.Instant? = nil
+    var intentDurableAt: ContinuousClock.Instant? = nil
+    var resultReadyAt: ContinuousClock.Instant? = nil
 
-    init(ref: RecordRef, request: consuming PurchaseRequestEvent, message: KafkaMessage) {
+    init(
+        ref: RecordRef, request: consuming PurchaseRequestEvent, message: KafkaMessage,
+        receivedAt: ContinuousClock.Instant
+    ) {
         self.ref = ref
+        self.receivedAt = receivedAt
         self.message = message
         self.identity = JournalIdentity(
             user: UserLane(appID: request.appID, appUserID: request.appUserID), requestID: request.requestID)

@@ -244,7 +244,7 @@ struct Worker {
             guard let ref = admit(message) else { return }
             switch consume request {
             case .success(let request):
-                let item = WorkItem(ref: ref, request: request, message: message)
+                let item = WorkItem(ref: ref, request: request, message: message, receivedAt: now)
                 if let ready = scheduler.enqueue(item, lane: item.lane) { start(ready) }
             case .failure(let error): reject(message, ref, error)
             }
@@ -558,6 +558,7 @@ struct Worker {
     mutating func recordDone(_ ref: RecordRef, _ item: WorkItem?) {
         ownership.endWork(ref)
         finish(ref)
+        if let item { statistics.stages.record(item, doneAt: now) }
         // Its result's journal record is durable: an earlier version's entry of it leaves the state.
         if let item, ledger.hasLegacySettled,
             let update = ledger.dropLegacyEntry(userKey: item.lane.key, requestID: item.request.requestID)
@@ -571,6 +572,7 @@ struct Worker {
     /// the changelog: the user's next request may start. Its intent is written in the same record
     /// as this result or a later one, so its call still starts after this result is durable.
     mutating func resultReady(_ item: WorkItem) {
+        item.resultReadyAt = now
         item.laneReleased = true
         if let next = scheduler.releaseLane(item.lane) { start(next) }
     }
