@@ -4,8 +4,9 @@
 # and `encore-processor bench` on the same broker, in the same run, on the same requests, first on
 # librdkafka's mock cluster, then on Tansu. Prints every row with its ratio to limit.c and the
 # processor's to the peer, CPU µs per request (process CPU over the processing window) and the
-# broker's CPU µs per request (its process's CPU over the row's whole command; the two share the
-# machine's cores, so together they bound the rate).
+# broker's CPU µs per request (its process's CPU over the row's whole command, its start and group
+# join included, so a little more than over the processing window; the two share the machine's
+# cores).
 #
 #   scripts/bench.sh              # N_MOCK=60000 (4 partitions: the mock keeps ~5 MiB each) N_TANSU=300000 PARTS=8
 #                                 # N_BACKLOG=1000000 (memory with a long backlog on Tansu; 0 leaves it out)
@@ -59,7 +60,7 @@ row() { rows+=("$(printf '%-8s %-52s %14s %22s %9s %9s %9s %9s %9s %9s' "$@")");
 ticks=$(getconf CLK_TCK)
 broker_ticks() { awk '{print $14 + $15}' "/proc/${pids[-1]}/stat" 2>/dev/null || echo 0; }
 broker_mark() { broker_t0=$(broker_ticks); }
-broker_us() { python3 -c "print(f'{($(broker_ticks) - $broker_t0) / $ticks / $1 * 1e6:.1f}')"; }
+broker_us() { python3 -c "print(f'{($(broker_ticks) - $broker_t0) / $ticks / $1 * 1e6:.1f}')" 2>/dev/null || echo '?'; }
 # The Python peer on the requests topic with a group of its own; sets peer (its rate) and prints its row.
 peer_row() { # broker bootstrap count extra-consumer-config
   local out
@@ -268,8 +269,9 @@ printf '%-8s %-52s %14s %22s %9s %9s %9s %9s %9s %9s\n' broker scenario throughp
   "CPU µs/r" "RSS MB" "broker µs"
 printf '%s\n' "${rows[@]}"
 # Where the Tansu at-least-once row's requests spent their time in the processor, and what that
-# allows (Little's law): the processor holds at most --buffer-size records (5000) at once, each for
-# about the stages' total, so it finishes at most 5000 ÷ that total a second.
+# allows (Little's law): the processor holds at most --buffer-size records at once, each for a
+# little more than the stages' total, so it finishes at most about the buffer size ÷ that total a
+# second.
 echo "$noop_tansu" | python3 -c '
 import json, sys
 d = json.load(sys.stdin)
@@ -278,5 +280,6 @@ names = ["waiting_for_user", "intent", "outputs", "result_record"]
 if all(n in s for n in names):
     total = sum(s[n] for n in names)
     held = ", ".join(n.replace("_", " ") + f" {s[n]:.1f} ms" for n in names)
-    print(f"time held (tansu, 0 ms, at-least-once), mean: {held}; {total:.1f} ms in all: 5000 records held allow {5000 / total * 1000:,.0f}/s")'
+    size = d.get("buffer_size", 5000)
+    print(f"time held (tansu, 0 ms, at-least-once), mean: {held}; {total:.1f} ms in all: {size} records held allow {size / total * 1000:,.0f}/s")'
 

@@ -47,7 +47,7 @@ def parse(path):
     with open(path, encoding="utf-8") as log:
         lines = log.read().splitlines()
     # Logs of earlier releases' bench.sh have no broker column.
-    has_broker = any(re.match(r"^broker\s+scenario\s.*\sbroker µs$", line) for line in lines)
+    has_broker = any(re.match(r"^broker\s+scenario\s.*\sbroker µs\s*$", line) for line in lines)
     for line in lines:
         match = re.match(r"^(mock|tansu)\s+(.*)$", line)
         if not match:

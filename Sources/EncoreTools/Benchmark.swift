@@ -62,7 +62,9 @@ public enum Benchmark {
         public var ledger: Bool
         public var entitlementChanges: Int
         /// The mean time of a request in each stage, milliseconds (``RequestStages``).
-        public var stagesMs: [(String, Double)]
+        public var stagesMs: [(name: String, milliseconds: Double)]
+        /// Records the processor held at most (`--buffer-size`).
+        public var bufferSize: Int
 
         public var fields: [(String, String)] {
             [
@@ -106,7 +108,8 @@ public enum Benchmark {
                 "cpu_us_per_request": cpuMicrosecondsPerRequest,
                 "peak_rss_mb": peakRSSMegabytes, "all_committed": allCommitted, "join_s": joinSeconds,
                 "ledger": ledger, "entitlement_changes": entitlementChanges,
-                "stages_ms": Dictionary(stagesMs, uniquingKeysWith: { $1 }),
+                "stages_ms": Dictionary(stagesMs.map { ($0.name, $0.milliseconds) }, uniquingKeysWith: { $1 }),
+                "buffer_size": bufferSize,
             ]
             let data = try! JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
             return String(decoding: data, as: UTF8.self)
@@ -248,7 +251,8 @@ public enum Benchmark {
             cpuSeconds: cpu, cpuMicrosecondsPerRequest: cpuPerRequest, peakRSSMegabytes: peakRSSMegabytes(),
             allCommitted: committed == Int64(options.count),
             joinSeconds: Double(first) / 1000 - started.timeIntervalSince1970, ledger: options.ledger,
-            entitlementChanges: statistics.entitlementChanges, stagesMs: statistics.stages.meanMilliseconds)
+            entitlementChanges: statistics.entitlementChanges, stagesMs: statistics.stages.meanMilliseconds,
+            bufferSize: options.bufferCapacity)
     }
 
     private static func committedTotal(

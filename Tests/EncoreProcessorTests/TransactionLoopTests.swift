@@ -68,6 +68,31 @@ struct TransactionLoopTests {
         #expect(harness.consumer.snapshot.stored.isEmpty)
         await harness.stop()
     }
+
+    @Test("a request's stages: its intent's span lasts until the transaction holding the intent committed")
+    func stagesCountTheIntentsCommit() async throws {
+        let made = Mutex<HeldCommitter?>(nil)
+        let harness = LoopHarness(router: router(RecordingController())) { producer in
+            let committer = HeldCommitter(producer: producer)
+            made.withLock { $0 = committer }
+            return committer
+        }
+        let held = try #require(made.withLock { $0 })
+        harness.assign(partitions: 1)
+        harness.feed(request(0, user: "u"))
+        #expect(
+            await eventually {
+                harness.producer.produced.contains { $0.topic == "encore.entitlement-state" }
+            })
+        // The intent is acknowledged, its transaction held for at least 200 ms more.
+        try await Task.sleep(for: .milliseconds(200))
+        held.release()
+        #expect(await harness.waitForFinished(1))
+        await harness.stop()
+        let stages = harness.statistics.stages
+        #expect(stages.count == 1, "an exactly-once request passes every stage too")
+        #expect(stages.intent >= .milliseconds(200), "the intent's span ends at its commit: \(stages.intent)")
+    }
 }
 
 /// Failure, hand-over and shutdown in exactly-once mode.

@@ -157,7 +157,6 @@ extension Worker {
     /// The item's intent is durable (exactly-once: in the transaction, whose commit makes it so),
     /// or its decided failure: that is published now.
     mutating func intentWritten(_ item: WorkItem) {
-        if item.intentDurableAt == nil { item.intentDurableAt = now }
         if item.decidedFailure != nil {
             publishDecidedFailure(item)
         } else if transactions != nil {
@@ -174,6 +173,7 @@ extension Worker {
     /// late, in a member the group had replaced meanwhile). The request is asked as that owner
     /// would ask it: a recovery call once the owner's hold is over.
     mutating func intentDurable(_ item: WorkItem) {
+        if item.firstIntentDurableAt == nil { item.firstIntentDurableAt = now }
         guard let (id, attempt) = item.journalingCall else {
             let reconcile = configuration.reconciliation
             if let intentAt = item.intentAt, reconcile.startsTooLate(intentAt: intentAt, now: now) {
@@ -310,9 +310,7 @@ extension Worker {
             item.request, attempts: attempts, error: failure,
             controller: item.controllerName.isEmpty ? nil : item.controllerName, offset: item.ref.offset,
             partition: item.ref.partition.number, nowMs: nowMs, result: .pending)
-        outputs.publish(
-            update, for: item.ref, item: item, alongside: alongside, result: transactions == nil ? item : nil,
-            trace: trace)
+        outputs.publish(update, for: item.ref, item: item, alongside: alongside, result: item, trace: trace)
     }
 
     /// The `pending` (`outcome_unknown`) outcome of an in-doubt request, counted as published.

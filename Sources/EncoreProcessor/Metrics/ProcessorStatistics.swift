@@ -183,13 +183,18 @@ final class StatisticsRecorder: Sendable {
 }
 
 /// Where the time of requests in the processor went, summed over the requests that passed every
-/// stage (a duplicate, a dead letter before its call or a request handed over mid-way passes
-/// some only): from the record's arrival to its start (waiting behind its user's earlier
-/// request), to its first intent durable, to its outputs acknowledged (its call, retries and
-/// reconciliation included, and the outcome's delivery), to its result durable in the journal
-/// (then its offset may be committed). A request's record is held for all four, so the records a
-/// processor holds at most (`--buffer-size`) over the total is about the most it finishes a second.
+/// stage (a duplicate, a request failed before its call or one handed over mid-way does not):
+/// - `waitingForUser`: from the record's arrival to its start, behind its user's earlier request;
+/// - `intent`: to its first intent durable (acknowledged; exactly-once, committed), a recovery's
+///   hold for an earlier owner's call included;
+/// - `outputs`: to its first outputs acknowledged (its outcome, or its `pending` one when it went
+///   in doubt), its wait for a call slot, its call and its retries included;
+/// - `resultRecord`: to its result durable in the journal, when its offset may be committed.
+///
+/// A request's record stays admitted (`--buffer-size`) through all four and a little longer, so
+/// the processor finishes at most about the buffer size ÷ the mean total a second.
 public struct RequestStages: Sendable, Hashable {
+    /// Requests that passed every stage.
     public private(set) var count = 0
     public private(set) var waitingForUser: Duration = .zero
     public private(set) var intent: Duration = .zero
@@ -198,19 +203,18 @@ public struct RequestStages: Sendable, Hashable {
 
     public init() {}
 
-    init(count: Int, waitingForUser: Duration, intent: Duration, outputs: Duration, resultRecord: Duration) {
-        (self.count, self.waitingForUser, self.intent) = (count, waitingForUser, intent)
-        (self.outputs, self.resultRecord) = (outputs, resultRecord)
-    }
-
-    mutating func record(_ item: WorkItem, doneAt: ContinuousClock.Instant) {
-        guard let started = item.startedAt, let durable = item.intentDurableAt, let ready = item.resultReadyAt
-        else { return }
+    /// Adds a request done at `done`; one that missed a stage (`nil`) is left out.
+    mutating func record(
+        received: ContinuousClock.Instant, started: ContinuousClock.Instant?,
+        intentDurable: ContinuousClock.Instant?, outputsAcknowledged: ContinuousClock.Instant?,
+        done: ContinuousClock.Instant
+    ) {
+        guard let started, let intentDurable, let outputsAcknowledged else { return }
         count += 1
-        waitingForUser += item.receivedAt.duration(to: started)
-        intent += started.duration(to: durable)
-        outputs += durable.duration(to: ready)
-        resultRecord += ready.duration(to: doneAt)
+        waitingForUser += received.duration(to: started)
+        intent += started.duration(to: intentDurable)
+        outputs += intentDurable.duration(to: outputsAcknowledged)
+        resultRecord += outputsAcknowledged.duration(to: done)
     }
 
     mutating func merge(_ other: RequestStages) {
@@ -221,9 +225,9 @@ public struct RequestStages: Sendable, Hashable {
         resultRecord += other.resultRecord
     }
 
-    /// Each stage's mean in milliseconds, by name (`waiting_for_user`, `intent`, `outputs`,
-    /// `result_record`); empty before a request passed them all.
-    public var meanMilliseconds: [(String, Double)] {
+    /// Each stage's mean in milliseconds, named as in `bench --json` (`waiting_for_user`, `intent`,
+    /// `outputs`, `result_record`); empty before a request passed them all.
+    public var meanMilliseconds: [(name: String, milliseconds: Double)] {
         guard count > 0 else { return [] }
         func mean(_ total: Duration) -> Double {
             (Double(total.components.seconds) * 1e3 + Double(total.components.attoseconds) / 1e15) / Double(count)

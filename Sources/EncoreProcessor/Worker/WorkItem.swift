@@ -66,10 +66,11 @@ final class WorkItem {
     /// before its changelog record (``Worker/resultReady(_:)``).
     var laneReleased = false
     /// When the record arrived, when its user's lane let it start, when its first intent was
-    /// durable and when its outputs were acknowledged (``ProcessorStatistics/stages``).
+    /// durable (exactly-once: committed) and when its first outputs were acknowledged
+    /// (``ProcessorStatistics/stages``).
     let receivedAt: ContinuousClock.Instant
     var startedAt: ContinuousClock.Instant? = nil
-    var intentDurableAt: ContinuousClock.Instant? = nil
+    var firstIntentDurableAt: ContinuousClock.Instant? = nil
     var resultReadyAt: ContinuousClock.Instant? = nil
 
     init(

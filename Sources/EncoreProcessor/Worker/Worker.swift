@@ -467,9 +467,7 @@ struct Worker {
         // At least once, the user's next request starts once these outputs are acknowledged, and its
         // intent shares the changelog record of this result (``resultReady(_:)``). In a transaction
         // the lane is held to the end.
-        outputs.publish(
-            update, for: item.ref, item: item, alongside: alongside, result: transactions == nil ? item : nil,
-            trace: trace)
+        outputs.publish(update, for: item.ref, item: item, alongside: alongside, result: item, trace: trace)
     }
 
     /// Publishes a dead letter for a record no request of which is journaled (it did not decode).
@@ -558,7 +556,11 @@ struct Worker {
     mutating func recordDone(_ ref: RecordRef, _ item: WorkItem?) {
         ownership.endWork(ref)
         finish(ref)
-        if let item { statistics.stages.record(item, doneAt: now) }
+        if let item {
+            statistics.stages.record(
+                received: item.receivedAt, started: item.startedAt, intentDurable: item.firstIntentDurableAt,
+                outputsAcknowledged: item.resultReadyAt, done: now)
+        }
         // Its result's journal record is durable: an earlier version's entry of it leaves the state.
         if let item, ledger.hasLegacySettled,
             let update = ledger.dropLegacyEntry(userKey: item.lane.key, requestID: item.request.requestID)
@@ -569,10 +571,12 @@ struct Worker {
     }
 
     /// The item's outcome (and dead letter, change events) is acknowledged, its result not yet in
-    /// the changelog: the user's next request may start. Its intent is written in the same record
-    /// as this result or a later one, so its call still starts after this result is durable.
+    /// the changelog: at least once, the user's next request may start. Its intent is written in
+    /// the same record as this result or a later one, so its call still starts after this result
+    /// is durable. In a transaction the lane is held until the record is done.
     mutating func resultReady(_ item: WorkItem) {
-        item.resultReadyAt = now
+        if item.resultReadyAt == nil { item.resultReadyAt = now }
+        guard transactions == nil else { return }
         item.laneReleased = true
         if let next = scheduler.releaseLane(item.lane) { start(next) }
     }
