@@ -38,9 +38,9 @@ struct TransactionLoopTests {
         var snapshot: State { state.withLock { $0 } }
     }
 
-    @Test("a call starts only once the transaction holding its intent committed; its offset commits in a later one")
-    func callAfterCommit() async throws {
-        let controller = RecordingController()
+    /// A loop whose commits are held, fed one request of user `u`: returned once the request's
+    /// intent is produced and acknowledged (its transaction not committed).
+    static func heldRequest(_ controller: RecordingController) async throws -> (LoopHarness, HeldCommitter) {
         let made = Mutex<HeldCommitter?>(nil)
         let harness = LoopHarness(router: router(controller)) { producer in
             let committer = HeldCommitter(producer: producer)
@@ -50,11 +50,18 @@ struct TransactionLoopTests {
         let held = try #require(made.withLock { $0 })
         harness.assign(partitions: 1)
         harness.feed(request(0, user: "u"))
-        // The intent is produced and acknowledged, but its transaction is not committed: no call.
         #expect(
             await eventually {
                 harness.producer.produced.contains { $0.topic == "encore.entitlement-state" }
             })
+        return (harness, held)
+    }
+
+    @Test("a call starts only once the transaction holding its intent committed; its offset commits in a later one")
+    func callAfterCommit() async throws {
+        let controller = RecordingController()
+        let (harness, held) = try await Self.heldRequest(controller)
+        // The intent is produced and acknowledged, but its transaction is not committed: no call.
         try await Task.sleep(for: .milliseconds(200))
         #expect(controller.snapshot.calls == 0, "called before the intent's transaction committed")
         #expect(harness.consumer.snapshot.stored.isEmpty)
@@ -71,19 +78,7 @@ struct TransactionLoopTests {
 
     @Test("a request's stages: its intent's span lasts until the transaction holding the intent committed")
     func stagesCountTheIntentsCommit() async throws {
-        let made = Mutex<HeldCommitter?>(nil)
-        let harness = LoopHarness(router: router(RecordingController())) { producer in
-            let committer = HeldCommitter(producer: producer)
-            made.withLock { $0 = committer }
-            return committer
-        }
-        let held = try #require(made.withLock { $0 })
-        harness.assign(partitions: 1)
-        harness.feed(request(0, user: "u"))
-        #expect(
-            await eventually {
-                harness.producer.produced.contains { $0.topic == "encore.entitlement-state" }
-            })
+        let (harness, held) = try await Self.heldRequest(RecordingController())
         // The intent is acknowledged, its transaction held for at least 200 ms more.
         try await Task.sleep(for: .milliseconds(200))
         held.release()
