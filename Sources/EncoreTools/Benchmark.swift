@@ -91,7 +91,8 @@ public enum Benchmark {
                     stagesMs.isEmpty
                         ? "-"
                         : stagesMs.map {
-                            String(format: "%@ %.1f ms", $0.0.replacingOccurrences(of: "_", with: " "), $0.1)
+                            String(
+                                format: "%@ %.1f ms", $0.name.replacingOccurrences(of: "_", with: " "), $0.milliseconds)
                         }
                         .joined(separator: ", ")
                 ),
