@@ -1,4 +1,5 @@
 import EncoreEvents
+import Kafka
 import Synchronization
 
 /// Counters of a running processor, readable from any thread.
@@ -229,9 +230,7 @@ public struct RequestStages: Sendable, Hashable {
     /// `outputs`, `result_record`); empty before a request passed them all.
     public var meanMilliseconds: [(name: String, milliseconds: Double)] {
         guard count > 0 else { return [] }
-        func mean(_ total: Duration) -> Double {
-            (Double(total.components.seconds) * 1e3 + Double(total.components.attoseconds) / 1e15) / Double(count)
-        }
+        func mean(_ total: Duration) -> Double { Double(total.wholeMicroseconds) / 1000 / Double(count) }
         return [
             ("waiting_for_user", mean(waitingForUser)), ("intent", mean(intent)), ("outputs", mean(outputs)),
             ("result_record", mean(resultRecord)),
