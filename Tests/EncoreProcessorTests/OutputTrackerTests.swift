@@ -69,6 +69,33 @@ struct OutputTrackerTests {
         sent.compactMap { if case .state(let state, _) = $0.output { state.sequence } else { nil } }
     }
 
+    @Test(
+        "a shared record writes the state of the last update that changed it, never an intent's that holds the user's identity only"
+    )
+    func sharedRecordTakesTheChangedState() {
+        var tracker = OutputTracker<String>()
+        tracker.publish(
+            update(user: "u", sequences: [3]), for: ref(0), item: "req-0",
+            alongside: [(.outcome(.purchased, requestedAtMs: 0), outcome(0, user: "u"))], result: "req-0")
+        _ = acknowledge(tracker.takeUnsent(), in: &tracker)
+        // The next request's intent, as the worker's ledger makes it: the journal alone, no state.
+        let entry = EntitlementStateRecord.RequestEntry(requestID: "req-1", attempts: 1, startedAtMs: 2)
+        let intent = LedgerUpdate(
+            changes: [], state: EntitlementStateRecord(appID: "app", appUserID: "u"), partition: 0, key: "app:u",
+            writesState: false, journal: JournalRecord(appID: "app", appUserID: "u", seq: 1, entry: entry),
+            holdsState: false)
+        tracker.publish(intent, for: nil, intent: "req-1")
+        let written = tracker.takeUnsent()
+        #expect(states(written) == [3], "the granting result's state, not the intent's empty one")
+        var events = acknowledge(written, in: &tracker)
+        let journal = tracker.takeUnsent()
+        #expect(journal.count == 1 && states(journal).isEmpty, "the intent's journal record, once the state is durable")
+        events += acknowledge(journal, in: &tracker)
+        #expect(done(events) == ["req-0"])
+        #expect(events.compactMap { if case .intentWritten(let item) = $0 { item } else { nil } } == ["req-1"])
+        #expect(!tracker.hasStateUpdates && tracker.pendingRecords == 0)
+    }
+
     @Test("an acknowledged result and the user's next intent share one changelog record, acknowledged for both")
     func readyUpdatesShareARecord() {
         var tracker = OutputTracker<String>()

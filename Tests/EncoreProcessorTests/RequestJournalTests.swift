@@ -63,6 +63,36 @@ struct RequestJournalTests {
         #expect(update.journal?.entry.result == .purchased)
     }
 
+    @Test("a journal update holds the user's whole state from the public methods, the identity alone for the worker")
+    func journalUpdatesOfTheWorkerHoldNoState() {
+        var ledger = EntitlementLedger(catalog: EntitlementCatalog())
+        var event = request(1, user: "u")
+        event.entitlement = Entitlement(type: .freeTrial, value: 7, unit: .days)
+        let granted = ledger.complete(
+            PurchaseOutcomeEvent(request: event, result: .purchased, attempts: 1, completedAtMs: Self.t0),
+            entitlement: event.entitlement, partition: 0)
+        #expect(granted.writesState && granted.holdsState && granted.state.grants.count == 1)
+        let next = request(2, user: "u")
+        let identity = JournalIdentity(user: UserLane(key: "app:u"), requestID: next.requestID)
+        let publicIntent = ledger.recordIntent(next, attempt: 1, partition: 0, nowMs: Self.t0 + 1)
+        #expect(!publicIntent.writesState && publicIntent.holdsState && publicIntent.state.grants.count == 1)
+        let workerIntent = ledger.recordIntent(
+            next, attempt: 2, partition: 0, nowMs: Self.t0 + 2, offset: nil, digest: nil, known: identity,
+            holdsState: false)
+        #expect(!workerIntent.writesState && !workerIntent.holdsState && workerIntent.state.grants.isEmpty)
+        #expect(workerIntent.state.key == "app:u" && workerIntent.journal?.entry.attempts == 2)
+        // A repeat of the same grant changes nothing: the result is the journal's alone.
+        let repeatOutcome = PurchaseOutcomeEvent(
+            request: next, result: .purchased, attempts: 2, completedAtMs: Self.t0 + 3)
+        let workerResult = ledger.complete(
+            repeatOutcome, entitlement: event.entitlement, campaignID: nil, offerID: nil, partition: 0, grants: true,
+            known: identity, holdsState: false)
+        #expect(!workerResult.writesState && !workerResult.holdsState && workerResult.state.grants.isEmpty)
+        #expect(workerResult.journal?.entry.result == .purchased)
+        // The user's state itself is untouched.
+        #expect(ledger.state(ofUser: "app:u")?.grants.count == 1)
+    }
+
     @Test("past the cap a new request takes the slot of the one cap requests older; past the retention, entries go")
     func retentionAndCap() {
         var ledger = EntitlementLedger(

@@ -81,12 +81,19 @@ struct RequestStagesTests {
         func ms(_ value: Int) -> ContinuousClock.Instant { at.advanced(by: .milliseconds(value)) }
         var one = ProcessorStatistics()
         var other = ProcessorStatistics()
-        one.stages.record(
-            received: ms(0), started: ms(2), intentDurable: ms(5), outputsAcknowledged: ms(9), done: ms(14))
-        other.stages.record(
-            received: ms(0), started: ms(6), intentDurable: ms(7), outputsAcknowledged: ms(15), done: ms(18))
-        other.stages.record(
-            received: ms(0), started: ms(1), intentDurable: nil, outputsAcknowledged: ms(3), done: ms(4))
+        /// A request's times; `nil` leaves a stage unstamped.
+        func times(_ started: Int, _ intentDurable: Int?, _ outputsAcknowledged: Int) -> RequestTimes {
+            var times = RequestTimes(received: ms(0))
+            times.start(at: ms(started))
+            if let intentDurable { times.intentDurable(at: ms(intentDurable)) }
+            times.outputsAcknowledged(at: ms(outputsAcknowledged))
+            // A second stamp of a stage is not taken: its first counts.
+            times.start(at: ms(started + 100))
+            return times
+        }
+        one.stages.record(times(2, 5, 9), done: ms(14))
+        other.stages.record(times(6, 7, 15), done: ms(18))
+        other.stages.record(times(1, nil, 3), done: ms(4))
         let total = ProcessorStatistics.combined([one, other]).stages
         #expect(total.count == 2)
         #expect(

@@ -16,6 +16,12 @@ public struct LedgerUpdate: Sendable, Equatable {
     public var writesState: Bool
     /// The journal entry this update writes, a small record of its own.
     public var journal: JournalRecord?
+    /// Whether `state` is the user's whole state. The processor's own updates of the journal alone
+    /// (`writesState` false) carry the user's identity only: its output tracker writes a state only
+    /// from an update that changed it, and copying the whole state into the two journal updates of
+    /// every request was a sixth of the loop's reference counting. The public methods' updates
+    /// always hold it.
+    let holdsState: Bool
 
     public init(
         changes: [EntitlementChangeEvent], state: EntitlementStateRecord, partition: Int32, writesState: Bool = true,
@@ -29,7 +35,7 @@ public struct LedgerUpdate: Sendable, Equatable {
     /// `key` must be `state.key`.
     init(
         changes: [EntitlementChangeEvent], state: EntitlementStateRecord, partition: Int32, key: String,
-        writesState: Bool = true, journal: JournalRecord? = nil
+        writesState: Bool = true, journal: JournalRecord? = nil, holdsState: Bool = true
     ) {
         self.changes = changes
         self.state = state
@@ -37,6 +43,7 @@ public struct LedgerUpdate: Sendable, Equatable {
         self.key = key
         self.writesState = writesState
         self.journal = journal
+        self.holdsState = holdsState
     }
 }
 
@@ -232,17 +239,18 @@ public struct EntitlementLedger: Sendable {
     ) -> LedgerUpdate {
         recordIntent(
             request, attempt: attempt, partition: partition, nowMs: nowMs, offset: offset, digest: digest,
-            known: nil)
+            known: nil, holdsState: true)
     }
 
-    /// `known`: the request's user key and journal key, when the caller already has them (`nil`: built here).
+    /// `known`: the request's user key and journal key, when the caller already has them (`nil`: built
+    /// here); `holdsState`: whether the update carries the user's whole state (``LedgerUpdate/holdsState``).
     mutating func recordIntent(
         _ request: PurchaseRequestEvent, attempt: Int, partition: Int32, nowMs: Int64, offset: Int64?,
-        digest: String?, known: JournalIdentity?
+        digest: String?, known: JournalIdentity?, holdsState: Bool
     ) -> LedgerUpdate {
         // (The closure captures the id alone: capturing the request copied it whole.)
         let requestID = request.requestID
-        return replaceEntry(of: request, partition: partition, known: known) { earlier in
+        return replaceEntry(of: request, partition: partition, known: known, holdsState: holdsState) { earlier in
             .init(
                 requestID: requestID, attempts: attempt, startedAtMs: nowMs, offset: offset ?? earlier?.offset,
                 inDoubtSinceMs: earlier?.inDoubtSinceMs, digest: digest ?? earlier?.digest)
@@ -280,7 +288,7 @@ public struct EntitlementLedger: Sendable {
     /// Replaces the journal entry of `request` with `entry(earlier entry)`: the journal record
     /// to write, under the request's slot (a new one for a request not journaled yet).
     private mutating func replaceEntry(
-        of request: PurchaseRequestEvent, partition: Int32, known: JournalIdentity? = nil,
+        of request: PurchaseRequestEvent, partition: Int32, known: JournalIdentity? = nil, holdsState: Bool = true,
         _ entry: (EntitlementStateRecord.RequestEntry?) -> EntitlementStateRecord.RequestEntry
     ) -> LedgerUpdate {
         let key = known?.userKey ?? request.key
@@ -288,10 +296,22 @@ public struct EntitlementLedger: Sendable {
         let record = journalRecord(
             userKey: key, appID: request.appID, appUserID: request.appUserID, requestID: request.requestID,
             partition: partition, known: known, entry)
+        return journalUpdate(
+            key: key, appID: request.appID, appUserID: request.appUserID, partition: partition, record,
+            holdsState: holdsState)
+    }
+
+    /// An update of the journal alone: `journal`, with the user's state when `holdsState` (a copy
+    /// of it), or with the user's identity only.
+    private func journalUpdate(
+        key: String, appID: String, appUserID: String, partition: Int32, _ journal: consuming JournalRecord,
+        holdsState: Bool
+    ) -> LedgerUpdate {
+        let index = holdsState ? users.index(forKey: key) : nil
         return LedgerUpdate(
             changes: [],
-            state: users[key]?.state ?? EntitlementStateRecord(appID: request.appID, appUserID: request.appUserID),
-            partition: partition, key: key, writesState: false, journal: record)
+            state: index.map { users.values[$0].state } ?? EntitlementStateRecord(appID: appID, appUserID: appUserID),
+            partition: partition, key: key, writesState: false, journal: journal, holdsState: holdsState)
     }
 
     private mutating func journalRecord(
@@ -321,13 +341,15 @@ public struct EntitlementLedger: Sendable {
     ) -> LedgerUpdate {
         complete(
             outcome, entitlement: offered, campaignID: campaignID, offerID: offerID, partition: partition,
-            grants: grants, known: nil)
+            grants: grants, known: nil, holdsState: true)
     }
 
-    /// `known`: the outcome's user key and journal key, when the caller already has them (`nil`: built here).
+    /// `known`: the outcome's user key and journal key, when the caller already has them (`nil`: built
+    /// here); `holdsState`: whether an update of the journal alone carries the user's whole state
+    /// (``LedgerUpdate/holdsState``).
     mutating func complete(
         _ outcome: PurchaseOutcomeEvent, entitlement offered: Entitlement?, campaignID: String?, offerID: String?,
-        partition: Int32, grants: Bool, known: JournalIdentity?
+        partition: Int32, grants: Bool, known: JournalIdentity?, holdsState: Bool
     ) -> LedgerUpdate {
         let status: EntitlementStatus? =
             switch outcome.result {
@@ -359,14 +381,14 @@ public struct EntitlementLedger: Sendable {
                 result: outcome.result, completedAtMs: now, offset: earlier?.offset,
                 inDoubtSinceMs: earlier?.inDoubtSinceMs, digest: earlier?.digest)
         }
-        var result =
-            update
-            ?? LedgerUpdate(
-                changes: [],
-                state: users[key]?.state ?? EntitlementStateRecord(appID: outcome.appID, appUserID: outcome.appUserID),
-                partition: partition, key: key, writesState: false)
-        result.journal = record
-        return result
+        // (Moved out of the optional and changed in place: `update ?? ...` copied it whole.)
+        guard var changed = update.take() else {
+            return journalUpdate(
+                key: key, appID: outcome.appID, appUserID: outcome.appUserID, partition: partition, record,
+                holdsState: holdsState)
+        }
+        changed.journal = record
+        return changed
     }
 
     // MARK: Rules

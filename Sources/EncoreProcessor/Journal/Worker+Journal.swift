@@ -17,7 +17,7 @@ extension Worker {
         var ready: WorkItem? = first
         while let item = ready {
             ready = nil
-            if item.startedAt == nil { item.startedAt = now }
+            item.times.start(at: now)
             let journaled = ledger.journalEntry(
                 ofUser: item.lane.key, requestID: item.request.requestID, partition: item.ref.partition.number,
                 requestKey: item.identity.requestKey)
@@ -85,7 +85,7 @@ extension Worker {
         item.intentAt = now
         let intent = ledger.recordIntent(
             item.request, attempt: item.firstAttempt, partition: item.ref.partition.number,
-            nowMs: nowMs, offset: item.ref.offset, digest: item.digest, known: item.identity)
+            nowMs: nowMs, offset: item.ref.offset, digest: item.digest, known: item.identity, holdsState: false)
         outputs.publish(consume intent, for: nil, intent: item)
     }
 
@@ -173,7 +173,7 @@ extension Worker {
     /// late, in a member the group had replaced meanwhile). The request is asked as that owner
     /// would ask it: a recovery call once the owner's hold is over.
     mutating func intentDurable(_ item: WorkItem) {
-        if item.firstIntentDurableAt == nil { item.firstIntentDurableAt = now }
+        item.times.intentDurable(at: now)
         guard let (id, attempt) = item.journalingCall else {
             let reconcile = configuration.reconciliation
             if let intentAt = item.intentAt, reconcile.startsTooLate(intentAt: intentAt, now: now) {

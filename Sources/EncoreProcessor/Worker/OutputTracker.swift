@@ -41,6 +41,8 @@ struct OutputTracker<Item> {
         /// journal record is moved into the write, and so is its state when it is the write's last.
         private(set) var contents: LedgerUpdate
         var writesState: Bool { contents.writesState }
+        /// Whether its `state` is the user's whole state (``LedgerUpdate/holdsState``).
+        var holdsState: Bool { contents.holdsState }
         var partition: Int32 { contents.partition }
         var unacknowledgedOutputs: Int
         var isWritten = false
@@ -345,9 +347,11 @@ struct OutputTracker<Item> {
 
     /// Writes the user's oldest unwritten changelog records when their outputs are acknowledged and
     /// the user's earlier ones are. Later updates that are ready too are written with them: the
-    /// latest state holds theirs; each journal record is written (a result, and the intent of the
-    /// next request). A state record goes first, alone, and the journal records only once it is
-    /// acknowledged (even after a redelivery): a durable result never claims a state that is not.
+    /// latest state holds theirs (the state of the last of them that changed it: an update of the
+    /// journal alone changed nothing since, and may carry the user's identity only); each journal
+    /// record is written (a result, and the intent of the next request). A state record goes first,
+    /// alone, and the journal records only once it is acknowledged (even after a redelivery): a
+    /// durable result never claims a state that is not.
     private mutating func writeStateIfReady(ofUser key: UserLane) {
         guard let order = updateOrder[key], let first = order.first, let update = updates[first],
             update.unacknowledgedOutputs == 0, !update.isWritten
@@ -356,6 +360,7 @@ struct OutputTracker<Item> {
         var covering = 1
         var written = update
         var writesState = update.writesState
+        var stateSource = update.writesState ? update : nil
         // The first update's journal record; the later ones' (an array only when there are any).
         var firstJournal = update.takeJournal()
         var laterJournal: [JournalRecord] = []
@@ -366,6 +371,7 @@ struct OutputTracker<Item> {
             last = order[covering]
             written = later
             writesState = writesState || later.writesState
+            if later.writesState { stateSource = later }
             if let record = later.takeJournal() {
                 if laterJournal.isEmpty, let first = firstJournal.take() { laterJournal.append(first) }
                 // A later record of the same slot replaces the earlier one: only the last is written.
@@ -387,8 +393,12 @@ struct OutputTracker<Item> {
         // Counted with their updates already (each acknowledged with the last record).
         if writesState {
             written.deferredJournal = laterJournal.isEmpty ? firstJournal.take().map { [$0] } ?? [] : laterJournal
+            // (Forced above, with no update that changed the state: then none has a journal record,
+            // so each is a state update, which holds the whole state.)
+            let source = stateSource ?? written
+            precondition(source.holdsState, "a changelog state record from an update that holds no state")
             enqueue(
-                .entitlementState(update: last), .state(written.takeState(), partition: written.partition), for: nil,
+                .entitlementState(update: last), .state(source.takeState(), partition: written.partition), for: nil,
                 update: nil)
         } else if laterJournal.isEmpty, let first = firstJournal.take() {
             enqueue(

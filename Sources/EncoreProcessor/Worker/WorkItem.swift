@@ -68,17 +68,14 @@ final class WorkItem {
     /// When the record arrived, when its user's lane let it start, when its first intent was
     /// durable (exactly-once: committed) and when its first outputs were acknowledged
     /// (``ProcessorStatistics/stages``).
-    let receivedAt: ContinuousClock.Instant
-    var startedAt: ContinuousClock.Instant? = nil
-    var firstIntentDurableAt: ContinuousClock.Instant? = nil
-    var resultReadyAt: ContinuousClock.Instant? = nil
+    var times: RequestTimes
 
     init(
         ref: RecordRef, request: consuming PurchaseRequestEvent, message: KafkaMessage,
         receivedAt: ContinuousClock.Instant
     ) {
         self.ref = ref
-        self.receivedAt = receivedAt
+        times = RequestTimes(received: receivedAt)
         self.message = message
         self.identity = JournalIdentity(
             user: UserLane(appID: request.appID, appUserID: request.appUserID), requestID: request.requestID)

@@ -316,7 +316,7 @@ struct Worker {
             outputs.publish(
                 ledger.recordIntent(
                     item.request, attempt: attempt, partition: item.ref.partition.number, nowMs: nowMs,
-                    offset: item.ref.offset, digest: item.digest, known: item.identity),
+                    offset: item.ref.offset, digest: item.digest, known: item.identity, holdsState: false),
                 for: nil, intent: item)
         case .doubt(let item, let failure, let attempts):
             doubt(item, failure, attempts: attempts)
@@ -449,7 +449,7 @@ struct Worker {
         let update = ledger.complete(
             outcome, entitlement: item.request.entitlement, campaignID: item.request.campaignID,
             offerID: item.request.offerID, partition: item.ref.partition.number, grants: configuration.ledgerEnabled,
-            known: item.identity)
+            known: item.identity, holdsState: false)
         let completed = outcome.completedAtMs
         // (The outcome moved in, not copied: it is not needed after.)
         var alongside: [(output: Output, unsent: UnsentOutput)] = [
@@ -467,7 +467,7 @@ struct Worker {
         // At least once, the user's next request starts once these outputs are acknowledged, and its
         // intent shares the changelog record of this result (``resultReady(_:)``). In a transaction
         // the lane is held to the end.
-        outputs.publish(update, for: item.ref, item: item, alongside: alongside, result: item, trace: trace)
+        outputs.publish(consume update, for: item.ref, item: item, alongside: alongside, result: item, trace: trace)
     }
 
     /// Publishes a dead letter for a record no request of which is journaled (it did not decode).
@@ -556,11 +556,7 @@ struct Worker {
     mutating func recordDone(_ ref: RecordRef, _ item: WorkItem?) {
         ownership.endWork(ref)
         finish(ref)
-        if let item {
-            statistics.stages.record(
-                received: item.receivedAt, started: item.startedAt, intentDurable: item.firstIntentDurableAt,
-                outputsAcknowledged: item.resultReadyAt, done: now)
-        }
+        if let item { statistics.stages.record(item.times, done: now) }
         // Its result's journal record is durable: an earlier version's entry of it leaves the state.
         if let item, ledger.hasLegacySettled,
             let update = ledger.dropLegacyEntry(userKey: item.lane.key, requestID: item.request.requestID)
@@ -575,7 +571,7 @@ struct Worker {
     /// the same record as this result or a later one, so its call still starts after this result
     /// is durable. In a transaction the lane is held until the record is done.
     mutating func resultReady(_ item: WorkItem) {
-        if item.resultReadyAt == nil { item.resultReadyAt = now }
+        item.times.outputsAcknowledged(at: now)
         guard transactions == nil else { return }
         item.laneReleased = true
         if let next = scheduler.releaseLane(item.lane) { start(next) }
