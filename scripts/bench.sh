@@ -26,6 +26,7 @@ trap cleanup EXIT
 
 scripts/install-deps.sh
 gcc -O2 -o .build/limit "$LIMIT_C" -lrdkafka
+gcc -O2 -o .build/journal_limit scripts/journal_limit.c -lrdkafka
 swift build -c release --product encore-processor >/dev/null
 # The processor as the Docker image runs it: jemalloc when the machine has it, one worker per core.
 WORKERS=${WORKERS:-$(nproc)}
@@ -198,6 +199,20 @@ limit=$(GROUP=limit-g IN_TOPIC=bench.requests OUT_TOPIC=bench.limit-outcomes PAR
 row tansu "limit.c consume→produce→commit" "$limit/s" "" "" "" "" "" "" "$(broker_us "$N_TANSU")"
 peer_row tansu "127.0.0.1:$PORT" "$N_TANSU" "fetch.queue.backoff.ms=10"
 journal_peer_row tansu "127.0.0.1:$PORT" "$N_TANSU" "fetch.queue.backoff.ms=10"
+# The processor's write pattern with no processing (scripts/journal_limit.c): three records a
+# request, each produced once the one before it is acknowledged, 5,000 requests at once, on fresh
+# topics as the processor's rows are. What the broker and librdkafka allow that pattern.
+$B topics create --bootstrap-servers "127.0.0.1:$PORT" --partitions "$PARTS" --requests-topic bench.jl-unused \
+  --outcomes-topic bench.jl-outcomes --state-topic bench.jl-journal --entitlements-topic bench.unused \
+  --dead-letter-topic bench.unused-dl >/dev/null
+broker_mark
+out=$(JOURNAL_TOPIC=bench.jl-journal OUT_TOPIC=bench.jl-outcomes .build/journal_limit "127.0.0.1:$PORT" "$N_TANSU" \
+  2>/dev/null || true)
+journal_limit=$(echo "$out" | grep -o ' rate=[0-9]*' | cut -d= -f2 || true)
+cpu=$(echo "$out" | grep -o 'client_cpu_s=[0-9.]*' | cut -d= -f2 || true)
+row tansu "journal_limit.c: 3 acked writes a request, 5,000 at once" "${journal_limit:-?}/s" \
+  "$(python3 -c "print(f'{${journal_limit:-0}/$limit:.1%}')")" "-" "-" "${cpu:-?}" \
+  "$(python3 -c "print(f'{${cpu:-0}/$N_TANSU*1e6:.1f}')")" "-" "$(broker_us "$N_TANSU")"
 broker_mark
 noop=$($B bench --bootstrap-servers "127.0.0.1:$PORT" --prefilled-topic bench.requests --count "$N_TANSU" \
   --partitions "$PARTS" $W --json)

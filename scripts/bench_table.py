@@ -16,6 +16,7 @@ LABELS = [
     ("limit", r"limit\.c"),
     ("peer", r"Python peer \(confluent-kafka"),
     ("journal_peer", r"Python peer with a journal"),
+    ("journal_limit", r"journal_limit\.c"),
     ("alo", r"processor, 0 ms(?: controller)?, at-least-once(?: \(\d+ backlog\))?\s"),
     ("debian", r"the same, on Debian"),
     ("slow", r"processor, 20 ms"),
@@ -28,8 +29,8 @@ LABELS = [
     ("scale2", r"scale-out: 2 instances"),
     ("scale3", r"scale-out: 3 instances"),
 ]
-EXPECTED = {("mock", key) for key, _ in LABELS if not key.startswith("scale")}
-EXPECTED |= {("tansu", key) for key in ("limit", "peer", "journal_peer", "alo", "eos", "slow", "half_alo",
+EXPECTED = {("mock", key) for key, _ in LABELS if not key.startswith("scale") and key != "journal_limit"}
+EXPECTED |= {("tansu", key) for key in ("limit", "peer", "journal_peer", "journal_limit", "alo", "eos", "slow", "half_alo",
                                          "half_peer", "backlog", "scale1", "scale2", "scale3")}
 
 
@@ -202,6 +203,9 @@ class Table:
             self.steady(mock, "mock³", "half_eos", "half of its 0 ms rate offered, exactly-once⁴"),
             self.steady(mock, "mock³", "half_peer", "Python peer at at-least-once's half rate: the broker's own⁴"),
         ] + self.peers(tansu, "Python peer with a journal⁵") + [
+            [tansu, "journal_limit.c: the processor's writes alone (3 acked in sequence a request, 5,000 at once)⁷",
+             self.rate(tansu, "journal_limit"), self.of_limit(tansu, "journal_limit"), "", "",
+             self.cpu(tansu, "journal_limit"), self.broker_cpu(tansu, "journal_limit"), ""],
             self.backlog(tansu, "alo", "0 ms controller, at-least-once, 300,000 backlog",
                          self.backlog_ratio(tansu, "alo")),
             self.backlog(tansu, "eos", "0 ms controller, exactly-once, 300,000 backlog (no `read_committed` reader: "
