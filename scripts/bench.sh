@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The benchmark of the README: limit.c (plain C on librdkafka: consume, produce, commit; no
+# processing), journal_limit.c (on Tansu: the processor's three acknowledged writes a request, no
 # processing), the Python peer (../shared/bench/peer_python.py: what a user would write instead)
 # and `encore-processor bench` on the same broker, in the same run, on the same requests, first on
 # librdkafka's mock cluster, then on Tansu. Prints every row with its ratio to limit.c and the
@@ -207,12 +208,13 @@ $B topics create --bootstrap-servers "127.0.0.1:$PORT" --partitions "$PARTS" --r
   --dead-letter-topic bench.unused-dl >/dev/null
 broker_mark
 out=$(JOURNAL_TOPIC=bench.jl-journal OUT_TOPIC=bench.jl-outcomes .build/journal_limit "127.0.0.1:$PORT" "$N_TANSU" \
-  2>/dev/null || true)
+  2>"$work/journal_limit.err" || true)
 journal_limit=$(echo "$out" | grep -o ' rate=[0-9]*' | cut -d= -f2 || true)
 cpu=$(echo "$out" | grep -o 'client_cpu_s=[0-9.]*' | cut -d= -f2 || true)
+[ -n "$journal_limit" ] || { echo "journal_limit.c failed:" >&2; tail -5 "$work/journal_limit.err" >&2 || true; }
 row tansu "journal_limit.c: 3 acked writes a request, 5,000 at once" "${journal_limit:-?}/s" \
-  "$(python3 -c "print(f'{${journal_limit:-0}/$limit:.1%}')")" "-" "-" "${cpu:-?}" \
-  "$(python3 -c "print(f'{${cpu:-0}/$N_TANSU*1e6:.1f}')")" "-" "$(broker_us "$N_TANSU")"
+  "$(python3 -c "print(f'{$journal_limit/$limit:.1%}')" 2>/dev/null || echo '?')" "-" "-" "${cpu:-?}" \
+  "$(python3 -c "print(f'{$cpu/$N_TANSU*1e6:.1f}')" 2>/dev/null || echo '?')" "-" "$(broker_us "$N_TANSU")"
 broker_mark
 noop=$($B bench --bootstrap-servers "127.0.0.1:$PORT" --prefilled-topic bench.requests --count "$N_TANSU" \
   --partitions "$PARTS" $W --json)

@@ -3,7 +3,9 @@
  * processing: each request writes three records one after the other, each produced only once the
  * one before it is acknowledged (the intent on the journal topic, the outcome, the result on the
  * journal topic), with IN_FLIGHT requests at once (the processor's --buffer-size). It consumes
- * nothing: the requests are made up here, each for a random one of USERS users.
+ * nothing: the requests are made up here, each for a random one of USERS users. A user's requests
+ * are not kept in order as the processor's lanes keep them (two of one user may be in flight at
+ * once), so it is a looser bound than the processor's own pattern.
  *
  * Usage: journal_limit BOOTSTRAP N
  *   Environment: JOURNAL_TOPIC=bench.jl-journal OUT_TOPIC=bench.jl-outcomes (both created
@@ -141,6 +143,10 @@ int main(int argc, char **argv) {
         users = env_int("USERS", 10000);
         int in_flight = env_int("IN_FLIGHT", 5000);
         int broker_pid = env_int("BROKER_PID", 0);
+        if (wanted < 1 || users < 1 || in_flight < 1) {
+                fprintf(stderr, "journal_limit: N, USERS and IN_FLIGHT must be at least 1\n");
+                return 2;
+        }
         memset(value, 'x', sizeof value);
 
         char error[512], linger[16];
@@ -171,6 +177,10 @@ int main(int argc, char **argv) {
         issued = finished = 0;
 
         struct request *requests = calloc((size_t)in_flight, sizeof *requests);
+        if (!requests) {
+                fprintf(stderr, "journal_limit: out of memory\n");
+                return 1;
+        }
         double t0 = now(), cpu0 = cpu_self(), broker0 = cpu_of(broker_pid);
         for (int i = 0; i < in_flight && issued < wanted; i++) start(&requests[i]);
         while (finished < wanted) rd_kafka_poll(producer, 5);

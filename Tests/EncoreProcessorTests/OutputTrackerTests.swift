@@ -159,7 +159,8 @@ struct OutputTrackerTests {
             alongside: [(.outcome(.purchased, requestedAtMs: 0), outcome(0, user: "u"))], result: "req-0")
         _ = acknowledge(tracker.takeUnsent(), in: &tracker)
         // The next request's intent is ready at once: one write, the state first.
-        // (The intent's state is the user's latest: it holds the result's grant.)
+        // (The intent's state is the result's here, as the public ledger methods make it; the
+        // worker's carries the identity alone, and the write takes the result's state either way.)
         var intent = update(user: "u", sequences: [3])
         intent.changes = []
         intent.writesState = false

@@ -89,6 +89,8 @@ struct RequestStagesTests {
             times.outputsAcknowledged(at: ms(outputsAcknowledged))
             // A second stamp of a stage is not taken: its first counts.
             times.start(at: ms(started + 100))
+            if let intentDurable { times.intentDurable(at: ms(intentDurable + 100)) }
+            times.outputsAcknowledged(at: ms(outputsAcknowledged + 100))
             return times
         }
         one.stages.record(times(2, 5, 9), done: ms(14))

@@ -122,6 +122,50 @@ struct WorkerTests {
         }
     }
 
+    @Test(
+        "a granting result and the user's next intent share one changelog write: its state record holds the grant"
+    )
+    func sharedWriteKeepsTheGrant() throws {
+        var driven = Driven()
+        _ = driven.step(Self.assignment())
+        var first = request(1, user: "u1")
+        first.entitlement = Entitlement(type: .freeTrial, value: 7, unit: .days)
+        // The second waits behind the first; it repeats the same grant, which changes nothing.
+        var actions = driven.step(
+            .records([Self.incoming(first, offset: 0), Self.incoming(request(2, user: "u1"), offset: 1)]))
+        // Each produce batch's state records and journal records (request id, result or open).
+        var batches: [(states: [EntitlementStateRecord], journal: [String])] = []
+        for _ in 0..<12 {
+            let produced = Self.producedOutputs(actions)
+            let calls = Self.calls(actions)
+            if produced.isEmpty && calls.isEmpty { break }
+            var batch: (states: [EntitlementStateRecord], journal: [String]) = ([], [])
+            for (_, output) in produced {
+                switch output {
+                case .state(let state, _): batch.states.append(state)
+                case .journal(let record, _):
+                    batch.journal.append("\(record.entry.requestID) \(record.entry.result?.rawValue ?? "open")")
+                default: break
+                }
+            }
+            if !batch.states.isEmpty || !batch.journal.isEmpty { batches.append(batch) }
+            var inputs = calls.map {
+                ProcessorInput.attemptFinished(call: $0.id, attempt: $0.attempt, .success(.purchased))
+            }
+            if !produced.isEmpty { inputs.append(Self.acknowledged(produced)) }
+            actions = driven.step(inputs, after: .milliseconds(1))
+        }
+        let (id1, id2) = (first.requestID, request(2, user: "u1").requestID)
+        // Request 1's intent; its grant's state alone; then, once the state is durable, its result
+        // and request 2's intent in the same write; request 2's result (no state: nothing changed).
+        #expect(
+            batches.map(\.journal) == [["\(id1) open"], [], ["\(id1) purchased", "\(id2) open"], ["\(id2) purchased"]])
+        let states = batches.flatMap(\.states)
+        #expect(states.count == 1, "one state record: request 2 granted nothing new")
+        #expect(states.first?.grants.map(\.requestID) == [id1], "the shared write's state holds request 1's grant")
+        #expect(states.first?.sequence == 1)
+    }
+
     @Test("a request: intent out, call once it is acknowledged, outcome, then its offset committed")
     func oneRequest() throws {
         var driven = Driven()

@@ -38,7 +38,8 @@ struct OutputTracker<Item> {
         let key: UserLane
         /// Its state, whether the state record is written (the state changed), and its journal
         /// record (its change events, already sent, are taken out). When the update is written, its
-        /// journal record is moved into the write, and so is its state when it is the write's last.
+        /// journal record is moved into the write, and so is its state when it is the write's last
+        /// update that changed the state.
         private(set) var contents: LedgerUpdate
         var writesState: Bool { contents.writesState }
         /// Whether its `state` is the user's whole state (``LedgerUpdate/holdsState``).
