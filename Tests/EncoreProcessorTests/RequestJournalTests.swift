@@ -19,6 +19,16 @@ struct RequestJournalTests {
         PurchaseOutcomeEvent(request: request(index, user: user), result: result, attempts: attempts, completedAtMs: ms)
     }
 
+    /// Request 1 of user `u` purchased with a free trial offered: the request and the grant's update.
+    func grantTrial(in ledger: inout EntitlementLedger) -> (event: PurchaseRequestEvent, update: LedgerUpdate) {
+        var event = request(1, user: "u")
+        event.entitlement = Entitlement(type: .freeTrial, value: 7, unit: .days)
+        let update = ledger.complete(
+            PurchaseOutcomeEvent(request: event, result: .purchased, attempts: 1, completedAtMs: Self.t0),
+            entitlement: event.entitlement, partition: 0)
+        return (event, update)
+    }
+
     @Test("an intent, then its result: one small journal record each, under the same slot; no state record")
     func intentThenResult() {
         var ledger = EntitlementLedger(catalog: EntitlementCatalog())
@@ -47,11 +57,7 @@ struct RequestJournalTests {
         #expect(ledger.recordIntent(request(1, user: "u"), attempt: 1, partition: 3, nowMs: Self.t0).journal?.seq == 1)
         // A grant writes the state (without the journal) beside the journal record.
         var granting = EntitlementLedger(catalog: EntitlementCatalog())
-        var event = request(1, user: "u")
-        event.entitlement = Entitlement(type: .freeTrial, value: 7, unit: .days)
-        let granted = granting.complete(
-            PurchaseOutcomeEvent(request: event, result: .purchased, attempts: 1, completedAtMs: Self.t0),
-            entitlement: event.entitlement, partition: 0)
+        let (event, granted) = grantTrial(in: &granting)
         #expect(granted.writesState && granted.state.grants.count == 1 && granted.state.requests.isEmpty)
         #expect(granted.journal?.entry.result == .purchased)
         // Without grants (--no-ledger) the result is still recorded, and nothing is granted.
@@ -66,11 +72,7 @@ struct RequestJournalTests {
     @Test("a journal update holds the user's whole state from the public methods, the identity alone for the worker")
     func journalUpdatesOfTheWorkerHoldNoState() {
         var ledger = EntitlementLedger(catalog: EntitlementCatalog())
-        var event = request(1, user: "u")
-        event.entitlement = Entitlement(type: .freeTrial, value: 7, unit: .days)
-        let granted = ledger.complete(
-            PurchaseOutcomeEvent(request: event, result: .purchased, attempts: 1, completedAtMs: Self.t0),
-            entitlement: event.entitlement, partition: 0)
+        let (event, granted) = grantTrial(in: &ledger)
         #expect(granted.writesState && granted.holdsState && granted.state.grants.count == 1)
         let next = request(2, user: "u")
         let identity = JournalIdentity(user: UserLane(key: "app:u"), requestID: next.requestID)

@@ -235,8 +235,9 @@ public struct RequestStages: Sendable, Hashable {
 }
 
 /// When one request passed each stage of ``RequestStages``, each stamped the first time only. The
-/// instants are not optional (one not stamped yet holds the arrival; `passed` says which are): an
-/// optional instant (17 bytes) was copied through `memcpy` at each read, four times a request.
+/// instants are not optional (one not stamped yet holds the arrival; `passed` says which are):
+/// `ContinuousClock.Instant` is resilient, so an optional one was copied through its value
+/// witnesses and `memcpy` at each read, four times a request.
 struct RequestTimes {
     let received: ContinuousClock.Instant
     private(set) var started: ContinuousClock.Instant
