@@ -100,7 +100,7 @@ backlog_row() { # broker label report broker-µs [rate-to-compare name]
 # A steady-load row (scripts/steady_latency.py): the processor (as `run`, with jemalloc when the
 # image would have it) or the Python peer under the same generator, out of their processes, for 10 s,
 # and the same reader: answered of offered, p50 and p99 from the request's time to its outcome read,
-# the subject's own CPU and peak RSS.
+# the subject's own CPU and peak RSS, and the whole machine's idle CPU share over the load.
 steady_row() { # broker bootstrap rate label subject guarantee partitions
   local out preload=""
   [ "$5" = processor ] && preload=${JEMALLOC:+LD_PRELOAD=$JEMALLOC}
@@ -109,7 +109,8 @@ steady_row() { # broker bootstrap rate label subject guarantee partitions
     --bootstrap-servers "$2" --rate "$3" --count $(($3 * 10)) --subject "$5" --guarantee "$6" --workers "$WORKERS" \
     --partitions "$7" 2>/dev/null || true)
   [ -n "$out" ] || out='{}'
-  row "$1" "$4" "$(echo "$out" | field 'd.get("answered", "?")') of $(($3 * 10))" "" \
+  row "$1" "$4, machine $(echo "$out" | field 'd.get("machine_idle_pct") if d.get("machine_idle_pct") is not None else "?"')% idle" \
+    "$(echo "$out" | field 'd.get("answered", "?")') of $(($3 * 10))" "" \
     "$(echo "$out" | field 'd.get("visible_ms", {}).get("p50", "?")')" \
     "$(echo "$out" | field 'd.get("visible_ms", {}).get("p99", "?")')" \
     "$(echo "$out" | field 'd.get("cpu_s", "?")')" "$(echo "$out" | field 'd.get("cpu_us_per_request", "?")')" \

@@ -77,6 +77,9 @@ def parse(path):
         if key != "limit":
             p50, p99, _cpu_seconds, cpu, rss = tokens[-5:]
             fields.update(p50=number(p50), p99=number(p99), cpu=number(cpu), rss=number(rss))
+        idle = re.search(r"machine ([\d.]+)% idle", rest)
+        if idle:
+            fields["idle"] = float(idle.group(1))
         bound = re.search(r"([\d.]+)% of bound", rest)
         if bound:
             fields["of_bound"] = float(bound.group(1))
@@ -170,6 +173,9 @@ class Table:
         return told + (" (each run all)" if every else " (not all in every run)")
 
     def steady(self, broker, shown, key, scenario):
+        idle = self.figures(broker, key, "idle")
+        if any(value is not None for value in idle):
+            scenario += "; the machine " + spread(idle, lambda value: f"{value:.0f}", "% idle", "%")
         return [shown, scenario, self.offered(broker, key), "", self.latency(broker, key, "p50"),
                 self.latency(broker, key, "p99"), self.cpu(broker, key), self.broker_cpu(broker, key),
                 self.rss(broker, key)]

@@ -14,6 +14,10 @@ takes the subject's outcomes as they arrive and measures, per request, from its 
     the reader's fetch;
   - consumed_ms: to the subject deciding it (the outcome's `completed_at_ms`).
 
+`machine_idle_pct` is the whole machine's idle CPU share over the load (every process's: the
+subject's, the broker's, the generator's and the reader's), from /proc/stat: near 0, the tail waited
+for a core.
+
 The subject's CPU over the load (its process's, from the first generated request to the last outcome
 read; the generator's and the reader's are not in it), per request, is `cpu_us_per_request`.
 
@@ -54,6 +58,14 @@ def cpu_seconds(pid):
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu():
+    """The whole machine's (idle, total) CPU ticks so far (/proc/stat's first line; idle counts
+    iowait): what every process left idle, the broker's, the generator's and the reader's included."""
+    with open("/proc/stat") as stat:
+        ticks = [int(field) for field in stat.readline().split()[1:]]
+    return ticks[3] + ticks[4], sum(ticks[:8])
 
 
 def peak_rss_mb(pid):
@@ -205,12 +217,14 @@ def main():
             sys.exit(f"the {args.subject} did not answer the warm-up request (exit {subject.poll()}) {failures}")
         time.sleep(2)
         cpu_before = cpu_seconds(subject.pid)
+        machine_before = machine_cpu()
         generator = subprocess.Popen(
             [args.binary, "generate", "--bootstrap-servers", bootstrap, "--topic", topics["requests"], "--users",
              "10000", "--rate", str(args.rate), "--count", str(args.count), "--log-level", "error"],
             stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + args.timeout_s + args.count / args.rate
         answered_before, progress_at, load_ended_at = 0, time.monotonic(), None
+        machine_until = machine_before
         # (Sampled while it runs: the peer exits once it has answered every request.)
         while (len(visible) < args.count or generator.poll() is None) and time.monotonic() < deadline \
                 and not failures:
@@ -226,6 +240,8 @@ def main():
                 failures.append(f"the generator exited with {generator.returncode}")
             if generator.poll() is not None and load_ended_at is None:
                 load_ended_at = time.monotonic()
+            if len(visible) < args.count:
+                machine_until = machine_cpu()
             if len(visible) != answered_before:
                 answered_before, progress_at = len(visible), time.monotonic()
             elif load_ended_at is not None and time.monotonic() - max(progress_at, load_ended_at) > STALL_S:
@@ -241,11 +257,16 @@ def main():
             reader.join(10)
         subject.kill()
         subject.wait()
+    # The machine's idle share from the load's start to the last outcome read (sampled every 0.1 s):
+    # near 0, every core was busy, and the tail waited for CPU, not for the broker.
+    idle_pct = None
+    if machine_until[1] > machine_before[1]:
+        idle_pct = round(100 * (machine_until[0] - machine_before[0]) / (machine_until[1] - machine_before[1]), 1)
     report = {"subject": args.subject, "guarantee": args.guarantee, "offered_rate": args.rate, "count": args.count,
               "answered": len(visible), "failures": failures, "visible_ms": percentiles(visible),
               "consumed_ms": percentiles(consumed), "cpu_s": cpu,
               "cpu_us_per_request": round(cpu / max(1, len(visible)) * 1e6, 1) if cpu is not None else None,
-              "peak_rss_mb": rss}
+              "peak_rss_mb": rss, "machine_idle_pct": idle_pct}
     print(json.dumps(report))
     return 0 if len(visible) == args.count else 1
 
