@@ -1,54 +1,6 @@
 import EncoreEvents
 import Foundation
 
-/// What one mutation of a user's ledger state gives: the change events to publish (in order,
-/// possibly none), the user's state (the identity alone in the processor's own updates of the
-/// journal alone, ``holdsState``), whether the state record must be written (its grants, sources
-/// or access changed), and the request journal's record, if the journal changed.
-public struct LedgerUpdate: Sendable, Equatable {
-    public var changes: [EntitlementChangeEvent]
-    /// (Set within the module only, without changing its user: `key` is its key.)
-    public internal(set) var state: EntitlementStateRecord
-    /// The partition of the user's requests, where the state is written.
-    public var partition: Int32
-    /// The user's key (`state.key`), built once.
-    public let key: String
-    /// Whether the user's state record is written (journal v2: only when the state changed).
-    public var writesState: Bool
-    /// The journal entry this update writes, a small record of its own.
-    public var journal: JournalRecord?
-    /// Whether `state` is the user's whole state. The processor's own updates of the journal alone
-    /// (`writesState` false) carry the user's identity only: its output tracker writes a state only
-    /// from an update that changed it, and copying the whole state into the two journal updates of
-    /// every request took about 20 of the loop's 642 reference-count operations a request
-    /// (`scripts/refcounts.sh`, a user with one grant; more with more grants). The public methods'
-    /// updates always hold it.
-    let holdsState: Bool
-
-    public init(
-        changes: [EntitlementChangeEvent], state: EntitlementStateRecord, partition: Int32, writesState: Bool = true,
-        journal: JournalRecord? = nil
-    ) {
-        self.init(
-            changes: changes, state: state, partition: partition, key: state.key, writesState: writesState,
-            journal: journal)
-    }
-
-    /// `key` must be `state.key`.
-    init(
-        changes: [EntitlementChangeEvent], state: EntitlementStateRecord, partition: Int32, key: String,
-        writesState: Bool = true, journal: JournalRecord? = nil, holdsState: Bool = true
-    ) {
-        self.changes = changes
-        self.state = state
-        self.partition = partition
-        self.key = key
-        self.writesState = writesState
-        self.journal = journal
-        self.holdsState = holdsState
-    }
-}
-
 /// Per-user entitlement state: Encore grants from purchase outcomes, the states other sources
 /// report, and the access rules merging them. Pure: time is passed in, so it is replayable.
 ///
@@ -58,7 +10,7 @@ public struct LedgerUpdate: Sendable, Equatable {
 /// discounts and credits do not expire. Only observable changes give events; `sequence` counts
 /// every change of the user.
 public struct EntitlementLedger: Sendable {
-    private struct UserEntry: Sendable {
+    struct UserEntry: Sendable {
         var state: EntitlementStateRecord
         var partition: Int32
         /// When this user's entry in `expiries` is due; other entries of the user there are stale.
@@ -67,14 +19,16 @@ public struct EntitlementLedger: Sendable {
 
     public let catalog: EntitlementCatalog
     public let journal: JournalPolicy
-    private var users: [String: UserEntry] = [:]
+    /// (Not private: the journal's extension, `EntitlementLedger+Journal.swift`, reads the users, the
+    /// journals and the settled legacy entries.)
+    var users: [String: UserEntry] = [:]
     /// The request journal's memory, per requests partition.
-    private var journals: [Int32: RequestMemory] = [:]
+    var journals: [Int32: RequestMemory] = [:]
     /// Requests of an earlier version's journal (in their user's state) that journal records now
     /// supersede, by user: taken out of the state once the request's result is durable
     /// (``dropLegacyEntry(userKey:requestID:)``), so that a restart never reads the older entry back
     /// after the newer record's slot is reused.
-    private var legacySettled: [String: Set<String>] = [:]
+    var legacySettled: [String: Set<String>] = [:]
     /// Users whose state was restored with journal entries that newer records supersede: the
     /// state is written again without them (``takeLegacyCleanups()``).
     private var legacyCleanups: [String] = []
@@ -206,134 +160,7 @@ public struct EntitlementLedger: Sendable {
         return body(&journals[partition, default: RequestMemory(cap: cap)])
     }
 
-    // MARK: Request journal
-
-    /// The journal's latest entry for `requestID` of user `key`: an intent (no result) or a result.
-    public mutating func journalEntry(
-        ofUser key: String, requestID: String, partition: Int32? = nil
-    ) -> EntitlementStateRecord.RequestEntry? {
-        journalEntry(ofUser: key, requestID: requestID, partition: partition, requestKey: nil)
-    }
-
-    /// `requestKey`: the request's key in the journal, when the caller already has it (`nil`: built here).
-    mutating func journalEntry(
-        ofUser key: String, requestID: String, partition: Int32?, requestKey: RequestMemory.Key?
-    ) -> EntitlementStateRecord.RequestEntry? {
-        if let partition { load(key, partition: partition) }
-        let requestKey = requestKey ?? RequestMemory.Key(userKey: key, requestID: requestID)
-        if let partition {
-            // (Read in place, ``inPlace(_:_:)``: a getter copies the whole memory.)
-            guard let index = journals.index(forKey: partition) else { return nil }
-            return inPlace(&journals.values[index]) { $0.entry(requestKey, requestID: requestID) }
-        }
-        for memory in journals.values {
-            if let entry = memory.entry(requestKey, requestID: requestID) { return entry }
-        }
-        return nil
-    }
-
-    /// Records that call `attempt` of `request` is about to start: the intent, which must be
-    /// durable before the call is made. It keeps what the request's entry knew (in doubt since,
-    /// the record's offset, the content digest).
-    public mutating func recordIntent(
-        _ request: PurchaseRequestEvent, attempt: Int, partition: Int32, nowMs: Int64, offset: Int64? = nil,
-        digest: String? = nil
-    ) -> LedgerUpdate {
-        recordIntent(
-            request, attempt: attempt, partition: partition, nowMs: nowMs, offset: offset, digest: digest,
-            known: nil, holdsState: true)
-    }
-
-    /// `known`: the request's user key and journal key, when the caller already has them (`nil`: built
-    /// here); `holdsState`: whether the update carries the user's whole state (``LedgerUpdate/holdsState``).
-    mutating func recordIntent(
-        _ request: PurchaseRequestEvent, attempt: Int, partition: Int32, nowMs: Int64, offset: Int64?,
-        digest: String?, known: JournalIdentity?, holdsState: Bool
-    ) -> LedgerUpdate {
-        // (The closure captures the id alone: capturing the request copied it whole.)
-        let requestID = request.requestID
-        return replaceEntry(of: request, partition: partition, known: known, holdsState: holdsState) { earlier in
-            .init(
-                requestID: requestID, attempts: attempt, startedAtMs: nowMs, offset: offset ?? earlier?.offset,
-                inDoubtSinceMs: earlier?.inDoubtSinceMs, digest: digest ?? earlier?.digest)
-        }
-    }
-
-    /// Records that `request` went in doubt after `attempts` calls: its intent stays open (a
-    /// restart reconciles it), marked with the time, and nothing is granted.
-    public mutating func recordInDoubt(
-        _ request: PurchaseRequestEvent, attempts: Int, partition: Int32, nowMs: Int64
-    ) -> LedgerUpdate {
-        replaceEntry(of: request, partition: partition) { earlier in
-            .init(
-                requestID: request.requestID, attempts: attempts, startedAtMs: earlier?.startedAtMs ?? nowMs,
-                offset: earlier?.offset, inDoubtSinceMs: nowMs, digest: earlier?.digest)
-        }
-    }
-
-    /// Records a failure the processor decided, before its outcome is published: with what
-    /// rebuilds that outcome (error, controller, the record's offset), so that a restart reading
-    /// the record again publishes the same outcome instead of calling billing again. `result`
-    /// `pending`: an in-doubt request that expired (its outcome stays `pending`).
-    public mutating func recordFailure(
-        _ request: PurchaseRequestEvent, attempts: Int, error: PurchaseOutcomeEvent.Failure, controller: String?,
-        offset: Int64, partition: Int32, nowMs: Int64, result: OutcomeResult = .failed
-    ) -> LedgerUpdate {
-        replaceEntry(of: request, partition: partition) { earlier in
-            .init(
-                requestID: request.requestID, attempts: attempts, startedAtMs: earlier?.startedAtMs ?? nowMs,
-                result: result, completedAtMs: nowMs, error: error, controller: controller, offset: offset,
-                inDoubtSinceMs: earlier?.inDoubtSinceMs, digest: earlier?.digest)
-        }
-    }
-
-    /// Replaces the journal entry of `request` with `entry(earlier entry)`: the journal record
-    /// to write, under the request's slot (a new one for a request not journaled yet).
-    private mutating func replaceEntry(
-        of request: PurchaseRequestEvent, partition: Int32, known: JournalIdentity? = nil, holdsState: Bool = true,
-        _ entry: (EntitlementStateRecord.RequestEntry?) -> EntitlementStateRecord.RequestEntry
-    ) -> LedgerUpdate {
-        let key = known?.userKey ?? request.key
-        load(key, partition: partition)
-        let record = journalRecord(
-            userKey: key, appID: request.appID, appUserID: request.appUserID, requestID: request.requestID,
-            partition: partition, known: known, entry)
-        return journalUpdate(
-            key: key, appID: request.appID, appUserID: request.appUserID, partition: partition, record,
-            holdsState: holdsState)
-    }
-
-    /// An update of the journal alone: `journal`, with the user's state when `holdsState` (a copy
-    /// of it), or with the user's identity only.
-    private func journalUpdate(
-        key: String, appID: String, appUserID: String, partition: Int32, _ journal: consuming JournalRecord,
-        holdsState: Bool
-    ) -> LedgerUpdate {
-        let index = holdsState ? users.index(forKey: key) : nil
-        return LedgerUpdate(
-            changes: [],
-            state: index.map { users.values[$0].state } ?? EntitlementStateRecord(appID: appID, appUserID: appUserID),
-            partition: partition, key: key, writesState: false, journal: journal, holdsState: holdsState)
-    }
-
-    private mutating func journalRecord(
-        userKey key: String, appID: String, appUserID: String, requestID: String, partition: Int32,
-        known: JournalIdentity? = nil,
-        _ entry: (EntitlementStateRecord.RequestEntry?) -> EntitlementStateRecord.RequestEntry
-    ) -> JournalRecord {
-        let user = known?.user ?? UserLane(key: key)
-        let (record, settlesLegacy) = withJournal(partition) { memory in
-            let requestKey = known?.requestKey ?? RequestMemory.Key(userKey: key, requestID: requestID)
-            let new = entry(memory.entry(requestKey, requestID: requestID))
-            // (Its first journal record supersedes an earlier version's entry: a recovery's intent.)
-            let settlesLegacy = memory.isLegacyOpen(requestKey)
-            let seq = memory.seq(of: requestKey) ?? memory.allocate(user: user)
-            memory.record(requestKey, user: user, seq: seq, new)
-            return (JournalRecord(appID: appID, appUserID: appUserID, seq: seq, entry: new), settlesLegacy)
-        }
-        if settlesLegacy { legacySettled[key, default: []].insert(requestID) }
-        return record
-    }
+    // MARK: Results
 
     /// Records a request's outcome: its result in the journal and, with `grants`, what it grants
     /// (rules above).
@@ -658,28 +485,5 @@ public struct EntitlementLedger: Sendable {
             // A trial measured in percent or dollars has no duration: it does not expire.
             return nil
         }
-    }
-}
-
-/// How long and how many of a user's requests the journal remembers: a re-sent request whose
-/// result is still in the journal is not called again.
-public struct JournalPolicy: Sendable, Hashable {
-    /// Entries untouched for longer are dropped.
-    public var retentionMs: Int64
-    /// Most entries per user; past it, the oldest results go. Open intents stay (a request in
-    /// flight or in doubt must be found by a restart), until the retention drops them.
-    public var perUserCap: Int
-
-    /// (``ProcessorConfiguration/validate()`` checks the bounds: at least a minute, 1 to 1,000.)
-    public init(retentionMs: Int64 = 7 * 86_400_000, perUserCap: Int = 100) {
-        self.retentionMs = retentionMs
-        self.perUserCap = perUserCap
-    }
-
-    /// Drops entries past the retention at `nowMs`, then the oldest beyond the cap; whether it
-    /// dropped any.
-    @discardableResult
-    func prune(_ journal: inout RequestJournal, nowMs: Int64) -> Bool {
-        journal.prune(untouchedBefore: nowMs - retentionMs, cap: perUserCap)
     }
 }
