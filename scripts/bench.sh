@@ -102,15 +102,15 @@ backlog_row() { # broker label report broker-µs [rate-to-compare name]
 # and the same reader: answered of offered, p50 and p99 from the request's time to its outcome read,
 # the subject's own CPU and peak RSS, and the whole machine's idle CPU share over the load.
 steady_row() { # broker bootstrap rate label subject guarantee partitions
-  local out preload=""
+  local out idle preload=""
   [ "$5" = processor ] && preload=${JEMALLOC:+LD_PRELOAD=$JEMALLOC}
   broker_mark
   out=$(env $preload python3 scripts/steady_latency.py --binary .build/release/encore-processor --peer "$PEER_PY" \
     --bootstrap-servers "$2" --rate "$3" --count $(($3 * 10)) --subject "$5" --guarantee "$6" --workers "$WORKERS" \
     --partitions "$7" 2>/dev/null || true)
   [ -n "$out" ] || out='{}'
-  row "$1" "$4, machine $(echo "$out" | field 'd.get("machine_idle_pct") if d.get("machine_idle_pct") is not None else "?"')% idle" \
-    "$(echo "$out" | field 'd.get("answered", "?")') of $(($3 * 10))" "" \
+  idle=$(echo "$out" | field 'd["machine_idle_pct"] if d.get("machine_idle_pct") is not None else "?"')
+  row "$1" "$4, machine $idle% idle" "$(echo "$out" | field 'd.get("answered", "?")') of $(($3 * 10))" "" \
     "$(echo "$out" | field 'd.get("visible_ms", {}).get("p50", "?")')" \
     "$(echo "$out" | field 'd.get("visible_ms", {}).get("p99", "?")')" \
     "$(echo "$out" | field 'd.get("cpu_s", "?")')" "$(echo "$out" | field 'd.get("cpu_us_per_request", "?")')" \

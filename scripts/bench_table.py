@@ -173,9 +173,10 @@ class Table:
         return told + (" (each run all)" if every else " (not all in every run)")
 
     def steady(self, broker, shown, key, scenario):
+        # (Logs of earlier releases have no idle figure: the bracket spans the logs that have one.)
         idle = self.figures(broker, key, "idle")
-        if any(value is not None for value in idle):
-            scenario += "; the machine " + spread(idle, lambda value: f"{value:.0f}", "% idle", "%")
+        if idle[-1] is not None:
+            scenario += "; the machine " + spread(idle, one_place, "% idle", "%")
         return [shown, scenario, self.offered(broker, key), "", self.latency(broker, key, "p50"),
                 self.latency(broker, key, "p99"), self.cpu(broker, key), self.broker_cpu(broker, key),
                 self.rss(broker, key)]

@@ -15,8 +15,8 @@ takes the subject's outcomes as they arrive and measures, per request, from its 
   - consumed_ms: to the subject deciding it (the outcome's `completed_at_ms`).
 
 `machine_idle_pct` is the whole machine's idle CPU share over the load (every process's: the
-subject's, the broker's, the generator's and the reader's), from /proc/stat: near 0, the tail waited
-for a core.
+subject's, the broker's, the generator's and the reader's), from /proc/stat: near 0, the cores were
+saturated, and the tail includes waits for a core (the broker's too).
 
 The subject's CPU over the load (its process's, from the first generated request to the last outcome
 read; the generator's and the reader's are not in it), per request, is `cpu_us_per_request`.
@@ -240,10 +240,10 @@ def main():
                 failures.append(f"the generator exited with {generator.returncode}")
             if generator.poll() is not None and load_ended_at is None:
                 load_ended_at = time.monotonic()
-            if len(visible) < args.count:
-                machine_until = machine_cpu()
             if len(visible) != answered_before:
                 answered_before, progress_at = len(visible), time.monotonic()
+                # (Taken when outcomes arrive: a stalled run's wait for them is not in the window.)
+                machine_until = machine_cpu()
             elif load_ended_at is not None and time.monotonic() - max(progress_at, load_ended_at) > STALL_S:
                 failures.append(f"no new outcome for {STALL_S} s, the load over{deleted_unread(bootstrap, topics)}")
             time.sleep(0.1)
@@ -257,8 +257,8 @@ def main():
             reader.join(10)
         subject.kill()
         subject.wait()
-    # The machine's idle share from the load's start to the last outcome read (sampled every 0.1 s):
-    # near 0, every core was busy, and the tail waited for CPU, not for the broker.
+    # The machine's idle share from the load's start to the last outcome read (within the 0.1 s the
+    # loop sleeps): near 0, every core was busy, and the tail includes waits for a core (the broker's too).
     idle_pct = None
     if machine_until[1] > machine_before[1]:
         idle_pct = round(100 * (machine_until[0] - machine_before[0]) / (machine_until[1] - machine_before[1]), 1)

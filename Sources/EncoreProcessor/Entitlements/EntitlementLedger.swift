@@ -19,8 +19,9 @@ public struct EntitlementLedger: Sendable {
 
     public let catalog: EntitlementCatalog
     public let journal: JournalPolicy
-    /// (Not private: the journal's extension, `EntitlementLedger+Journal.swift`, reads the users, the
-    /// journals and the settled legacy entries.)
+    /// (`users` and its `UserEntry`, `journals` and `legacySettled` are not private: the journal's
+    /// extension, `Journal/EntitlementLedger+Journal.swift`, reads and changes them, and `complete`
+    /// here calls its `journalRecord` and `journalUpdate`.)
     var users: [String: UserEntry] = [:]
     /// The request journal's memory, per requests partition.
     var journals: [Int32: RequestMemory] = [:]
