@@ -135,9 +135,11 @@ struct WorkerTests {
             .records([Self.incoming(first, offset: 0), Self.incoming(request(2, user: "u1"), offset: 1)]))
         // Each produce batch's state records and journal records (request id, result or open).
         var batches: [(states: [EntitlementStateRecord], journal: [String])] = []
+        var called: [String] = []
         for _ in 0..<12 {
             let produced = Self.producedOutputs(actions)
             let calls = Self.calls(actions)
+            called += calls.map(\.request.requestId)
             if produced.isEmpty && calls.isEmpty { break }
             var batch: (states: [EntitlementStateRecord], journal: [String]) = ([], [])
             for (_, output) in produced {
@@ -156,6 +158,7 @@ struct WorkerTests {
             actions = driven.step(inputs, after: .milliseconds(1))
         }
         let (id1, id2) = (first.requestID, request(2, user: "u1").requestID)
+        #expect(called == [id1, id2], "each request called once, in order")
         // Request 1's intent; its grant's state alone; then, once the state is durable, its result
         // and request 2's intent in the same write; request 2's result (no state: nothing changed).
         #expect(
