@@ -156,6 +156,15 @@ public struct EntitlementLedger: Sendable {
         return (count, bytes / Double(count))
     }
 
+    /// The lane of user `appID`:`appUserID` of requests partition `partition`, with its key's
+    /// storage shared with what the journal's memory keeps (``RequestMemory/canonical(_:)``).
+    /// (Mutating only to read the memory in place, ``inPlace(_:_:)``: a getter copies it whole.)
+    mutating func lane(appID: String, appUserID: String, partition: Int32) -> UserLane {
+        let lane = UserLane(appID: appID, appUserID: appUserID)
+        guard let index = journals.index(forKey: partition) else { return lane }
+        return inPlace(&journals.values[index]) { $0.canonical(lane) }
+    }
+
     mutating func withJournal<R>(_ partition: Int32, _ body: (inout RequestMemory) -> R) -> R {
         let cap = journal.perUserCap
         return body(&journals[partition, default: RequestMemory(cap: cap)])

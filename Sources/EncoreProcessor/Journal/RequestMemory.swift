@@ -318,6 +318,14 @@ struct RequestMemory: Sendable {
         return count < before
     }
 
+    /// The user's lane as this memory keeps it, when it knows the user: its key shares the kept
+    /// key's storage, so the lookups that follow (the memory's, the lane scheduler's, the output
+    /// tracker's) compare the two keys by identity instead of byte by byte.
+    func canonical(_ lane: UserLane) -> UserLane {
+        guard let index = userIDs.index(forKey: lane) else { return lane }
+        return userIDs.keys[index]
+    }
+
     /// Whether the user has a request in flight or in doubt.
     func hasOpenRequest(ofUser userKey: String) -> Bool {
         userIDs[UserLane(key: userKey)].map { users[Int($0)].openRequests > 0 } ?? false

@@ -280,7 +280,7 @@ extension Worker {
         newlyInDoubt += 1
         let update = ledger.recordInDoubt(
             item.request, attempts: attempts, partition: item.ref.partition.number, nowMs: nowMs)
-        let trace = Self.traceHeaders(item.message.headers)
+        let trace = item.trace.headers
         outputs.publish(
             update, for: nil,
             alongside: [pendingOutcome(item, attempts: attempts, nowMs: nowMs, trace: trace)], trace: trace)
@@ -295,7 +295,7 @@ extension Worker {
     /// duplicate), and the outcome stays `pending` (published now if it was not yet).
     mutating func expire(_ item: WorkItem, _ failure: PurchaseOutcomeEvent.Failure, attempts: Int) {
         statistics.inDoubtExpired += 1
-        let trace = Self.traceHeaders(item.message.headers)
+        let trace = item.trace.headers
         var alongside = [
             deadLetterOutput(
                 for: item.message,

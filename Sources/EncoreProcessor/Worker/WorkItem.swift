@@ -33,6 +33,8 @@ final class WorkItem {
     let message: KafkaMessage
     /// The user's lane and the request's key in the journal.
     let identity: JournalIdentity
+    /// The record's trace context, passed to the call and onto every output.
+    let trace: TraceContext
     /// One lane per user.
     var lane: UserLane { identity.user }
     /// The attempt number of the first call this process makes: 1, or one past the attempts of
@@ -70,15 +72,17 @@ final class WorkItem {
     /// (``ProcessorStatistics/stages``).
     var times: RequestTimes
 
+    /// `lane`: the request's user's lane (`nil`: built here).
     init(
         ref: RecordRef, request: consuming PurchaseRequestEvent, message: KafkaMessage,
-        receivedAt: ContinuousClock.Instant
+        receivedAt: ContinuousClock.Instant, lane: UserLane? = nil
     ) {
         self.ref = ref
         times = RequestTimes(received: receivedAt)
         self.message = message
+        trace = TraceContext(message.headers)
         self.identity = JournalIdentity(
-            user: UserLane(appID: request.appID, appUserID: request.appUserID), requestID: request.requestID)
+            user: lane ?? UserLane(appID: request.appID, appUserID: request.appUserID), requestID: request.requestID)
         self.digest = request.contentDigest
         // (Last, and moved: stored first, the request was copied for the reads above.)
         self.request = request

@@ -244,7 +244,9 @@ struct Worker {
             guard let ref = admit(message) else { return }
             switch consume request {
             case .success(let request):
-                let item = WorkItem(ref: ref, request: request, message: message, receivedAt: now)
+                // (The user's lane as the journal keeps it: later lookups compare its key by identity.)
+                let lane = ledger.lane(appID: request.appID, appUserID: request.appUserID, partition: message.partition)
+                let item = WorkItem(ref: ref, request: request, message: message, receivedAt: now, lane: lane)
                 if let ready = scheduler.enqueue(item, lane: item.lane) { start(ready) }
             case .failure(let error): reject(message, ref, error)
             }
@@ -256,7 +258,7 @@ struct Worker {
                 statistics.sourceEvents += 1
                 if let update = ledger.apply(source: event, partition: message.partition, nowMs: nowMs) {
                     ownership.beginWork(ref)
-                    outputs.publish(update, for: ref, trace: Self.traceHeaders(message.headers))
+                    outputs.publish(update, for: ref, trace: TraceContext(message.headers).headers)
                 } else {
                     finish(ref)
                 }
@@ -339,9 +341,8 @@ struct Worker {
 
     mutating func launch(_ id: Int, _ item: WorkItem, attempt: Int) {
         guard let controller = item.controller else { return }
-        let trace = Self.traceContext(item.message.headers)
         let request = PurchaseRequest(
-            event: item.request, attempt: attempt, traceparent: trace.parent, tracestate: trace.state)
+            event: item.request, attempt: attempt, traceparent: item.trace.parent, tracestate: item.trace.state)
         if request.isRecovery { statistics.recoveryCalls += 1 }
         if item.inDoubtSinceMs != nil { statistics.reconcileCalls += 1 }
         statistics.controllerCalls += 1
@@ -350,39 +351,6 @@ struct Worker {
     }
 
     /// The call is over: its slot is free; the lane stays held until the outputs are acknowledged.
-    /// The W3C trace context of a request record (`traceparent`, else CloudEvents'
-    /// `ce_traceparent`; the same for `tracestate`), in one pass over its headers.
-    static func traceContext(_ headers: [KafkaHeader]) -> (parent: String?, state: String?) {
-        guard !headers.isEmpty else { return (nil, nil) }
-        var (parent, state, ceParent, ceState): (String?, String?, String?, String?) = (nil, nil, nil, nil)
-        for header in headers {
-            switch header.key {
-            case "traceparent": parent = parent ?? header.stringValue
-            case "tracestate": state = state ?? header.stringValue
-            case "ce_traceparent": ceParent = ceParent ?? header.stringValue
-            case "ce_tracestate": ceState = ceState ?? header.stringValue
-            default: continue
-            }
-        }
-        return (parent ?? ceParent, state ?? ceState)
-    }
-
-    /// The trace context headers an output carries: `traceparent`/`tracestate` and CloudEvents'
-    /// `ce_traceparent`/`ce_tracestate`, from the request record's.
-    static func traceHeaders(_ headers: [KafkaHeader]) -> [KafkaHeader] {
-        let trace = traceContext(headers)
-        var copied: [KafkaHeader] = []
-        if let parent = trace.parent {
-            copied += [
-                KafkaHeader(key: "traceparent", string: parent), KafkaHeader(key: "ce_traceparent", string: parent),
-            ]
-        }
-        if let state = trace.state {
-            copied += [KafkaHeader(key: "tracestate", string: state), KafkaHeader(key: "ce_tracestate", string: state)]
-        }
-        return copied
-    }
-
     /// How a failed call counts in `encore_controller_errors_total`: the controller's error type.
     static func errorType(_ error: any Error) -> String {
         switch error {
@@ -445,7 +413,7 @@ struct Worker {
             controller: controller, error: error)
         statistics.outcomesByController[.init(result.rawValue, controller ?? "-"), default: 0] += 1
         if item.request.loadTestRun != nil { statistics.loadTestOutcomes += 1 }
-        let trace = Self.traceHeaders(item.message.headers)
+        let trace = item.trace.headers
         let update = ledger.complete(
             outcome, entitlement: item.request.entitlement, campaignID: item.request.campaignID,
             offerID: item.request.offerID, partition: item.ref.partition.number, grants: configuration.ledgerEnabled,
@@ -500,7 +468,7 @@ struct Worker {
         }
         // The dead letter is keyed like its record, unless that key is too long to be a user's.
         let key = message.key.flatMap { $0.count <= DeadLetterEvent.maximumOriginalKeyBytes ? $0 : nil }
-        return (.deadLetter, .deadLetter(letter, key: key, trace: Self.traceHeaders(message.headers)))
+        return (.deadLetter, .deadLetter(letter, key: key, trace: TraceContext(message.headers).headers))
     }
 
     mutating func delivered(_ answers: [KafkaDelivery]) {
