@@ -144,11 +144,13 @@ public final class KafkaConsumer: Sendable {
                 }
                 var timeout: Int32 = 100
                 var records = 0
+                // The batch's records share their topic's name (one `String` a batch, not a record).
+                var topic: String? = nil
                 for _ in 0..<limit {
                     guard let message = rd_kafka_consumer_poll(client.handle, timeout) else { break }
                     timeout = 0
                     defer { rd_kafka_message_destroy(message) }
-                    if KafkaConsumer.handle(message, client: client, sink: sink) { records += 1 }
+                    if KafkaConsumer.handle(message, client: client, sink: sink, topic: &topic) { records += 1 }
                 }
                 admission?.admit(records)
                 sink.flush()
@@ -203,9 +205,10 @@ public final class KafkaConsumer: Sendable {
 
     /// Hands the polled message to the sink; `true` when it was a record.
     private static func handle(
-        _ message: UnsafeMutablePointer<rd_kafka_message_t>, client: RDKafkaClient, sink: EventSink
+        _ message: UnsafeMutablePointer<rd_kafka_message_t>, client: RDKafkaClient, sink: EventSink,
+        topic: inout String?
     ) -> Bool {
-        switch event(from: message, client: client) {
+        switch event(from: message, client: client, topic: &topic) {
         case .message(let record)?:
             sink.append(record)
             return true
@@ -226,11 +229,12 @@ public final class KafkaConsumer: Sendable {
         case endOfPartition(KafkaTopicPartition, offset: Int64)
     }
 
+    /// `topic`: the name of the topic of the batch's records so far, reused when this record's is the same.
     private static func event(
-        from message: UnsafeMutablePointer<rd_kafka_message_t>, client: RDKafkaClient
+        from message: UnsafeMutablePointer<rd_kafka_message_t>, client: RDKafkaClient, topic cached: inout String?
     ) -> PolledEvent? {
         let m = message.pointee
-        let topic = m.rkt.map { String(cString: rd_kafka_topic_name($0)) } ?? "?"
+        let topic = m.rkt.map { topicName(rd_kafka_topic_name($0), reusing: &cached) } ?? "?"
         guard m.err == RD_KAFKA_RESP_ERR_NO_ERROR else {
             if m.err == RD_KAFKA_RESP_ERR__PARTITION_EOF {
                 return .endOfPartition(KafkaTopicPartition(topic: topic, partition: m.partition), offset: m.offset)
@@ -249,6 +253,23 @@ public final class KafkaConsumer: Sendable {
             KafkaMessage(
                 topic: topic, partition: m.partition, offset: m.offset, key: key, value: value, headers: headers,
                 timestampMs: timestampType == RD_KAFKA_TIMESTAMP_NOT_AVAILABLE ? nil : timestamp))
+    }
+
+    /// The name `name` as a `String`: `cached` itself when it holds the same name, else a new one,
+    /// kept in `cached`. A name longer than 15 bytes is an allocation of its own, which a record
+    /// would otherwise pay on this thread and free on the worker's.
+    static func topicName(_ name: UnsafePointer<CChar>?, reusing cached: inout String?) -> String {
+        guard let name else { return "?" }
+        if var known = cached {
+            let length = strlen(name)
+            let same = known.withUTF8 { bytes in
+                bytes.count == length && (length == 0 || memcmp(name, bytes.baseAddress!, length) == 0)
+            }
+            if same { return known }
+        }
+        let text = String(cString: name)
+        cached = text
+        return text
     }
 
     /// Whether a rebalance is cooperative (incremental), from `rd_kafka_rebalance_protocol`'s name,

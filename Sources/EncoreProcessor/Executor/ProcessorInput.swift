@@ -62,6 +62,13 @@ struct InputPartition: Hashable, Comparable, Sendable, CustomStringConvertible {
     }
 
     var description: String { "\(topic == .requests ? "" : "sources:")\(number)" }
+
+    /// Hashed without `Hasher`, as ``RecordRef`` is: the worker looks a record's partition up
+    /// several times (ownership, offsets), and its two fields come from the broker's assignment.
+    func _rawHashValue(seed: Int) -> Int {
+        let words = UInt64(UInt32(bitPattern: number)) | UInt64(topic.rawValue) << 32
+        return mixedHash(words ^ UInt64(bitPattern: Int64(seed)))
+    }
 }
 
 /// A record of an input partition, within one assignment of the partition.

@@ -86,7 +86,7 @@ extension Worker {
         let intent = ledger.recordIntent(
             item.request, attempt: item.firstAttempt, partition: item.ref.partition.number,
             nowMs: nowMs, offset: item.ref.offset, digest: item.digest, known: item.identity, holdsState: false)
-        outputs.publish(consume intent, for: nil, intent: item)
+        outputs.publish(consume intent, for: nil, intent: item, user: item.lane)
     }
 
     /// The item's first call entered the call table, or will never be made here: its place ahead

@@ -160,10 +160,12 @@ struct OutputTracker<Item> {
     /// records) and its change events now, its changelog record once they and the user's earlier
     /// updates are acknowledged. The record (if any) finishes after all of them. With `intent`,
     /// the update is that item's intent, reported by ``Event/intentWritten(_:)`` once durable.
+    /// `user`: the lane of the update's user (`update.key`), when the caller has it (`nil`: built
+    /// here, which hashes the key again).
     mutating func publish(
         _ update: consuming LedgerUpdate, for ref: RecordRef?, item: Item? = nil,
         alongside: consuming [(output: Output, unsent: UnsentOutput)] = [], intent: Item? = nil, result: Item? = nil,
-        trace: [KafkaHeader] = []
+        trace: [KafkaHeader] = [], user: UserLane? = nil
     ) {
         // The outputs are moved out rather than copied (with every string they hold).
         var changes = update.changes
@@ -171,7 +173,8 @@ struct OutputTracker<Item> {
         for index in changes.indices { changesByKind[changes[index].change.rawValue, default: 0] += 1 }
         let id = nextUpdateID
         nextUpdateID += 1
-        let key = UserLane(key: update.key)
+        assert(user == nil || user!.key == update.key, "the lane of another user than the update's")
+        let key = user ?? UserLane(key: update.key)
         updates[id] = PendingUpdate(
             ref: ref, key: key, update: update, unacknowledgedOutputs: alongside.count + changes.count,
             intent: intent, result: result)

@@ -435,7 +435,9 @@ struct Worker {
         // At least once, the user's next request starts once these outputs are acknowledged, and its
         // intent shares the changelog record of this result (``resultReady(_:)``). In a transaction
         // the lane is held to the end.
-        outputs.publish(consume update, for: item.ref, item: item, alongside: alongside, result: item, trace: trace)
+        outputs.publish(
+            consume update, for: item.ref, item: item, alongside: alongside, result: item, trace: trace,
+            user: item.lane)
     }
 
     /// Publishes a dead letter for a record no request of which is journaled (it did not decode).
