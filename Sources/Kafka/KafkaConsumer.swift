@@ -246,12 +246,12 @@ public final class KafkaConsumer: Sendable {
         }
         let value = RDKafkaMessage.value(message)
         let key = RDKafkaMessage.key(message)
-        let headers = RDKafkaMessage.headers(message)
+        let headers = RDKafkaMessage.headerBuffer(message)
         var timestampType = RD_KAFKA_TIMESTAMP_NOT_AVAILABLE
         let timestamp = rd_kafka_message_timestamp(message, &timestampType)
         return .message(
             KafkaMessage(
-                topic: topic, partition: m.partition, offset: m.offset, key: key, value: value, headers: headers,
+                topic: topic, partition: m.partition, offset: m.offset, key: key, value: value, headerBuffer: headers,
                 timestampMs: timestampType == RD_KAFKA_TIMESTAMP_NOT_AVAILABLE ? nil : timestamp))
     }
 

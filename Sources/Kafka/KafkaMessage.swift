@@ -25,7 +25,9 @@ public struct KafkaMessage: Sendable {
     public var offset: Int64
     public var key: [UInt8]?
     public var value: [UInt8]
-    public var headers: [KafkaHeader]
+    /// The headers as read, in one buffer: two allocations a record, not an array and one per
+    /// header value (a consumer's records carry CloudEvents' six or more).
+    public var headerBuffer: KafkaHeaderBuffer
     /// Milliseconds since the epoch, when the broker reported a timestamp.
     public var timestampMs: Int64?
 
@@ -33,19 +35,32 @@ public struct KafkaMessage: Sendable {
         topic: String, partition: Int32, offset: Int64, key: [UInt8]?, value: [UInt8], headers: [KafkaHeader] = [],
         timestampMs: Int64? = nil
     ) {
+        self.init(
+            topic: topic, partition: partition, offset: offset, key: key, value: value,
+            headerBuffer: KafkaHeaderBuffer(headers), timestampMs: timestampMs)
+    }
+
+    public init(
+        topic: String, partition: Int32, offset: Int64, key: [UInt8]?, value: [UInt8], headerBuffer: KafkaHeaderBuffer,
+        timestampMs: Int64? = nil
+    ) {
         self.topic = topic
         self.partition = partition
         self.offset = offset
         self.key = key
         self.value = value
-        self.headers = headers
+        self.headerBuffer = headerBuffer
         self.timestampMs = timestampMs
     }
 
-    /// The first header named `key`, decoded as UTF-8.
-    public func header(_ key: String) -> String? {
-        headers.first { $0.key == key }?.stringValue
+    /// The headers, in order (built from ``headerBuffer`` at each read).
+    public var headers: [KafkaHeader] {
+        get { headerBuffer.values }
+        set { headerBuffer = KafkaHeaderBuffer(newValue) }
     }
+
+    /// The first header named `key`, decoded as UTF-8.
+    public func header(_ key: String) -> String? { headerBuffer.firstValue(key) }
 }
 
 /// A record to produce. `partition == nil` lets the partitioner choose by key.

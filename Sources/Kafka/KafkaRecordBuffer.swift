@@ -47,6 +47,38 @@ public struct KafkaHeaderBuffer: Sendable {
         append(key: key, isNull: value == nil) { if let value { $0.append(contentsOf: value) } }
     }
 
+    /// Appends a header of key bytes `key` (UTF-8) and value `value` (`nil`: no value), both copied.
+    public mutating func append(keyBytes key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer?) {
+        let keyStart = storage.count
+        storage.append(contentsOf: key)
+        let valueStart = storage.count
+        if let value { storage.append(contentsOf: value) }
+        entries.append(
+            Entry(
+                keyStart: keyStart, keyCount: key.count, valueStart: valueStart,
+                valueCount: value == nil ? -1 : storage.count - valueStart))
+    }
+
+    /// Makes room for `headers` more headers of `bytes` key and value bytes in all.
+    public mutating func reserve(headers: Int, bytes: Int) {
+        entries.reserveCapacity(entries.count + headers)
+        storage.reserveCapacity(storage.count + bytes)
+    }
+
+    /// The value of the first header whose key is `key`, decoded as UTF-8 (`nil`: no such header,
+    /// no value, or not valid UTF-8).
+    public func firstValue(_ key: String) -> String? {
+        var found: String?? = nil
+        var key = key
+        key.withUTF8 { wanted in
+            forEach { candidate, value in
+                guard found == nil, candidate.elementsEqual(UnsafeRawBufferPointer(wanted)) else { return }
+                found = .some(value.flatMap { String(validating: $0, as: UTF8.self) })
+            }
+        }
+        return found ?? nil
+    }
+
     /// Appends a header whose value `write` appends to the bytes it is handed (written in place:
     /// no array of its own).
     public mutating func append(key: String, writing write: (inout [UInt8]) -> Void) {

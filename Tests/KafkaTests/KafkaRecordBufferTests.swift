@@ -79,4 +79,44 @@ struct KafkaRecordBufferTests {
         buffer.shrink()
         #expect(buffer.value.capacity == 0 && buffer.key.capacity == 0 && buffer.headers.capacity == 0)
     }
+
+    @Test("headers appended from raw bytes read back as appended; the first header of a key gives its value")
+    func rawBytesAndFirstValue() {
+        var buffer = KafkaHeaderBuffer()
+        buffer.reserve(headers: 5, bytes: 64)
+        func append(_ key: String, _ value: [UInt8]?) {
+            Array(key.utf8).withUnsafeBytes { key in
+                if let value {
+                    value.withUnsafeBytes { buffer.append(keyBytes: key, value: $0) }
+                } else {
+                    buffer.append(keyBytes: key, value: nil)
+                }
+            }
+        }
+        append("ce_id", Array("first".utf8))
+        append("null", nil)
+        append("ce_id", Array("second".utf8))
+        append("bad", [0xff, 0xfe])
+        append("", Array("no key".utf8))
+        #expect(
+            buffer.values == [
+                KafkaHeader(key: "ce_id", string: "first"), KafkaHeader(key: "null", value: nil),
+                KafkaHeader(key: "ce_id", string: "second"), KafkaHeader(key: "bad", value: [0xff, 0xfe]),
+                KafkaHeader(key: "", string: "no key"),
+            ])
+        #expect(buffer.firstValue("ce_id") == "first")
+        #expect(buffer.firstValue("null") == nil, "no value")
+        #expect(buffer.firstValue("bad") == nil, "not UTF-8")
+        #expect(buffer.firstValue("") == "no key")
+        #expect(buffer.firstValue("ce_i") == nil && buffer.firstValue("ce_id2") == nil, "only the whole key matches")
+    }
+
+    @Test("a message's headers are its buffer's: as given, replaced whole, found by key")
+    func messageHeaders() {
+        var message = KafkaMessage(topic: "t", partition: 0, offset: 0, key: nil, value: [], headers: Self.headers)
+        #expect(message.headers == Self.headers)
+        #expect(message.header("clé") == "välue" && message.header("null") == nil && message.header("x") == nil)
+        message.headers = [KafkaHeader(key: "only", string: "one")]
+        #expect(message.headerBuffer.count == 1 && message.header("only") == "one" && message.header("ce_id") == nil)
+    }
 }

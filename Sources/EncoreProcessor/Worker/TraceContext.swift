@@ -8,16 +8,26 @@ struct TraceContext: Sendable {
     var state: String?
 
     init(_ headers: [KafkaHeader]) {
+        self.init(KafkaHeaderBuffer(headers))
+    }
+
+    /// Read from the headers' bytes: no string is made but of the context's own values.
+    init(_ headers: borrowing KafkaHeaderBuffer) {
         guard !headers.isEmpty else { return }
         var (parent, state, ceParent, ceState): (String?, String?, String?, String?) = (nil, nil, nil, nil)
-        for header in headers {
-            switch header.key {
-            case "traceparent": parent = parent ?? header.stringValue
-            case "tracestate": state = state ?? header.stringValue
-            case "ce_traceparent": ceParent = ceParent ?? header.stringValue
-            case "ce_tracestate": ceState = ceState ?? header.stringValue
-            default: continue
+        headers.forEach { key, value in
+            // Every name looked for ends in "parent" or "state", after an optional "ce_".
+            guard key.count >= 10, key.count <= 14, let value else { return }
+            func take(_ wanted: StaticString, _ slot: inout String?) {
+                guard slot == nil,
+                    key.elementsEqual(UnsafeRawBufferPointer(start: wanted.utf8Start, count: wanted.utf8CodeUnitCount))
+                else { return }
+                slot = String(validating: value, as: UTF8.self)
             }
+            take("traceparent", &parent)
+            take("tracestate", &state)
+            take("ce_traceparent", &ceParent)
+            take("ce_tracestate", &ceState)
         }
         self.parent = parent ?? ceParent
         self.state = state ?? ceState

@@ -258,7 +258,7 @@ struct Worker {
                 statistics.sourceEvents += 1
                 if let update = ledger.apply(source: event, partition: message.partition, nowMs: nowMs) {
                     ownership.beginWork(ref)
-                    outputs.publish(update, for: ref, trace: TraceContext(message.headers).headers)
+                    outputs.publish(update, for: ref, trace: TraceContext(message.headerBuffer).headers)
                 } else {
                     finish(ref)
                 }
@@ -470,7 +470,7 @@ struct Worker {
         }
         // The dead letter is keyed like its record, unless that key is too long to be a user's.
         let key = message.key.flatMap { $0.count <= DeadLetterEvent.maximumOriginalKeyBytes ? $0 : nil }
-        return (.deadLetter, .deadLetter(letter, key: key, trace: TraceContext(message.headers).headers))
+        return (.deadLetter, .deadLetter(letter, key: key, trace: TraceContext(message.headerBuffer).headers))
     }
 
     mutating func delivered(_ answers: [KafkaDelivery]) {
