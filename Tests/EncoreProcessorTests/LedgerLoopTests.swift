@@ -79,7 +79,7 @@ struct LedgerLoopTests {
         #expect(
             ids
                 == changeRecords.map {
-                    "entitlement:app:u1:\(try! EntitlementChangeEvent(jsonBytes: $0.value).sequence):\(OutputEncoder.digest($0.value))"
+                    "entitlement:app:u1:\(try! EntitlementChangeEvent(jsonBytes: $0.value).sequence):\(OutputEncoderTests.fnv1aHex($0.value))"
                 })
         #expect(
             ids.first?.hasPrefix("entitlement:app:u1:1:") == true

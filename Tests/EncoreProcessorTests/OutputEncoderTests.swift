@@ -84,7 +84,7 @@ struct OutputEncoderTests {
                 KafkaProducerRecord(
                     topic: configuration.entitlementsTopic, key: Array("app:u7".utf8), value: change.jsonBytes(),
                     headers: headers(
-                        .entitlementChanged, id: "entitlement:app:u7:13:\(OutputEncoder.digest(change.jsonBytes()))",
+                        .entitlementChanged, id: "entitlement:app:u7:13:\(fnv1aHex(change.jsonBytes()))",
                         timeMs: 1_796_000_000_500, trace: trace))
             ),
             (
@@ -111,6 +111,26 @@ struct OutputEncoderTests {
         #expect(actual.key == expected.key, "\(name): key")
         #expect(actual.value == expected.value, "\(name): value")
         #expect(actual.headers == expected.headers, "\(name): headers")
+    }
+
+    /// The change event id's digest, computed here independently: 64-bit FNV-1a as 16 hex digits.
+    static func fnv1aHex(_ bytes: [UInt8]) -> String {
+        var hash: UInt64 = 14_695_981_039_346_656_037
+        for byte in bytes { hash = (hash ^ UInt64(byte)) &* 1_099_511_628_211 }
+        let hex = String(hash, radix: 16)
+        return String(repeating: "0", count: 16 - hex.count) + hex
+    }
+
+    @Test("hex digits of a digest: always 16, leading zeros kept, lowercase")
+    func hexDigits() {
+        for (value, expected) in [
+            (UInt64(0), "0000000000000000"), (0x1f, "000000000000001f"), (0xdead_beef_0000_0001, "deadbeef00000001"),
+            (.max, "ffffffffffffffff"),
+        ] {
+            var bytes: [UInt8] = Array("x:".utf8)
+            OutputEncoder.appendHex(value, to: &bytes)
+            #expect(String(decoding: bytes, as: UTF8.self) == "x:" + expected)
+        }
     }
 
     @Test("each output becomes its contract record, alone in a new buffer")
