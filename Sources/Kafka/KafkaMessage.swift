@@ -27,7 +27,12 @@ public struct KafkaMessage: Sendable {
     public var value: [UInt8]
     /// The headers as read, in one buffer: two allocations a record, not an array and one per
     /// header value (a consumer's records carry CloudEvents' six or more).
-    public var headerBuffer: KafkaHeaderBuffer
+    public var headerBuffer: KafkaHeaderBuffer {
+        get { storedHeaders ?? KafkaHeaderBuffer() }
+        set { storedHeaders = newValue.isEmpty ? nil : newValue }
+    }
+    /// `nil` without headers: a copy of the message then retains no header buffers.
+    private var storedHeaders: KafkaHeaderBuffer?
     /// Milliseconds since the epoch, when the broker reported a timestamp.
     public var timestampMs: Int64?
 
@@ -49,18 +54,21 @@ public struct KafkaMessage: Sendable {
         self.offset = offset
         self.key = key
         self.value = value
-        self.headerBuffer = headerBuffer
+        self.storedHeaders = headerBuffer.isEmpty ? nil : headerBuffer
         self.timestampMs = timestampMs
     }
 
+    /// Whether the record has headers.
+    public var hasHeaders: Bool { storedHeaders != nil }
+
     /// The headers, in order (built from ``headerBuffer`` at each read).
     public var headers: [KafkaHeader] {
-        get { headerBuffer.values }
+        get { storedHeaders?.values ?? [] }
         set { headerBuffer = KafkaHeaderBuffer(newValue) }
     }
 
     /// The first header named `key`, decoded as UTF-8.
-    public func header(_ key: String) -> String? { headerBuffer.firstValue(key) }
+    public func header(_ key: String) -> String? { storedHeaders?.firstValue(key) }
 }
 
 /// A record to produce. `partition == nil` lets the partitioner choose by key.

@@ -118,5 +118,10 @@ struct KafkaRecordBufferTests {
         #expect(message.header("clé") == "välue" && message.header("null") == nil && message.header("x") == nil)
         message.headers = [KafkaHeader(key: "only", string: "one")]
         #expect(message.headerBuffer.count == 1 && message.header("only") == "one" && message.header("ce_id") == nil)
+        #expect(message.hasHeaders)
+        message.headers = []
+        #expect(!message.hasHeaders && message.headers.isEmpty && message.headerBuffer.isEmpty)
+        let bare = KafkaMessage(topic: "t", partition: 0, offset: 0, key: nil, value: [])
+        #expect(!bare.hasHeaders && bare.headers.isEmpty && bare.header("ce_id") == nil)
     }
 }

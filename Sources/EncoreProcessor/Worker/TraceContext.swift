@@ -7,6 +7,9 @@ struct TraceContext: Sendable {
     var parent: String?
     var state: String?
 
+    /// No context.
+    init() {}
+
     init(_ headers: [KafkaHeader]) {
         self.init(KafkaHeaderBuffer(headers))
     }

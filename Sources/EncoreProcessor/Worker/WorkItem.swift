@@ -80,7 +80,7 @@ final class WorkItem {
         self.ref = ref
         times = RequestTimes(received: receivedAt)
         self.message = message
-        trace = TraceContext(message.headerBuffer)
+        trace = message.hasHeaders ? TraceContext(message.headerBuffer) : TraceContext()
         self.identity = JournalIdentity(
             user: lane ?? UserLane(appID: request.appID, appUserID: request.appUserID), requestID: request.requestID)
         self.digest = request.contentDigest
