@@ -92,13 +92,7 @@ struct OutputEncoder: Sendable {
         Self.writeValue(into: &buffer) { change.write(to: &$0) }
         let digest = Self.fnv1a(buffer.value)
         appendHeaders(changeHeaders, to: &buffer, timeMs: change.effectiveAtMs) { id in
-            id.append(contentsOf: "entitlement:".utf8)
-            id.append(contentsOf: change.appID.utf8)
-            id.append(UInt8(ascii: ":"))
-            id.append(contentsOf: change.appUserID.utf8)
-            id.append(UInt8(ascii: ":"))
-            JSONWriter.appendDecimal(change.sequence, to: &id)
-            id.append(UInt8(ascii: ":"))
+            Self.appendID("entitlement:", change.appID, change.appUserID, change.sequence, to: &id)
             Self.appendHex(digest, to: &id)
         }
     }
@@ -127,15 +121,22 @@ struct OutputEncoder: Sendable {
         Self.appendKey(state.appID, state.appUserID, to: &buffer)
         Self.writeValue(into: &buffer) { state.write(to: &$0) }
         appendHeaders(stateHeaders, to: &buffer, timeMs: state.updatedAtMs) { id in
-            id.append(contentsOf: "state:".utf8)
-            id.append(contentsOf: state.appID.utf8)
-            id.append(UInt8(ascii: ":"))
-            id.append(contentsOf: state.appUserID.utf8)
-            id.append(UInt8(ascii: ":"))
-            JSONWriter.appendDecimal(state.sequence, to: &id)
-            id.append(UInt8(ascii: ":"))
+            Self.appendID("state:", state.appID, state.appUserID, state.sequence, to: &id)
             JSONWriter.appendDecimal(state.updatedAtMs, to: &id)
         }
+    }
+
+    /// `{prefix}{app_id}:{app_user_id}:{sequence}:`, the start of a change's or a state's `ce_id`.
+    private static func appendID(
+        _ prefix: StaticString, _ appID: String, _ appUserID: String, _ sequence: Int64, to id: inout [UInt8]
+    ) {
+        id.append(contentsOf: UnsafeBufferPointer(start: prefix.utf8Start, count: prefix.utf8CodeUnitCount))
+        id.append(contentsOf: appID.utf8)
+        id.append(UInt8(ascii: ":"))
+        id.append(contentsOf: appUserID.utf8)
+        id.append(UInt8(ascii: ":"))
+        JSONWriter.appendDecimal(sequence, to: &id)
+        id.append(UInt8(ascii: ":"))
     }
 
     /// A request's journal entry, keyed by the user's slot, to the partition of the user's requests.

@@ -350,7 +350,6 @@ struct Worker {
         emit(.call(id, attempt: attempt, consume request, controller))
     }
 
-    /// The call is over: its slot is free; the lane stays held until the outputs are acknowledged.
     /// How a failed call counts in `encore_controller_errors_total`: the controller's error type.
     static func errorType(_ error: any Error) -> String {
         switch error {
@@ -361,6 +360,7 @@ struct Worker {
         }
     }
 
+    /// The call is over: its slot is free; the lane stays held until the outputs are acknowledged.
     mutating func settle(_ item: WorkItem, _ settlement: CallTable<WorkItem>.Settlement, attempts: Int) {
         let next = scheduler.endCall(lane: item.lane)
         if ownership.owns(item.ref) {
