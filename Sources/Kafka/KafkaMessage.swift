@@ -67,7 +67,7 @@ public struct KafkaMessage: Sendable {
         set { headerBuffer = KafkaHeaderBuffer(newValue) }
     }
 
-    /// The first header named `key`, decoded as UTF-8.
+    /// The first header whose key is byte for byte `key`, decoded as UTF-8.
     public func header(_ key: String) -> String? { storedHeaders?.firstValue(key) }
 }
 

@@ -48,7 +48,7 @@ public struct KafkaHeaderBuffer: Sendable {
     }
 
     /// Appends a header of key bytes `key` (UTF-8) and value `value` (`nil`: no value), both copied.
-    public mutating func append(keyBytes key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer?) {
+    mutating func append(keyBytes key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer?) {
         let keyStart = storage.count
         storage.append(contentsOf: key)
         let valueStart = storage.count
@@ -60,7 +60,7 @@ public struct KafkaHeaderBuffer: Sendable {
     }
 
     /// Makes room for `headers` more headers of `bytes` key and value bytes in all.
-    public mutating func reserve(headers: Int, bytes: Int) {
+    mutating func reserve(headers: Int, bytes: Int) {
         entries.reserveCapacity(entries.count + headers)
         storage.reserveCapacity(storage.count + bytes)
     }

@@ -1,5 +1,6 @@
-@testable import Kafka
 import Testing
+
+@testable import Kafka
 
 @Suite("A consumed batch's topic name, one String a batch")
 struct TopicNameTests {

@@ -130,7 +130,7 @@ struct OutputEncoder: Sendable {
     private static func appendID(
         _ prefix: StaticString, _ appID: String, _ appUserID: String, _ sequence: Int64, to id: inout [UInt8]
     ) {
-        id.append(contentsOf: UnsafeBufferPointer(start: prefix.utf8Start, count: prefix.utf8CodeUnitCount))
+        prefix.withUTF8Buffer { id.append(contentsOf: $0) }
         id.append(contentsOf: appID.utf8)
         id.append(UInt8(ascii: ":"))
         id.append(contentsOf: appUserID.utf8)

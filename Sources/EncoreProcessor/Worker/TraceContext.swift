@@ -10,10 +10,6 @@ struct TraceContext: Sendable {
     /// No context.
     init() {}
 
-    init(_ headers: [KafkaHeader]) {
-        self.init(KafkaHeaderBuffer(headers))
-    }
-
     /// Read from the headers' bytes: no string is made but of the context's own values.
     init(_ headers: borrowing KafkaHeaderBuffer) {
         guard !headers.isEmpty else { return }
@@ -22,9 +18,7 @@ struct TraceContext: Sendable {
             // Every name looked for ends in "parent" or "state", after an optional "ce_".
             guard key.count >= 10, key.count <= 14, let value else { return }
             func take(_ wanted: StaticString, _ slot: inout String?) {
-                guard slot == nil,
-                    key.elementsEqual(UnsafeRawBufferPointer(start: wanted.utf8Start, count: wanted.utf8CodeUnitCount))
-                else { return }
+                guard slot == nil, wanted.withUTF8Buffer({ key.elementsEqual($0) }) else { return }
                 slot = String(validating: value, as: UTF8.self)
             }
             take("traceparent", &parent)

@@ -43,19 +43,7 @@ enum RDKafkaMessage {
     }
 
     static func headers(_ message: UnsafePointer<rd_kafka_message_t>) -> [KafkaHeader] {
-        var native: OpaquePointer? = nil
-        guard rd_kafka_message_headers(message, &native) == RD_KAFKA_RESP_ERR_NO_ERROR, let native else { return [] }
-        var headers: [KafkaHeader] = []
-        var index = 0
-        var name: UnsafePointer<CChar>? = nil
-        var bytes: UnsafeRawPointer? = nil
-        var size = 0
-        while rd_kafka_header_get_all(native, index, &name, &bytes, &size) == RD_KAFKA_RESP_ERR_NO_ERROR {
-            let value = bytes.map { Array(UnsafeRawBufferPointer(start: $0, count: size)) }
-            headers.append(KafkaHeader(key: name.map { String(cString: $0) } ?? "", value: value))
-            index += 1
-        }
-        return headers
+        headerBuffer(message).values
     }
 }
 
