@@ -49,14 +49,7 @@ public struct KafkaHeaderBuffer: Sendable {
 
     /// Appends a header of key bytes `key` (UTF-8) and value `value` (`nil`: no value), both copied.
     mutating func append(keyBytes key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer?) {
-        let keyStart = storage.count
-        storage.append(contentsOf: key)
-        let valueStart = storage.count
-        if let value { storage.append(contentsOf: value) }
-        entries.append(
-            Entry(
-                keyStart: keyStart, keyCount: key.count, valueStart: valueStart,
-                valueCount: value == nil ? -1 : storage.count - valueStart))
+        append(key: key, isNull: value == nil) { if let value { $0.append(contentsOf: value) } }
     }
 
     /// Makes room for `headers` more headers of `bytes` key and value bytes in all.
@@ -129,9 +122,13 @@ public struct KafkaHeaderBuffer: Sendable {
     }
 
     private mutating func append(key: String, isNull: Bool, _ write: (inout [UInt8]) -> Void) {
-        let keyStart = storage.count
         var key = key
-        key.withUTF8 { storage.append(contentsOf: $0) }
+        key.withUTF8 { append(key: UnsafeRawBufferPointer($0), isNull: isNull, write) }
+    }
+
+    private mutating func append(key: UnsafeRawBufferPointer, isNull: Bool, _ write: (inout [UInt8]) -> Void) {
+        let keyStart = storage.count
+        storage.append(contentsOf: key)
         let valueStart = storage.count
         write(&storage)
         entries.append(
